@@ -1,0 +1,175 @@
+"""ONNX Runtime sessions on mpstudio's two backends: `cpu` (ORT's QDQ reference) and `htp` (QNN EP).
+
+QNN accepts unknown provider keys and invalid values with at most a warning, so every option is checked
+here against a whitelist before a session is made.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnxruntime as ort
+
+from .errors import MpstudioError
+
+BACKENDS = ("cpu", "htp")
+QNN_PROVIDER = "QNNExecutionProvider"
+DEFAULT_HTP_ARCH = "75"
+
+_PERF_MODES = (
+    "burst", "balanced", "default", "high_performance", "high_power_saver", "low_balanced",
+    "extreme_power_saver", "low_power_saver", "power_saver", "sustained_high_performance",
+)
+
+
+@dataclass(frozen=True)
+class OptionRule:
+    """What values one provider option may take."""
+
+    choices: tuple[str, ...] = ()
+    pattern: str = ""
+    help: str = ""
+
+    def accepts(self, value: str) -> bool:
+        if self.choices:
+            return value in self.choices
+        return re.fullmatch(self.pattern, value) is not None
+
+    def describe(self) -> str:
+        return ", ".join(self.choices) if self.choices else self.help
+
+
+# The QNN EP options (seed 001) that mpstudio lets through; paths are never taken from a caller.
+HTP_OPTION_RULES: dict[str, OptionRule] = {
+    "htp_arch": OptionRule(choices=("0", "68", "69", "73", "75", "79", "81")),
+    "soc_model": OptionRule(pattern=r"[0-9]{1,4}", help="a SoC model number such as 60"),
+    "htp_performance_mode": OptionRule(choices=_PERF_MODES),
+    "htp_graph_finalization_optimization_mode": OptionRule(choices=("0", "1", "2", "3")),
+    "vtcm_mb": OptionRule(pattern=r"[0-9]{1,3}", help="an integer number of MB, 0 for the default"),
+    "enable_htp_fp16_precision": OptionRule(choices=("0", "1")),
+    "offload_graph_io_quantization": OptionRule(choices=("0", "1")),
+    "profiling_level": OptionRule(choices=("off", "basic", "detailed")),
+    "qnn_context_priority": OptionRule(choices=("low", "normal", "normal_high", "high")),
+    "enable_htp_shared_memory_allocator": OptionRule(choices=("0", "1")),
+    "device_id": OptionRule(pattern=r"[0-9]{1,2}", help="a small integer"),
+}
+
+
+def validate_provider_options(options: dict | None, backend: str = "htp") -> dict[str, str]:
+    """Return the options as strings, or raise naming the first bad key or value and what is allowed."""
+    if backend not in BACKENDS:
+        raise MpstudioError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    options = dict(options or {})
+    if backend == "cpu":
+        if options:
+            raise MpstudioError(
+                f"provider options {sorted(options)} were given for the cpu backend, which takes none"
+            )
+        return {}
+    checked: dict[str, str] = {}
+    for key, value in options.items():
+        rule = HTP_OPTION_RULES.get(key)
+        if rule is None:
+            raise MpstudioError(
+                f"unknown provider option {key!r}; allowed options: {', '.join(sorted(HTP_OPTION_RULES))}"
+            )
+        text = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        if not rule.accepts(text):
+            raise MpstudioError(f"invalid value {value!r} for provider option {key!r}; allowed: {rule.describe()}")
+        checked[key] = text
+    checked.setdefault("htp_arch", DEFAULT_HTP_ARCH)
+    return checked
+
+
+_registered = threading.Lock()
+_qnn_state: dict[str, object] = {}
+
+
+def qnn_library_path() -> str | None:
+    """Path of the QNN EP plugin library, or None when onnxruntime-qnn is not installed here."""
+    try:
+        import onnxruntime_qnn
+    except ImportError:
+        return None
+    path = onnxruntime_qnn.get_library_path()
+    return path if os.path.exists(path) else None
+
+
+def register_qnn() -> list:
+    """Register the QNN EP plugin once per process and return its EP devices."""
+    with _registered:
+        if "devices" in _qnn_state:
+            return _qnn_state["devices"]  # type: ignore[return-value]
+        path = qnn_library_path()
+        if path is None:
+            raise MpstudioError(
+                "the htp backend needs the onnxruntime-qnn package (Linux x86_64 and Windows wheels): "
+                "pip install onnxruntime-qnn"
+            )
+        try:
+            ort.register_execution_provider_library(QNN_PROVIDER, path)
+        except Exception as exc:  # a second registration raises; anything else is a real failure
+            if "already" not in str(exc).lower():
+                raise MpstudioError(f"could not load the QNN execution provider: {exc}") from exc
+        devices = [d for d in ort.get_ep_devices() if d.ep_name == QNN_PROVIDER]
+        if not devices:
+            raise MpstudioError("the QNN execution provider loaded but reports no device")
+        _qnn_state["devices"] = devices
+        return devices
+
+
+def htp_is_emulated() -> bool:
+    """True where the HTP backend is the x86_64 emulator: its timings are host time, not NPU latency."""
+    return platform.machine().lower() in ("x86_64", "amd64", "x64", "i686")
+
+
+def create_session(
+    model: str | Path | bytes,
+    backend: str = "cpu",
+    provider_options: dict | None = None,
+    *,
+    allow_cpu_fallback: bool = False,
+    log_severity: int = 3,
+    profiling_file: str | Path | None = None,
+    intra_op_threads: int = 0,
+) -> ort.InferenceSession:
+    """An inference session for `model` on `backend`.
+
+    On htp, CPU fallback is disabled unless asked for, so a node QNN cannot take is an error rather than
+    a silently slower model; and the session is checked to really use the QNN EP.
+    """
+    options = validate_provider_options(provider_options, backend)
+    so = ort.SessionOptions()
+    so.log_severity_level = log_severity
+    if intra_op_threads:
+        so.intra_op_num_threads = intra_op_threads
+    model_arg = bytes(model) if isinstance(model, (bytes, bytearray, memoryview)) else str(model)
+    try:
+        if backend == "cpu":
+            return ort.InferenceSession(model_arg, so, providers=["CPUExecutionProvider"])
+        devices = register_qnn()
+        if not allow_cpu_fallback:
+            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        qnn_options = {"backend_type": "htp", **options}
+        if profiling_file is not None:
+            qnn_options["profiling_file_path"] = str(profiling_file)
+            qnn_options.setdefault("profiling_level", "basic")
+        so.add_provider_for_devices(devices, qnn_options)
+        session = ort.InferenceSession(model_arg, so)
+    except MpstudioError:
+        raise
+    except Exception as exc:
+        raise MpstudioError(f"ONNX Runtime could not create a {backend} session: {_first_line(exc)}") from exc
+    if QNN_PROVIDER not in session.get_providers():
+        raise MpstudioError("the QNN execution provider was not used for this session; the model ran on CPU")
+    return session
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
