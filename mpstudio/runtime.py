@@ -137,17 +137,28 @@ def create_session(
     log_severity: int = 3,
     profiling_file: str | Path | None = None,
     intra_op_threads: int = 0,
+    profile_ops: bool = False,
+    session_config: dict[str, str] | None = None,
 ) -> ort.InferenceSession:
     """An inference session for `model` on `backend`.
 
     On htp, CPU fallback is disabled unless asked for, so a node QNN cannot take is an error rather than
     a silently slower model; and the session is checked to really use the QNN EP.
+
+    `profiling_file`: on htp, the QNN profile CSV (`profile_ops` asks for per-op rows with their ONNX
+    source nodes); on cpu, the prefix of ORT's own JSON profile (`session.end_profiling()` names it).
+    `session_config`: extra session config entries, e.g. `ep.context_enable` to write a context binary.
     """
     options = validate_provider_options(provider_options, backend)
     so = ort.SessionOptions()
     so.log_severity_level = log_severity
     if intra_op_threads:
         so.intra_op_num_threads = intra_op_threads
+    for key, value in (session_config or {}).items():
+        so.add_session_config_entry(key, str(value))
+    if backend == "cpu" and profiling_file is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(profiling_file)
     model_arg = bytes(model) if isinstance(model, (bytes, bytearray, memoryview)) else str(model)
     try:
         if backend == "cpu":
@@ -159,6 +170,10 @@ def create_session(
         if profiling_file is not None:
             qnn_options["profiling_file_path"] = str(profiling_file)
             qnn_options.setdefault("profiling_level", "basic")
+            if profile_ops:
+                # "detailed" gives one row per QNN op; the framework op trace adds its ONNX source nodes.
+                qnn_options["profiling_level"] = "detailed"
+                qnn_options["enable_framework_op_trace"] = "1"
         so.add_provider_for_devices(devices, qnn_options)
         session = ort.InferenceSession(model_arg, so)
     except MpstudioError:

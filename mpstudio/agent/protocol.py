@@ -1,0 +1,328 @@
+"""What travels between the agent, its worker and its clients: result dataclasses, ids, and safe `.npz`.
+
+Every result that carries a latency says where the number came from (`LatencyStats.source`), so an
+emulator's host time can never be mistaken for device latency.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import zipfile
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from ..errors import MpstudioError
+
+API_PREFIX = "/v1"
+TOKEN_ENV = "MPSTUDIO_AGENT_TOKEN"
+
+# Model ids are sha256 hex digests and run ids uuid4 hex: ids are checked against these, and file names
+# on the agent are built only from checked ids, never from a path a client sends.
+_MODEL_ID = re.compile(r"[0-9a-f]{64}")
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+LATENCY_SOURCES = ("measured", "emulator")
+
+
+def check_model_id(model_id: str) -> str:
+    if not isinstance(model_id, str) or not _MODEL_ID.fullmatch(model_id):
+        raise MpstudioError(f"invalid model id {str(model_id)[:80]!r}: expected a lowercase sha256 hex digest")
+    return model_id
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        raise MpstudioError(f"invalid run id {str(run_id)[:80]!r}: expected 32 lowercase hex digits")
+    return run_id
+
+
+# ---------------------------------------------------------------------------------------------- arrays
+
+def encode_npz(arrays: dict[str, np.ndarray]) -> bytes:
+    """Arrays as an uncompressed `.npz` (object arrays are refused: they would need pickle)."""
+    buffer = io.BytesIO()
+    clean = {}
+    for name, value in arrays.items():
+        array = np.asarray(value)
+        if array.dtype.hasobject:
+            raise MpstudioError(f"array {name!r} has dtype object, which cannot travel without pickle")
+        clean[name] = array
+    np.savez(buffer, **clean)
+    return buffer.getvalue()
+
+
+def decode_npz(data: bytes) -> dict[str, np.ndarray]:
+    """Arrays from `.npz` bytes; a pickled member is refused (pickles can run code when loaded)."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except ValueError as exc:
+        if "pickle" in str(exc).lower():
+            raise MpstudioError(
+                "the inputs .npz holds a pickled (object) array, which the agent refuses; "
+                "send numeric arrays only"
+            ) from None
+        raise MpstudioError(f"the inputs are not a valid .npz archive: {exc}") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise MpstudioError(f"the inputs are not a valid .npz archive: {exc}") from None
+
+
+def b64encode(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def b64decode(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (ValueError, TypeError):
+        raise MpstudioError(f"{what} is not valid base64") from None
+
+
+# --------------------------------------------------------------------------------------------- results
+
+def _from_dict(cls, data: dict[str, Any]):
+    """Build a dataclass from a JSON object, ignoring keys a newer agent may add."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Latency of one run request in milliseconds over `n` timed iterations (warm-up excluded).
+
+    `source` is "measured" (time on `device`, a real device or the agent host's CPU for the cpu backend)
+    or "emulator" (host time of the x86_64 HTP emulator: a relative cost only, never device latency).
+    """
+
+    min_ms: float
+    median_ms: float
+    p90_ms: float
+    mean_ms: float
+    std_ms: float
+    n: int
+    source: str
+    device: str
+    backend: str
+
+    def __post_init__(self):
+        if self.source not in LATENCY_SOURCES:
+            raise ValueError(f"latency source must be one of {LATENCY_SOURCES}, not {self.source!r}")
+
+    @property
+    def is_device_latency(self) -> bool:
+        return self.source == "measured"
+
+    @property
+    def label(self) -> str:
+        if self.source == "emulator":
+            return f"HTP emulator host time on {self.device} (not device latency)"
+        return f"measured {self.backend} latency on {self.device}"
+
+    @classmethod
+    def from_times(cls, times_ns: list[int], *, source: str, device: str, backend: str) -> "LatencyStats":
+        ms = np.asarray(times_ns, dtype=np.float64) / 1e6
+        return cls(
+            min_ms=float(ms.min()),
+            median_ms=float(np.median(ms)),
+            p90_ms=float(np.percentile(ms, 90)),
+            mean_ms=float(ms.mean()),
+            std_ms=float(ms.std()),
+            n=int(ms.size),
+            source=source,
+            device=device,
+            backend=backend,
+        )
+
+
+@dataclass(frozen=True)
+class NodeFallback:
+    """An ONNX node that did not go to the HTP, and the reason QNN gave (from ORT's verbose log)."""
+
+    node: str
+    op_type: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the nodes of a model run: on the HTP (inside QNN partitions) or on ORT's CPU EP."""
+
+    backend: str
+    on_htp: tuple[str, ...]
+    on_cpu: tuple[NodeFallback, ...]
+    htp_partitions: int
+
+    @property
+    def fully_on_htp(self) -> bool:
+        """True when every node but graph-I/O (de)quantization, which QNN leaves to CPU by design, is on HTP."""
+        return self.backend == "htp" and all(_is_io_quantization(f) for f in self.on_cpu)
+
+    def to_dict(self) -> dict:
+        return {
+            "backend": self.backend,
+            "on_htp": list(self.on_htp),
+            "on_cpu": [asdict(f) for f in self.on_cpu],
+            "htp_partitions": self.htp_partitions,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Placement":
+        return cls(
+            backend=data["backend"],
+            on_htp=tuple(data["on_htp"]),
+            on_cpu=tuple(_from_dict(NodeFallback, f) for f in data["on_cpu"]),
+            htp_partitions=int(data["htp_partitions"]),
+        )
+
+
+IO_QUANTIZATION_REASON = "graph input/output (de)quantization is left to CPU"
+
+
+def _is_io_quantization(fallback: NodeFallback) -> bool:
+    return fallback.op_type in ("QuantizeLinear", "DequantizeLinear") and fallback.reason.startswith(
+        IO_QUANTIZATION_REASON
+    )
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One op of a per-op profile, mapped back to the ONNX nodes it came from.
+
+    `cost` is the mean per timed run in `unit` ("cycles" for QNN ops, "us" for ORT CPU kernels).
+    """
+
+    op: str
+    node: str
+    op_type: str
+    onnx_nodes: tuple[str, ...]
+    cost: float
+    unit: str
+
+
+@dataclass(frozen=True)
+class OpProfile:
+    """A per-op profile of a model; on the emulator its numbers are emulator cost, not device time."""
+
+    ops: tuple[OpCost, ...]
+    unit: str
+    source: str
+    device: str
+    backend: str
+    runs: int
+
+    def to_frame(self):
+        """A DataFrame with columns op, node, op_type, onnx_nodes, cost, unit, share (of the total cost)."""
+        import pandas as pd
+
+        frame = pd.DataFrame([asdict(op) for op in self.ops], columns=[f.name for f in fields(OpCost)])
+        total = frame["cost"].sum() if len(frame) else 0.0
+        frame["share"] = frame["cost"] / total if total else 0.0
+        return frame
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["ops"] = [asdict(op) for op in self.ops]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "OpProfile":
+        ops = tuple(
+            OpCost(**{**op, "onnx_nodes": tuple(op["onnx_nodes"])}) for op in data["ops"]
+        )
+        return cls(ops=ops, **{k: v for k, v in data.items() if k in ("unit", "source", "device", "backend", "runs")})
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one run request returned. `outputs` maps output names to arrays (empty when not asked for)."""
+
+    run_id: str
+    model_id: str
+    backend: str
+    provider_options: dict[str, str]
+    device: str
+    emulated: bool
+    agent: str
+    outputs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    latency: LatencyStats | None = None
+    placement: Placement | None = None
+    profile: OpProfile | None = None
+    session_reused: bool = False
+    session_retried: bool = False
+    session_create_ms: float = 0.0
+
+    @classmethod
+    def from_wire(cls, data: dict, agent: str) -> "RunResult":
+        outputs = decode_npz(b64decode(data["outputs_npz"], "outputs")) if data.get("outputs_npz") else {}
+        return cls(
+            run_id=data["run_id"],
+            model_id=data["model_id"],
+            backend=data["backend"],
+            provider_options=dict(data.get("provider_options") or {}),
+            device=data["device"],
+            emulated=bool(data["emulated"]),
+            agent=agent,
+            outputs=outputs,
+            latency=_from_dict(LatencyStats, data["latency"]) if data.get("latency") else None,
+            placement=Placement.from_dict(data["placement"]) if data.get("placement") else None,
+            profile=OpProfile.from_dict(data["profile"]) if data.get("profile") else None,
+            session_reused=bool(data.get("session_reused")),
+            session_retried=bool(data.get("session_retried")),
+            session_create_ms=float(data.get("session_create_ms") or 0.0),
+        )
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """What an agent runs on: its platform, ORT and QNN versions, and what its HTP backend really is.
+
+    `htp_kind` is "npu" on a Snapdragon device, "emulator" on x86_64 (timings are host time), or None
+    when the agent has no usable HTP backend.
+    """
+
+    device: str
+    os: str
+    os_release: str
+    arch: str
+    python: str
+    onnxruntime: str
+    onnxruntime_qnn: str | None
+    backends: tuple[str, ...]
+    htp_kind: str | None
+    htp_arch: str
+    soc_model: str | None
+    agent_version: str
+    worker_pid: int | None
+    max_upload_mb: float
+    run_timeout_s: float
+    htp_error: str | None = None
+
+    @property
+    def htp_emulated(self) -> bool:
+        return self.htp_kind == "emulator"
+
+    @classmethod
+    def from_wire(cls, data: dict) -> "AgentInfo":
+        info = _from_dict(cls, data)
+        return _replace(info, backends=tuple(info.backends))
+
+
+@dataclass(frozen=True)
+class ContextBinary:
+    """An EPContext model built on an agent: a model of its own (`model_id`) made from `source_model_id`."""
+
+    model_id: str
+    source_model_id: str
+    provider_options: dict[str, str]
+    size_bytes: int
+    build_ms: float
+
+
+def _replace(obj, **changes):
+    from dataclasses import replace
+
+    return replace(obj, **changes)
