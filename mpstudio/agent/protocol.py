@@ -28,6 +28,14 @@ _RUN_ID = re.compile(r"[0-9a-f]{32}")
 LATENCY_SOURCES = ("measured", "emulator")
 
 
+class AgentError(MpstudioError):
+    """An agent request failed; `status` is the HTTP status that reports it (422 for a bad request)."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
 def check_model_id(model_id: str) -> str:
     if not isinstance(model_id, str) or not _MODEL_ID.fullmatch(model_id):
         raise MpstudioError(f"invalid model id {str(model_id)[:80]!r}: expected a lowercase sha256 hex digest")

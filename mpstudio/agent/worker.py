@@ -27,6 +27,7 @@ from pathlib import Path
 from ..errors import MpstudioError
 from .protocol import (
     IO_QUANTIZATION_REASON,
+    AgentError,
     LatencyStats,
     NodeFallback,
     OpCost,
@@ -37,14 +38,6 @@ from .protocol import (
 log = logging.getLogger("mpstudio.agent")
 
 STARTUP_TIMEOUT_S = 120.0
-
-
-class AgentError(MpstudioError):
-    """An agent request failed; `status` is the HTTP status that reports it (422 for a bad request)."""
-
-    def __init__(self, message: str, status: int = 422):
-        super().__init__(message)
-        self.status = status
 
 
 # ================================================================================ parent side: the handle
@@ -136,7 +129,7 @@ class WorkerHandle:
 
     def stop(self) -> None:
         with self._lock:
-            self._kill()
+            self._kill(grace=5.0)
 
     def _exitcode(self):
         if self._process is None:
@@ -149,9 +142,13 @@ class WorkerHandle:
         self.restarts += 1
         self.start()
 
-    def _kill(self) -> None:
+    def _kill(self, grace: float = 0.0) -> None:
         process, old_dir = self._process, self._dir
         if process is not None:
+            if grace and self._conn is not None:
+                self._conn.close()  # an idle worker leaves its loop when the pipe closes
+                self._conn = None
+                process.join(timeout=grace)
             if process.is_alive():
                 process.kill()
             process.join(timeout=10)

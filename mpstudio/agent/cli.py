@@ -1,0 +1,67 @@
+"""`mpstudio agent serve`: the command line of the remote agent."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ..errors import MpstudioError
+from ..runtime import DEFAULT_HTP_ARCH, HTP_OPTION_RULES
+from .protocol import TOKEN_ENV
+
+
+def add_parser(subparsers) -> None:
+    """Add the `agent` command (with its `serve` subcommand) to an argparse subparsers object."""
+    agent = subparsers.add_parser("agent", help="the QNN HTP remote agent", description="The QNN HTP remote agent.")
+    commands = agent.add_subparsers(dest="agent_command", metavar="COMMAND")
+    commands.required = True
+    serve = commands.add_parser(
+        "serve",
+        help="serve this device's HTP (or the x86_64 emulator) over HTTP",
+        description="Serve this device's HTP over HTTP. Listens on 127.0.0.1 unless told otherwise; any other "
+        f"address needs a bearer token (--token or the {TOKEN_ENV} environment variable, which is safer: "
+        "command lines are visible to other users).",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    serve.add_argument("--token", default=None, help=f"bearer token clients must send (default: ${TOKEN_ENV})")
+    serve.add_argument("--workdir", type=Path, default=None,
+                       help="where models and worker directories live (default: a temporary directory)")
+    serve.add_argument("--max-upload-mb", type=float, default=512.0, help="largest request body in MB (default 512)")
+    serve.add_argument("--run-timeout", type=float, default=300.0,
+                       help="seconds a request may take on the device before its worker is killed (default 300)")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the device (default 64)")
+    serve.add_argument("--max-sessions", type=int, default=4, help="sessions kept for reuse (default 4)")
+    serve.add_argument("--device-name", default=None, help="name results are labelled with (default: host and CPU)")
+    serve.add_argument("--htp-arch", default=DEFAULT_HTP_ARCH, choices=HTP_OPTION_RULES["htp_arch"].choices,
+                       help=f"default htp_arch for runs that do not set it (default {DEFAULT_HTP_ARCH})")
+    serve.add_argument("--soc-model", default=None, help="default soc_model for runs that do not set it")
+    serve.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (default: all cores)")
+    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from .server import AgentConfig, serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    config = AgentConfig(
+        host=args.host, port=args.port, token=token, workdir=args.workdir, max_upload_mb=args.max_upload_mb,
+        run_timeout_s=args.run_timeout, max_queue=args.max_queue, max_sessions=args.max_sessions,
+        device_name=args.device_name, htp_arch=args.htp_arch, soc_model=args.soc_model,
+        intra_op_threads=args.threads,
+    )
+    try:
+        config.check()
+        serve(config, log_level=args.log_level)
+    except MpstudioError as exc:
+        print(f"mpstudio agent: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # typically the port is taken
+        print(f"mpstudio agent: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    return 0
