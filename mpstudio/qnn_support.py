@@ -430,7 +430,18 @@ def summarize(issues: list[SupportIssue]) -> str:
     for severity, category in order:
         members = groups[(severity, category)]
         lines.append(f"{severity} - {category} ({len(members)}):")
+        by_detail: dict[tuple[str, str], list[str]] = defaultdict(list)
         for issue in members:
             detail = issue.reason.split(": ", 1)[1] if ": " in issue.reason else issue.reason
-            lines.append(f"  {issue.node} [{issue.op_type}]: {detail}")
+            by_detail[(issue.op_type, detail)].append(issue.node)
+        for (op_type, detail), nodes in by_detail.items():
+            if len(nodes) <= _NODES_SHOWN:
+                lines.extend(f"  {node} [{op_type}]: {detail}" for node in nodes)
+            else:
+                shown = ", ".join(nodes[:_NODES_SHOWN])
+                lines.append(f"  {len(nodes)} {op_type} nodes ({shown}, ...): {detail}")
     return "\n".join(lines)
+
+
+# Past this many nodes with the same reason, the report names a few and counts the rest.
+_NODES_SHOWN = 3

@@ -1,0 +1,164 @@
+"""The `mpstudio` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import MpstudioError
+
+
+@contextmanager
+def progress_bar(enabled: bool = True):
+    """A `progress(done, total, message)` callback drawn with tqdm on stderr (one bar per message)."""
+    from tqdm import tqdm
+
+    state: dict = {"bar": None, "message": None}
+
+    def progress(done: int, total: int, message: str) -> None:
+        if not enabled:
+            return
+        if state["message"] != message or state["bar"] is None:
+            if state["bar"] is not None:
+                state["bar"].close()
+            state["bar"] = tqdm(total=total, desc=message, file=sys.stderr, leave=False, dynamic_ncols=True)
+            state["message"] = message
+        bar = state["bar"]
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        yield progress
+    finally:
+        if state["bar"] is not None:
+            state["bar"].close()
+
+
+def _prepare(args) -> int:
+    from .model import parse_shape_args, prepare_model
+
+    prepared = prepare_model(args.model, parse_shape_args(args.shape))
+    print(prepared.report())
+    if args.output:
+        prepared.save(args.output)
+        print(f"prepared model written to {args.output}")
+    return 0 if prepared.qnn_ready or not args.strict else 3
+
+
+def _quantize(args) -> int:
+    from .cache import cache_root
+    from .data import NpzFolder
+    from .model import parse_shape_args, prepare_model
+    from .plan import PrecisionPlan
+    from .quantize import Quantizer
+
+    prepared = prepare_model(args.model, parse_shape_args(args.shape))
+    plan = PrecisionPlan.load(args.plan) if args.plan else PrecisionPlan.a8w8()
+    data = NpzFolder(args.data, [spec.name for spec in prepared.inputs])
+    if args.samples:
+        data = data.head(args.samples)
+    cache = Path(args.cache) if args.cache else cache_root() / "quantize" / prepared.sha256[:16]
+    quantizer = Quantizer(prepared, data, cache, method=args.method)
+    with progress_bar(not args.quiet) as progress:
+        path = quantizer.generate(plan, progress)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(path.read_bytes())
+    print(f"{plan.summary()} -> {out}")
+    return 0
+
+
+def _demo(args) -> int:
+    from .demos import load_demo
+    from .evaluate import evaluate
+    from .plan import PrecisionPlan
+    from .quantize import Quantizer
+    from .cache import cache_root
+
+    # The first N evaluation lines are the same whatever N: lines are drawn in order from one seed.
+    demo = load_demo(evaluation_lines=args.samples) if args.samples else load_demo()
+    print(demo.model.report() if args.report else f"demo: {demo.name} ({demo.model_path})")
+    evaluation = demo.evaluation
+    if args.export_data:
+        demo.calibration.save_npz(Path(args.export_data) / "calibration")
+        evaluation.save_npz(Path(args.export_data) / "evaluation")
+        print(f"calibration and evaluation samples written to {args.export_data}")
+    quantizer = Quantizer(demo.model, demo.calibration, cache_root() / "demo" / "quantize")
+    plans = [PrecisionPlan.a8w8(), PrecisionPlan.a16w8(),
+             PrecisionPlan(weight_type="int8", per_channel=True, name="a8w8 per-channel int8")]
+    options = {"htp_arch": args.htp_arch} if args.backend == "htp" else None
+    rows = []
+    with progress_bar(not args.quiet) as progress:
+        # The float reference always runs on CPU: HTP is an integer engine, and float graphs there need
+        # device-specific fp16 settings.
+        rows.append(("float (cpu)", evaluate(demo.model_path, evaluation, demo.metric, "cpu", None, progress)))
+        for plan in plans:
+            path = quantizer.generate(plan, progress)
+            rows.append((plan.name, evaluate(path, evaluation, demo.metric, args.backend, options, progress)))
+    print(f"\n{demo.metric.name} on {len(evaluation)} evaluation lines, backend {args.backend}"
+          + (" (HTP emulator numerics)" if args.backend == "htp" else " (ORT CPU QDQ reference)"))
+    for name, value in rows:
+        print(f"  {name:<24} {value:.4f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mpstudio", description="Mixed-precision studio for ONNX models on Qualcomm NPUs.")
+    parser.add_argument("--version", action="version", version=f"mpstudio {__import__('mpstudio').__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="check and prepare a float model; print the QNN support report")
+    p.add_argument("model", help="float ONNX model")
+    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,...", help="fix a dynamic input's shape")
+    p.add_argument("-o", "--output", help="write the prepared model here")
+    p.add_argument("--strict", action="store_true", help="exit with status 3 when a node would fall back to CPU")
+    p.set_defaults(func=_prepare)
+
+    q = sub.add_parser("quantize", help="write the QDQ model of a precision plan")
+    q.add_argument("model", help="float ONNX model")
+    q.add_argument("--data", required=True, help="folder of calibration samples (.npz per sample, keys = input names)")
+    q.add_argument("--plan", help="precision plan JSON (default: all 8-bit)")
+    q.add_argument("-o", "--output", required=True, help="where to write the QDQ model")
+    q.add_argument("--shape", action="append", metavar="NAME=D1,D2,...", help="fix a dynamic input's shape")
+    q.add_argument("--samples", type=int, help="use only the first N calibration samples")
+    q.add_argument("--method", default="minmax", choices=["minmax", "entropy", "percentile"], help="calibration method")
+    q.add_argument("--cache", help="cache folder for calibration ranges and generated models")
+    q.add_argument("--quiet", action="store_true", help="no progress bars")
+    q.set_defaults(func=_quantize)
+
+    d = sub.add_parser("demo", help="the built-in demo: PP-OCRv4 recognizer, CER of float / a8w8 / a16w8")
+    d.add_argument("--backend", default="cpu", choices=["cpu", "htp"], help="cpu: ORT QDQ reference; htp: QNN HTP")
+    d.add_argument("--htp-arch", default="75", help="HTP architecture for the htp backend")
+    d.add_argument("--samples", type=int, help="evaluate on the first N evaluation lines only")
+    d.add_argument("--report", action="store_true", help="print the preparation and QNN support report")
+    d.add_argument("--export-data", metavar="DIR", help="also write the demo's samples as .npz folders")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    d.set_defaults(func=_demo)
+
+    try:
+        from .agent.cli import add_parser as add_agent_parser
+    except ImportError:  # the agent's server dependencies are optional at import time
+        add_agent_parser = None
+    if add_agent_parser is not None:
+        add_agent_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MpstudioError as exc:
+        print(f"mpstudio: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mpstudio: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

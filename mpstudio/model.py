@@ -1,0 +1,342 @@
+"""Load, validate and prepare an ONNX model for quantization: static shapes, folded constants, QNN report."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import onnx.version_converter
+from onnx import helper
+
+from .errors import MpstudioError
+from .graph import ModelGraph, node_display_name
+from .qnn_support import SupportIssue, check_qnn_support, summarize
+
+# ORT's quantization tools look for this metadata to know the model was pre-processed.
+_PREPROCESSED_KEY = "onnx.quant.pre_process"
+_STEPS_KEY = "mpstudio.preparation"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, static shape and numpy dtype of a model input or output."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    """A float model ready for quantization, and what preparing it did and found."""
+
+    model: onnx.ModelProto = field(repr=False)
+    source: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    steps: tuple[str, ...]
+    support_issues: tuple[SupportIssue, ...]
+    sha256: str
+
+    @functools.cached_property
+    def graph(self) -> ModelGraph:
+        return ModelGraph(self.model)
+
+    @property
+    def qnn_ready(self) -> bool:
+        """True when no node is expected to fall back to CPU on the QNN EP."""
+        return not any(issue.severity == "fallback" for issue in self.support_issues)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        onnx.save(self.model, tmp)
+        os.replace(tmp, path)
+        return path
+
+    def report(self) -> str:
+        """The preparation and QNN support report, as text for a terminal."""
+        g = self.graph
+        ops: dict[str, int] = {}
+        for node in g.nodes.values():
+            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+        lines = [
+            f"model: {self.source}",
+            f"sha256: {self.sha256}",
+            f"inputs: {'; '.join(s.describe() for s in self.inputs)}",
+            f"outputs: {'; '.join(s.describe() for s in self.outputs)}",
+            f"nodes: {len(g.nodes)}  activations: {len(g.activations())}  weights: {len(g.weights())}",
+            "ops: " + ", ".join(f"{op} {n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "preparation:",
+            *(f"  - {step}" for step in self.steps),
+        ]
+        lines += summarize(list(self.support_issues)).splitlines()
+        return "\n".join(lines)
+
+
+def load_model(source: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
+    """Read a model from a path, bytes or a ModelProto, with a clear error for a missing or corrupt file."""
+    if isinstance(source, onnx.ModelProto):
+        return source
+    if isinstance(source, (bytes, bytearray)):
+        try:
+            return onnx.load_from_string(bytes(source))
+        except Exception as exc:
+            raise MpstudioError(f"the given bytes are not an ONNX model ({_short(exc)})") from exc
+    path = Path(source)
+    if not path.exists():
+        raise MpstudioError(f"model file not found: {path}")
+    if path.is_dir():
+        raise MpstudioError(f"{path} is a folder; give the path of an .onnx file")
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:
+        raise MpstudioError(
+            f"{path} is not a readable ONNX model ({_short(exc)}); check that the file is complete and "
+            "that its external data files are beside it"
+        ) from exc
+    if not model.graph.node:
+        raise MpstudioError(f"{path} holds no graph nodes; is it really an ONNX model?")
+    return model
+
+
+def prepare_model(
+    source: str | os.PathLike | onnx.ModelProto | bytes,
+    input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None,
+    *,
+    optimize: bool = True,
+) -> PreparedModel:
+    """Validate and prepare a float model for QDQ quantization on the QNN EP.
+
+    Steps: check the model; bring its IR version to one ONNX Runtime accepts; fix dynamic input shapes
+    from `input_shapes` (or refuse, naming each dynamic input); fold `Constant` nodes and constant
+    subgraphs into initializers (ORT's basic graph optimizations, as ORT's own pre-processing does);
+    name unnamed nodes; infer shapes; report nodes QNN's HTP backend would not take.
+    """
+    model = onnx.ModelProto()
+    model.CopyFrom(load_model(source))
+    name = str(source) if isinstance(source, (str, os.PathLike)) else model.graph.name or "model"
+    # A model mpstudio prepared before says so in its metadata; keep that history in the report.
+    earlier = metadata(model).get(_STEPS_KEY)
+    steps: list[str] = [f"earlier: {step}" for step in (json.loads(earlier) if earlier else [])]
+
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:
+        raise MpstudioError(f"the model fails ONNX's checker: {_short(exc)}") from exc
+
+    max_ir = ort_max_ir_version()
+    if model.ir_version > max_ir:
+        steps.append(f"IR version {model.ir_version} lowered to {max_ir}, the newest ONNX Runtime accepts")
+        model.ir_version = max_ir
+
+    steps += _fix_input_shapes(model, input_shapes or {})
+
+    steps += _raise_opset(model)
+
+    unnamed = 0
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = node_display_name(node, index)
+            unnamed += 1
+    if unnamed:
+        steps.append(f"named {unnamed} unnamed nodes after their op type")
+
+    constants = sum(1 for n in model.graph.node if n.op_type == "Constant")
+    if optimize:
+        before = len(model.graph.node)
+        model = _ort_basic_optimize(model)
+        steps.append(
+            f"folded constants with ONNX Runtime's basic optimizations ({constants} Constant nodes, "
+            f"{before} -> {len(model.graph.node)} nodes, {len(model.graph.initializer)} initializers)"
+        )
+
+    try:
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        raise MpstudioError(f"shape inference failed: {_short(exc)}") from exc
+    steps.append("inferred shapes")
+    unknown = _tensors_without_static_shape(model)
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        steps.append(f"{len(unknown)} tensors still have no static shape: {shown}")
+
+    _set_metadata(model, _PREPROCESSED_KEY, "1")
+    _set_metadata(model, _STEPS_KEY, json.dumps([s.removeprefix("earlier: ") for s in steps]))
+    issues = tuple(check_qnn_support(model))
+    serialized = model.SerializeToString()
+    return PreparedModel(
+        model=model,
+        source=name,
+        inputs=_specs(model.graph.input, {i.name for i in model.graph.initializer}),
+        outputs=_specs(model.graph.output, set()),
+        steps=tuple(steps),
+        support_issues=issues,
+        sha256=hashlib.sha256(serialized).hexdigest(),
+    )
+
+
+def parse_shape_args(items: list[str] | None) -> dict[str, list[int]]:
+    """`["x=1,3,48,320"]` -> `{"x": [1, 3, 48, 320]}`, for the command line."""
+    shapes: dict[str, list[int]] = {}
+    for item in items or []:
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name] = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
+        except ValueError:
+            raise MpstudioError(f"bad --shape {item!r}: write NAME=D1,D2,... such as x=1,3,224,224") from None
+    return shapes
+
+
+@functools.lru_cache(maxsize=1)
+def ort_max_ir_version() -> int:
+    """The newest ONNX IR version this ONNX Runtime loads (probed once with a one-node model)."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
+    for ir in range(onnx.IR_VERSION, 6, -1):
+        probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=ir)
+        try:
+            ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+            return ir
+        except Exception:
+            continue
+    return 7
+
+
+def _fix_input_shapes(model: onnx.ModelProto, input_shapes: dict) -> list[str]:
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = {i.name: i for i in model.graph.input if i.name not in initializers}
+    unknown = [name for name in input_shapes if name not in inputs]
+    if unknown:
+        raise MpstudioError(
+            f"shapes were given for {', '.join(map(repr, unknown))}, which the model does not have as inputs; "
+            f"its inputs are {', '.join(map(repr, inputs))}"
+        )
+    steps, dynamic = [], []
+    for name, vi in inputs.items():
+        dims = vi.type.tensor_type.shape.dim
+        shown = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?") for d in dims]
+        static = vi.type.tensor_type.HasField("shape") and all(isinstance(d, int) for d in shown)
+        if name in input_shapes:
+            wanted = [int(d) for d in input_shapes[name]]
+            if vi.type.tensor_type.HasField("shape") and len(wanted) != len(dims):
+                raise MpstudioError(
+                    f"input {name!r} has rank {len(dims)} ({shown}) but the given shape {wanted} has rank {len(wanted)}"
+                )
+            for d, want in zip(shown, wanted):
+                if isinstance(d, int) and d != want:
+                    raise MpstudioError(f"input {name!r} has fixed dimension {d} where the given shape says {want}")
+            if any(w <= 0 for w in wanted):
+                raise MpstudioError(f"the shape given for {name!r} must be all positive integers, got {wanted}")
+            vi.type.tensor_type.ClearField("shape")
+            for want in wanted:
+                vi.type.tensor_type.shape.dim.add().dim_value = want
+            if not static or shown != wanted:
+                steps.append(f"fixed input {name} from {shown} to {wanted}")
+        elif not static:
+            dynamic.append(f"{name} {shown}")
+    if dynamic:
+        example = " ".join(f"--shape {d.split(' ')[0]}=..." for d in dynamic)
+        raise MpstudioError(
+            "the QNN HTP backend needs static shapes, and these inputs are dynamic: "
+            + "; ".join(dynamic)
+            + f". Give each a concrete shape: on the command line `{example}`, in Python "
+            "`prepare_model(path, input_shapes={name: [d1, d2, ...]})`."
+        )
+    if steps:
+        # Intermediate shapes recorded for the old input shapes would contradict the new ones.
+        del model.graph.value_info[:]
+        for out in model.graph.output:
+            if out.type.tensor_type.HasField("shape"):
+                out.type.tensor_type.ClearField("shape")
+    return steps
+
+
+# Per-channel DequantizeLinear (its `axis` attribute) needs opset 13.
+MIN_OPSET = 13
+
+
+def _raise_opset(model: onnx.ModelProto) -> list[str]:
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= MIN_OPSET:
+        return []
+    try:
+        converted = onnx.version_converter.convert_version(model, MIN_OPSET)
+    except Exception as exc:
+        return [f"kept opset {opset}: converting to {MIN_OPSET} failed ({_short(exc)}); per-channel weights need {MIN_OPSET}"]
+    model.CopyFrom(converted)
+    return [f"converted opset {opset} to {MIN_OPSET} (per-channel quantization needs it)"]
+
+
+def _ort_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Constant folding and simple fusions (BatchNorm into Conv, ...), all in standard ONNX ops."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.log_severity_level = 3
+    with tempfile.TemporaryDirectory(prefix="mpstudio-prep-") as tmp:
+        out = Path(tmp) / "optimized.onnx"
+        so.optimized_model_filepath = str(out)
+        try:
+            ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise MpstudioError(f"ONNX Runtime cannot load the model: {_short(exc)}") from exc
+        optimized = onnx.load(str(out))
+    # ORT writes its own IR and opset imports; keep the producer's metadata.
+    del optimized.metadata_props[:]
+    optimized.metadata_props.extend(model.metadata_props)
+    optimized.ir_version = min(optimized.ir_version, model.ir_version) or model.ir_version
+    return optimized
+
+
+def _tensors_without_static_shape(model: onnx.ModelProto) -> list[str]:
+    known = {}
+    for vi in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        tt = vi.type.tensor_type
+        known[vi.name] = tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)
+    return [o for n in model.graph.node for o in n.output if o and not known.get(o, False)]
+
+
+def _specs(values, skip: set[str]) -> tuple[TensorSpec, ...]:
+    specs = []
+    for vi in values:
+        if vi.name in skip:
+            continue
+        tt = vi.type.tensor_type
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name if tt.elem_type else "unknown"
+        specs.append(TensorSpec(vi.name, tuple(d.dim_value for d in tt.shape.dim), dtype))
+    return tuple(specs)
+
+
+def _set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = value
+            return
+    model.metadata_props.add(key=key, value=value)
+
+
+def metadata(model: onnx.ModelProto) -> dict[str, str]:
+    return {p.key: p.value for p in model.metadata_props}
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:400] + ("..." if len(text) > 400 else "")

@@ -1,0 +1,223 @@
+"""PrecisionPlan: default quantization types plus per-tensor overrides, with JSON round trip and a stable hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from .errors import MpstudioError
+from .graph import ModelGraph, unknown_name_message
+
+PLAN_FORMAT = 1
+
+# HTP takes unsigned 8/16-bit activations; signed int16 activations are rejected by the backend.
+ACTIVATION_TYPES = ("uint8", "uint16")
+WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16")
+_SIXTEEN_BIT = ("uint16", "int16")
+# 16-bit weights need HTP v73 or newer.
+MIN_ARCH_16BIT_WEIGHTS = 73
+
+
+@dataclass(frozen=True)
+class TensorOverride:
+    """What one tensor gets instead of the plan's defaults.
+
+    `type` is the tensor's quantization type; `per_channel` and `symmetric` apply to weights only.
+    """
+
+    type: str | None = None
+    per_channel: bool | None = None
+    symmetric: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in (("type", self.type), ("per_channel", self.per_channel),
+                                  ("symmetric", self.symmetric)) if v is not None}
+
+    @classmethod
+    def from_json(cls, tensor: str, data: Any) -> "TensorOverride":
+        if isinstance(data, str):
+            data = {"type": data}
+        if not isinstance(data, Mapping):
+            raise MpstudioError(f"override for {tensor!r} must be an object like {{\"type\": \"uint16\"}}, got {data!r}")
+        extra = set(data) - {"type", "per_channel", "symmetric"}
+        if extra:
+            raise MpstudioError(
+                f"override for {tensor!r} has unknown keys {sorted(extra)}; allowed: type, per_channel, symmetric"
+            )
+        for key in ("per_channel", "symmetric"):
+            if key in data and not isinstance(data[key], bool):
+                raise MpstudioError(f"override for {tensor!r}: {key} must be true or false, got {data[key]!r}")
+        kind = data.get("type")
+        if kind is not None and kind not in WEIGHT_TYPES:
+            raise MpstudioError(
+                f"override for {tensor!r}: unknown type {kind!r}; use one of {', '.join(WEIGHT_TYPES)}"
+            )
+        return cls(type=kind, per_channel=data.get("per_channel"), symmetric=data.get("symmetric"))
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """Default activation and weight quantization plus per-tensor overrides.
+
+    Defaults follow ORT's `get_qnn_qdq_config`: uint8 activations, uint8 per-tensor weights
+    (symmetric when the weight type is signed).
+    """
+
+    activation_type: str = "uint8"
+    weight_type: str = "uint8"
+    per_channel: bool = False
+    weight_symmetric: bool | None = None
+    overrides: Mapping[str, TensorOverride] = field(default_factory=dict)
+    name: str = ""
+
+    def __post_init__(self):
+        if self.activation_type not in ACTIVATION_TYPES:
+            raise MpstudioError(
+                f"activation type {self.activation_type!r} is not supported on HTP; use one of {', '.join(ACTIVATION_TYPES)}"
+            )
+        if self.weight_type not in WEIGHT_TYPES:
+            raise MpstudioError(f"weight type {self.weight_type!r} is unknown; use one of {', '.join(WEIGHT_TYPES)}")
+        ordered = {k: self.overrides[k] for k in sorted(self.overrides)}
+        object.__setattr__(self, "overrides", MappingProxyType(ordered))
+
+    # ---- constructors --------------------------------------------------------------------------------
+    @classmethod
+    def a8w8(cls, **kw) -> "PrecisionPlan":
+        return cls(activation_type="uint8", weight_type="uint8", name=kw.pop("name", "a8w8"), **kw)
+
+    @classmethod
+    def a16w8(cls, **kw) -> "PrecisionPlan":
+        return cls(activation_type="uint16", weight_type="uint8", name=kw.pop("name", "a16w8"), **kw)
+
+    def with_overrides(self, types: Mapping[str, str | TensorOverride], name: str | None = None) -> "PrecisionPlan":
+        """A copy with more overrides (a type name, or a TensorOverride, per tensor)."""
+        merged = dict(self.overrides)
+        for tensor, value in types.items():
+            merged[tensor] = value if isinstance(value, TensorOverride) else TensorOverride(type=value)
+        return replace(self, overrides=merged, name=self.name if name is None else name)
+
+    def promote(self, tensors, to: str = "uint16", name: str | None = None) -> "PrecisionPlan":
+        return self.with_overrides({t: to for t in tensors}, name=name)
+
+    def without(self, tensors) -> "PrecisionPlan":
+        drop = set(tensors)
+        return replace(self, overrides={k: v for k, v in self.overrides.items() if k not in drop})
+
+    # ---- identity --------------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "name": self.name,
+            "activation_type": self.activation_type,
+            "weight_type": self.weight_type,
+            "per_channel": self.per_channel,
+            "weight_symmetric": self.effective_weight_symmetric,
+            "overrides": {k: v.to_json() for k, v in self.overrides.items() if v.to_json()},
+        }
+
+    @property
+    def effective_weight_symmetric(self) -> bool:
+        return self.weight_symmetric if self.weight_symmetric is not None else self.weight_type.startswith("int")
+
+    @property
+    def hash(self) -> str:
+        """A content hash: equal plans (whatever their names or key order) hash alike."""
+        content = self.to_json()
+        content.pop("name")
+        text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.dumps() + "\n")
+        return path
+
+    @classmethod
+    def from_json(cls, data: Any) -> "PrecisionPlan":
+        if not isinstance(data, Mapping):
+            raise MpstudioError("a precision plan must be a JSON object")
+        known = {"format", "name", "activation_type", "weight_type", "per_channel", "weight_symmetric", "overrides"}
+        extra = set(data) - known
+        if extra:
+            raise MpstudioError(f"precision plan has unknown keys {sorted(extra)}; allowed: {', '.join(sorted(known))}")
+        if data.get("format", PLAN_FORMAT) != PLAN_FORMAT:
+            raise MpstudioError(f"precision plan format {data.get('format')!r} is not supported (this mpstudio reads {PLAN_FORMAT})")
+        overrides = data.get("overrides", {}) or {}
+        if not isinstance(overrides, Mapping):
+            raise MpstudioError("precision plan 'overrides' must be an object of {tensor: {type: ...}}")
+        for key in ("per_channel",):
+            if key in data and not isinstance(data[key], bool):
+                raise MpstudioError(f"precision plan {key!r} must be true or false, got {data[key]!r}")
+        return cls(
+            activation_type=data.get("activation_type", "uint8"),
+            weight_type=data.get("weight_type", "uint8"),
+            per_channel=data.get("per_channel", False),
+            weight_symmetric=data.get("weight_symmetric"),
+            overrides={str(t): TensorOverride.from_json(t, v) for t, v in overrides.items()},
+            name=str(data.get("name", "")),
+        )
+
+    @classmethod
+    def loads(cls, text: str, source: str = "plan") -> "PrecisionPlan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise MpstudioError(f"{source} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
+        return cls.from_json(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PrecisionPlan":
+        path = Path(path)
+        if not path.is_file():
+            raise MpstudioError(f"plan file not found: {path}")
+        return cls.loads(path.read_text(), source=str(path))
+
+    # ---- checks against a model ----------------------------------------------------------------------
+    def validate(self, graph: ModelGraph, htp_arch: int | str | None = None) -> None:
+        """Raise if an override names a tensor the model lacks or asks for a type the tensor cannot take."""
+        arch = int(htp_arch) if htp_arch not in (None, "", "0") else None
+        if arch is not None and arch < MIN_ARCH_16BIT_WEIGHTS and self.weight_type in _SIXTEEN_BIT:
+            raise MpstudioError(f"16-bit weights need HTP v{MIN_ARCH_16BIT_WEIGHTS} or newer; the target is v{arch}")
+        for tensor, override in self.overrides.items():
+            if tensor not in graph.tensors:
+                raise MpstudioError(unknown_name_message("tensor", tensor, graph.tensors) + " (in the plan's overrides)")
+            info = graph.tensors[tensor]
+            if not info.quantizable:
+                raise MpstudioError(
+                    f"tensor {tensor!r} is a {info.kind} of type {info.dtype}, which is not quantized; remove its override"
+                )
+            if info.is_activation:
+                if override.type is not None and override.type not in ACTIVATION_TYPES:
+                    raise MpstudioError(
+                        f"activation {tensor!r} cannot be {override.type}; HTP takes {', '.join(ACTIVATION_TYPES)} activations"
+                    )
+                if override.per_channel or override.symmetric is not None:
+                    raise MpstudioError(f"{tensor!r} is an activation: per_channel and symmetric apply to weights only")
+            elif override.type in _SIXTEEN_BIT and arch is not None and arch < MIN_ARCH_16BIT_WEIGHTS:
+                raise MpstudioError(
+                    f"weight {tensor!r} cannot be {override.type} on HTP v{arch}: 16-bit weights need v{MIN_ARCH_16BIT_WEIGHTS}+"
+                )
+
+    def sixteen_bit_activations(self, graph: ModelGraph) -> list[str]:
+        """Activation tensors this plan quantizes to 16 bits (before the converts ORT adds)."""
+        out = []
+        for name in graph.activations():
+            override = self.overrides.get(name)
+            kind = override.type if override and override.type else self.activation_type
+            if kind in _SIXTEEN_BIT:
+                out.append(name)
+        return out
+
+    def summary(self) -> str:
+        n16 = sum(1 for o in self.overrides.values() if o.type in _SIXTEEN_BIT)
+        base = f"a{self.activation_type[-2:].lstrip('t')}w{self.weight_type[-2:].lstrip('t')}"
+        pc = " per-channel" if self.per_channel else ""
+        more = f" + {len(self.overrides)} overrides ({n16} to 16-bit)" if self.overrides else ""
+        return f"{self.name or self.hash}: {base}{pc}{more}"

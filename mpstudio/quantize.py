@@ -1,0 +1,334 @@
+"""Calibrate once, then regenerate a QNN-valid QDQ model for any precision plan from the cached ranges.
+
+Ranges depend only on the float model, the calibration data and the method, never on the plan, so they are
+computed once (ORT's own calibrator) and kept on disk; each plan is then quantized by ORT's
+`get_qnn_qdq_config` (which adds the converts at 8/16-bit boundaries) and `quantize_static` reading that
+cache. Generated models are cached by plan hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import onnx
+from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization import base_quantizer as _ort_base_quantizer
+from onnxruntime.quantization import onnx_model as _ort_onnx_model
+from onnxruntime.quantization import qdq_quantizer as _ort_qdq_quantizer
+from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+from .data import CalibrationReader, DataSource, Progress, check_feeds
+from .errors import MpstudioError
+from .graph import ModelGraph
+from .model import PreparedModel
+from .plan import PrecisionPlan
+
+QUANT_TYPES = {
+    "uint8": QuantType.QUInt8,
+    "int8": QuantType.QInt8,
+    "uint16": QuantType.QUInt16,
+    "int16": QuantType.QInt16,
+}
+CALIBRATION_METHODS = {
+    "minmax": CalibrationMethod.MinMax,
+    "entropy": CalibrationMethod.Entropy,
+    "percentile": CalibrationMethod.Percentile,
+}
+# Bounds calibration memory: ranges are merged every this many samples instead of at the end.
+_CALIBRATION_CHUNK = 16
+
+
+@dataclass(frozen=True)
+class CalibrationCache:
+    """Where the ranges of one (model, calibration data, method) live, and how they were made."""
+
+    path: Path
+    key: str
+    method: str
+    samples: int
+    seconds: float
+
+
+class Quantizer:
+    """Regenerates QDQ models of one prepared float model for any PrecisionPlan.
+
+    `cache_dir` holds `float.onnx`, `calibration/<key>.json` and `models/<plan hash>.onnx`.
+    """
+
+    def __init__(
+        self,
+        prepared: PreparedModel,
+        calibration: DataSource,
+        cache_dir: str | Path,
+        method: str = "minmax",
+    ):
+        if method not in CALIBRATION_METHODS:
+            raise MpstudioError(f"unknown calibration method {method!r}; use one of {', '.join(CALIBRATION_METHODS)}")
+        self.prepared, self.calibration, self.method = prepared, calibration, method
+        self.cache_dir = Path(cache_dir)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.float_path = self.cache_dir / "float" / f"{prepared.sha256[:16]}.onnx"
+        if not self.float_path.exists():
+            prepared.save(self.float_path)
+        self._lock = threading.Lock()
+        self._cache: CalibrationCache | None = None
+
+    @property
+    def graph(self) -> ModelGraph:
+        return self.prepared.graph
+
+    # ---- calibration -----------------------------------------------------------------------------------
+    def calibration_key(self) -> str:
+        text = f"{self.prepared.sha256}|{self.calibration.fingerprint()}|{self.method}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def calibrate(self, progress: Progress | None = None, cancel: threading.Event | None = None) -> CalibrationCache:
+        """Ranges for every float tensor, computed once and cached on disk."""
+        with self._lock:
+            if self._cache is not None:
+                return self._cache
+            key = self.calibration_key()
+            path = self.cache_dir / "calibration" / f"{key}.json"
+            meta_path = path.with_suffix(".meta.json")
+            if path.exists() and meta_path.exists():
+                meta = json.loads(meta_path.read_text())
+                self._cache = CalibrationCache(path, key, self.method, meta["samples"], meta["seconds"])
+                return self._cache
+            check_feeds(self.calibration, self.prepared.inputs)
+            started = time.perf_counter()
+            reader = CalibrationReader(self.calibration, progress, cancel, "calibrating")
+            with tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
+                calibrator = create_calibrator(
+                    self.float_path,
+                    None,  # every float tensor: ranges must serve any plan
+                    augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                    calibrate_method=CALIBRATION_METHODS[self.method],
+                    extra_options={"max_intermediate_outputs": _CALIBRATION_CHUNK},
+                )
+                try:
+                    calibrator.collect_data(reader)
+                    ranges = calibrator.compute_data()
+                except MpstudioError:
+                    raise
+                except Exception as exc:
+                    raise MpstudioError(f"calibration failed: {' '.join(str(exc).split())[:400]}") from exc
+                finally:
+                    del calibrator
+            save_tensors_data(ranges, path)
+            seconds = time.perf_counter() - started
+            meta_path.write_text(json.dumps({"samples": reader.count, "seconds": seconds, "method": self.method}))
+            self._cache = CalibrationCache(path, key, self.method, reader.count, seconds)
+            return self._cache
+
+    # ---- regeneration ------------------------------------------------------------------------------------
+    def model_path(self, plan: PrecisionPlan) -> Path:
+        return self.cache_dir / "models" / f"{plan.hash}.onnx"
+
+    def generate(self, plan: PrecisionPlan, progress: Progress | None = None, cancel=None) -> Path:
+        """The QDQ model file for `plan` (made from the cached ranges, or taken from the model cache)."""
+        plan.validate(self.graph)
+        out = self.model_path(plan)
+        if out.exists():
+            return out
+        cache = self.calibrate(progress, cancel)
+        if progress:
+            progress(0, 1, f"quantizing {plan.summary()}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.stem}.{os.getpid()}.{threading.get_ident()}.onnx")
+        config = qnn_config(self.prepared.model, self.graph, plan, CALIBRATION_METHODS[self.method])
+        try:
+            with _fast_ort_quantizer(), _quiet_ort_logging():
+                quantize_static(
+                    self.float_path,
+                    tmp,
+                    None,
+                    calibration_cache_path=cache.path,
+                    **_quantize_kwargs(config),
+                )
+        except Exception as exc:
+            tmp.unlink(missing_ok=True)
+            raise MpstudioError(f"quantizing {plan.summary()} failed: {' '.join(str(exc).split())[:400]}") from exc
+        os.replace(tmp, out)
+        out.with_suffix(".plan.json").write_text(plan.dumps() + "\n")
+        if progress:
+            progress(1, 1, f"quantized {plan.summary()}")
+        return out
+
+
+def qnn_config(model: onnx.ModelProto, graph: ModelGraph, plan: PrecisionPlan, method=CalibrationMethod.MinMax):
+    """ORT's StaticQuantConfig for `plan`, made by `get_qnn_qdq_config` so the result is valid for QNN."""
+    try:
+        return get_qnn_qdq_config(
+            model,
+            None,
+            calibrate_method=method,
+            activation_type=QUANT_TYPES[plan.activation_type],
+            weight_type=QUANT_TYPES[plan.weight_type],
+            per_channel=plan.per_channel,
+            weight_symmetric=plan.effective_weight_symmetric,
+            init_overrides=init_overrides(plan, graph),
+        )
+    except Exception as exc:
+        raise MpstudioError(f"ORT could not make a QNN configuration for {plan.summary()}: {exc}") from exc
+
+
+def init_overrides(plan: PrecisionPlan, graph: ModelGraph) -> dict[str, list[dict]]:
+    """The plan's overrides as `get_qnn_qdq_config`'s `init_overrides` (ORT TensorQuantOverrides)."""
+    overrides: dict[str, list[dict]] = {}
+    for tensor, override in plan.overrides.items():
+        info = graph.tensor(tensor)
+        entry: dict = {}
+        if override.type is not None:
+            entry["quant_type"] = QUANT_TYPES[override.type]
+        if not info.is_activation:
+            weight_type = override.type or plan.weight_type
+            symmetric = override.symmetric
+            if symmetric is None and override.type is not None:
+                symmetric = weight_type.startswith("int") if plan.weight_symmetric is None else plan.weight_symmetric
+            if symmetric is not None:
+                entry["symmetric"] = symmetric
+            per_channel = override.per_channel
+            if per_channel is None and plan.per_channel:
+                per_channel = _default_per_channel(graph, tensor)
+            if per_channel:
+                entry["axis"] = weight_axis(graph, tensor)
+        if entry:
+            overrides[tensor] = [entry]
+    return overrides
+
+
+def weight_axis(graph: ModelGraph, tensor: str) -> int:
+    """The output-channel axis of a weight, from the op that consumes it."""
+    info = graph.tensor(tensor)
+    rank = len(info.shape or ())
+    for consumer in info.consumers:
+        node = graph.nodes[consumer]
+        if node.op_type == "Conv" and node.inputs[1] == tensor:
+            return 0
+        if node.op_type == "ConvTranspose" and node.inputs[1] == tensor:
+            return 1
+        if node.op_type in ("MatMul", "Gemm") and len(node.inputs) > 1 and node.inputs[1] == tensor:
+            trans_b = node.attributes.get("transB", 0) if node.op_type == "Gemm" else 0
+            return 0 if trans_b else max(rank - 1, 0)
+    raise MpstudioError(
+        f"{tensor!r} is not the weight of a Conv, ConvTranspose, MatMul or Gemm, so it has no channel axis for "
+        "per-channel quantization; quantize it per tensor"
+    )
+
+
+def _default_per_channel(graph: ModelGraph, tensor: str) -> bool:
+    # ORT's global per_channel covers Conv and ConvTranspose weights only.
+    return any(graph.nodes[c].op_type in ("Conv", "ConvTranspose") for c in graph.tensor(tensor).consumers)
+
+
+def _quantize_kwargs(config) -> dict:
+    return {
+        "quant_format": QuantFormat.QDQ,
+        "activation_type": config.activation_type,
+        "weight_type": config.weight_type,
+        "op_types_to_quantize": config.op_types_to_quantize,
+        "nodes_to_exclude": config.nodes_to_exclude,
+        "per_channel": config.per_channel,
+        "use_external_data_format": config.use_external_data_format,
+        "calibrate_method": config.calibrate_method,
+        "extra_options": config.extra_options,
+    }
+
+
+def quantize_plain(model_path: str | Path, calibration: DataSource, plan: PrecisionPlan, graph: ModelGraph,
+                   out: str | Path, method: str = "minmax") -> Path:
+    """ORT's own path, recalibrating every time: `get_qnn_qdq_config` + `quantize`. The baseline to beat."""
+    from onnxruntime.quantization import quantize
+
+    model = onnx.load(str(model_path))
+    config = get_qnn_qdq_config(
+        model,
+        CalibrationReader(calibration),
+        calibrate_method=CALIBRATION_METHODS[method],
+        activation_type=QUANT_TYPES[plan.activation_type],
+        weight_type=QUANT_TYPES[plan.weight_type],
+        per_channel=plan.per_channel,
+        weight_symmetric=plan.effective_weight_symmetric,
+        init_overrides=init_overrides(plan, graph),
+    )
+    with _quiet_ort_logging():
+        quantize(str(model_path), str(out), config)
+    return Path(out)
+
+
+# ---- ORT quantizer speed-ups -----------------------------------------------------------------------------
+# ORT's QDQ quantizer looks initializers up by a full list scan and rewires consumers by visiting every
+# input of every node, once per quantized tensor: quadratic in model size. These replacements return the
+# same results (tests compare the generated models byte for byte) with an early exit and a C-level
+# membership test.
+
+
+def _find_by_name(item_name, item_list):
+    for item in item_list:
+        if item.name == item_name:
+            return item
+    return None
+
+
+def _replace_input_of_all_nodes(self, old_input_name, new_input_name):
+    for node in self.model.graph.node:
+        if old_input_name in node.input:
+            for j, name in enumerate(node.input):
+                if name == old_input_name:
+                    node.input[j] = new_input_name
+
+
+_patch_lock = threading.RLock()
+_patch_depth = 0
+_originals: dict = {}
+
+
+@contextlib.contextmanager
+def _fast_ort_quantizer():
+    global _patch_depth
+    with _patch_lock:
+        if _patch_depth == 0:
+            _originals.update(
+                qdq=_ort_qdq_quantizer.find_by_name,
+                base=_ort_base_quantizer.find_by_name,
+                model=_ort_onnx_model.find_by_name,
+                replace=_ort_onnx_model.ONNXModel.replace_input_of_all_nodes,
+            )
+            _ort_qdq_quantizer.find_by_name = _find_by_name
+            _ort_base_quantizer.find_by_name = _find_by_name
+            _ort_onnx_model.find_by_name = _find_by_name
+            _ort_onnx_model.ONNXModel.replace_input_of_all_nodes = _replace_input_of_all_nodes
+        _patch_depth += 1
+    try:
+        yield
+    finally:
+        with _patch_lock:
+            _patch_depth -= 1
+            if _patch_depth == 0:
+                _ort_qdq_quantizer.find_by_name = _originals["qdq"]
+                _ort_base_quantizer.find_by_name = _originals["base"]
+                _ort_onnx_model.find_by_name = _originals["model"]
+                _ort_onnx_model.ONNXModel.replace_input_of_all_nodes = _originals["replace"]
+
+
+@contextlib.contextmanager
+def _quiet_ort_logging():
+    """ORT's quantization tools log advice at WARNING on the root logger; keep a user's terminal clean."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
