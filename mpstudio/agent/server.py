@@ -524,7 +524,9 @@ def serve(config: AgentConfig, *, log_level: str = "info", announce=sys.stdout) 
     sock.bind((config.host, config.port))
     port = sock.getsockname()[1]
     host = f"[{config.host}]" if ":" in config.host else config.host
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_keep_alive=30))
+    # log_config=None: uvicorn's records (access lines too) go through the agent's logging, to stderr,
+    # keeping stdout for the one "listening on" line a parent process reads.
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, log_config=None, timeout_keep_alive=30))
     log.info("HTP is %s; %s", "the x86_64 emulator (timings are host time)" if htp_is_emulated() else "the device NPU",
              "bearer token required" if config.token else "no token (loopback only)")
     print(f"mpstudio agent listening on http://{host}:{port}", file=announce, flush=True)
