@@ -123,16 +123,22 @@ class NpzFolder(DataSource):
         path = self.files[index]
         try:
             loaded = np.load(path, allow_pickle=False)
+            if isinstance(loaded, np.ndarray):
+                if len(self.input_names) > 1:
+                    raise MpstudioError(
+                        f"{path.name} is a single .npy array but the model has inputs {self.input_names}; use .npz"
+                    )
+                return {self.input_names[0] if self.input_names else "input": loaded}
+            with loaded:
+                feed = {key: loaded[key] for key in loaded.files}
+        except MpstudioError:
+            raise
         except ValueError as exc:
-            raise MpstudioError(f"{path.name} holds pickled objects, which mpstudio never loads; save plain arrays") from exc
+            if "pickle" in str(exc):
+                raise MpstudioError(f"{path.name} holds pickled objects, which mpstudio never loads; save plain arrays") from exc
+            raise MpstudioError(f"cannot read {path.name}: {exc}") from exc
         except Exception as exc:
             raise MpstudioError(f"cannot read {path.name}: {exc}") from exc
-        if isinstance(loaded, np.ndarray):
-            if len(self.input_names) > 1:
-                raise MpstudioError(f"{path.name} is a single .npy array but the model has inputs {self.input_names}; use .npz")
-            return {self.input_names[0] if self.input_names else "input": loaded}
-        with loaded:
-            feed = {key: loaded[key] for key in loaded.files}
         if set(feed) == {"arr_0"} and len(self.input_names) == 1:
             feed = {self.input_names[0]: feed["arr_0"]}
         return feed

@@ -132,15 +132,15 @@ def prepare_model(
     earlier = metadata(model).get(_STEPS_KEY)
     steps: list[str] = [f"earlier: {step}" for step in (json.loads(earlier) if earlier else [])]
 
-    try:
-        onnx.checker.check_model(model)
-    except Exception as exc:
-        raise MpstudioError(f"the model fails ONNX's checker: {_short(exc)}") from exc
-
     max_ir = ort_max_ir_version()
     if model.ir_version > max_ir:
         steps.append(f"IR version {model.ir_version} lowered to {max_ir}, the newest ONNX Runtime accepts")
         model.ir_version = max_ir
+
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:
+        raise MpstudioError(f"the model fails ONNX's checker: {_short(exc)}") from exc
 
     steps += _fix_input_shapes(model, input_shapes or {})
 
@@ -162,6 +162,11 @@ def prepare_model(
             f"folded constants with ONNX Runtime's basic optimizations ({constants} Constant nodes, "
             f"{before} -> {len(model.graph.node)} nodes, {len(model.graph.initializer)} initializers)"
         )
+
+    unshared = _unshare_small_initializers(model)
+    if unshared:
+        steps.append(f"gave each consumer its own copy of {unshared} small shared initializers, so each "
+                     "node's constant can take its own precision")
 
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
@@ -304,6 +309,46 @@ def _ort_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:
     optimized.metadata_props.extend(model.metadata_props)
     optimized.ir_version = min(optimized.ir_version, model.ir_version) or model.ir_version
     return optimized
+
+
+# Shared constants larger than this stay shared (tied embeddings and the like are worth their memory).
+_UNSHARE_MAX_ELEMENTS = 4096
+
+
+def _unshare_small_initializers(model: onnx.ModelProto) -> int:
+    """Copy each small float initializer that several nodes read, one copy per node.
+
+    ORT's QDQ quantizer gives an initializer one quantization, so a constant shared by an 8-bit and a 16-bit
+    node (a decomposed HardSwish's `/6` is a typical one) would force one type on both; QNN's HTP backend
+    rejects some of the resulting type pairs.
+    """
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    users: dict[str, list] = {}
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            if name in inits:
+                users.setdefault(name, []).append((node, position))
+    count = 0
+    taken = set(inits) | {o for n in graph.node for o in n.output}
+    for name, uses in users.items():
+        init = inits[name]
+        if len(uses) < 2 or init.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+            continue
+        if int(np.prod(init.dims, dtype=np.int64)) > _UNSHARE_MAX_ELEMENTS:
+            continue
+        for index, (node, position) in enumerate(uses[1:], start=1):
+            copy_name = f"{name}_{index}"
+            while copy_name in taken:
+                copy_name += "_"
+            taken.add(copy_name)
+            copy = onnx.TensorProto()
+            copy.CopyFrom(init)
+            copy.name = copy_name
+            graph.initializer.append(copy)
+            node.input[position] = copy_name
+        count += 1
+    return count
 
 
 def _tensors_without_static_shape(model: onnx.ModelProto) -> list[str]:

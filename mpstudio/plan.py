@@ -70,7 +70,7 @@ class PrecisionPlan:
     activation_type: str = "uint8"
     weight_type: str = "uint8"
     per_channel: bool = False
-    weight_symmetric: bool | None = None
+    weight_symmetric: bool | None = None  # None: symmetric exactly when the weight type is signed
     overrides: Mapping[str, TensorOverride] = field(default_factory=dict)
     name: str = ""
 
@@ -81,6 +81,8 @@ class PrecisionPlan:
             )
         if self.weight_type not in WEIGHT_TYPES:
             raise MpstudioError(f"weight type {self.weight_type!r} is unknown; use one of {', '.join(WEIGHT_TYPES)}")
+        if self.weight_symmetric is None:
+            object.__setattr__(self, "weight_symmetric", self.weight_type.startswith("int"))
         ordered = {k: self.overrides[k] for k in sorted(self.overrides)}
         object.__setattr__(self, "overrides", MappingProxyType(ordered))
 
@@ -121,7 +123,7 @@ class PrecisionPlan:
 
     @property
     def effective_weight_symmetric(self) -> bool:
-        return self.weight_symmetric if self.weight_symmetric is not None else self.weight_type.startswith("int")
+        return bool(self.weight_symmetric)
 
     @property
     def hash(self) -> str:
@@ -149,7 +151,8 @@ class PrecisionPlan:
             raise MpstudioError(f"precision plan has unknown keys {sorted(extra)}; allowed: {', '.join(sorted(known))}")
         if data.get("format", PLAN_FORMAT) != PLAN_FORMAT:
             raise MpstudioError(f"precision plan format {data.get('format')!r} is not supported (this mpstudio reads {PLAN_FORMAT})")
-        overrides = data.get("overrides", {}) or {}
+        overrides = data.get("overrides")
+        overrides = {} if overrides is None else overrides
         if not isinstance(overrides, Mapping):
             raise MpstudioError("precision plan 'overrides' must be an object of {tensor: {type: ...}}")
         for key in ("per_channel",):

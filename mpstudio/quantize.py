@@ -166,21 +166,78 @@ class Quantizer:
         return out
 
 
-def qnn_config(model: onnx.ModelProto, graph: ModelGraph, plan: PrecisionPlan, method=CalibrationMethod.MinMax):
-    """ORT's StaticQuantConfig for `plan`, made by `get_qnn_qdq_config` so the result is valid for QNN."""
-    try:
-        return get_qnn_qdq_config(
-            model,
-            None,
-            calibrate_method=method,
-            activation_type=QUANT_TYPES[plan.activation_type],
-            weight_type=QUANT_TYPES[plan.weight_type],
-            per_channel=plan.per_channel,
-            weight_symmetric=plan.effective_weight_symmetric,
-            init_overrides=init_overrides(plan, graph),
-        )
-    except Exception as exc:
-        raise MpstudioError(f"ORT could not make a QNN configuration for {plan.summary()}: {exc}") from exc
+def qnn_config(model: onnx.ModelProto, graph: ModelGraph, plan: PrecisionPlan, method=CalibrationMethod.MinMax,
+               calibration_data_reader=None):
+    """ORT's StaticQuantConfig for `plan`, made by `get_qnn_qdq_config` so the result is valid for QNN.
+
+    A second pass gives the constant operand of an element-wise op the 16-bit type when ORT's converts
+    make that op compute at 16 bits in an 8-bit plan: HTP rejects such a node with an 8-bit constant
+    (the graph fails to finalize).
+    """
+    overrides = init_overrides(plan, graph)
+
+    def make(overrides):
+        try:
+            return get_qnn_qdq_config(
+                model,
+                calibration_data_reader,
+                calibrate_method=method,
+                activation_type=QUANT_TYPES[plan.activation_type],
+                weight_type=QUANT_TYPES[plan.weight_type],
+                per_channel=plan.per_channel,
+                weight_symmetric=plan.effective_weight_symmetric,
+                init_overrides=overrides,
+            )
+        except Exception as exc:
+            raise MpstudioError(f"ORT could not make a QNN configuration for {plan.summary()}: {exc}") from exc
+
+    config = make(overrides)
+    matched = _sixteen_bit_constants(graph, plan, config.extra_options.get("TensorQuantOverrides", {}))
+    if matched:
+        config = make({**overrides, **matched})
+    return config
+
+
+# Element-wise ops whose constant operand must share the activation's bit width on HTP.
+_ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "PRelu", "Where", "Equal", "Greater", "Less",
+                "GreaterOrEqual", "LessOrEqual", "Concat"}
+_Q16 = (QuantType.QUInt16, QuantType.QInt16)
+
+
+def _sixteen_bit_constants(graph: ModelGraph, plan: PrecisionPlan, resolved: dict) -> dict[str, list[dict]]:
+    """Constant operands of element-wise nodes that compute at 16 bits in an 8-bit-activation plan."""
+    if plan.activation_type in ("uint16", "int16"):
+        return {}
+    default = QUANT_TYPES[plan.activation_type]
+
+    def produced(tensor):
+        entries = resolved.get(tensor)
+        return entries[0].get("quant_type", default) if entries else default
+
+    def received(tensor, node):
+        entries = resolved.get(tensor)
+        if not entries:
+            return default
+        convert = entries[0].get("convert")
+        if convert and (not convert.get("recv_nodes") or node in convert["recv_nodes"]):
+            return convert.get("quant_type", default)
+        return entries[0].get("quant_type", default)
+
+    extra: dict[str, list[dict]] = {}
+    for node in graph.nodes.values():
+        if node.op_type not in _ELEMENTWISE:
+            continue
+        tensors = [graph.tensors.get(name) for name in node.inputs if name]
+        constants = [t.name for t in tensors if t is not None and t.kind == "weight" and t.name not in plan.overrides]
+        if not constants:
+            continue
+        types = {received(t.name, node.name) for t in tensors if t is not None and t.is_activation}
+        types |= {produced(name) for name in node.outputs if name}
+        wide = [t for t in types if t in _Q16]
+        if wide:
+            for name in constants:
+                extra[name] = [{"quant_type": wide[0]}]
+    return extra
 
 
 def init_overrides(plan: PrecisionPlan, graph: ModelGraph) -> dict[str, list[dict]]:
@@ -195,7 +252,7 @@ def init_overrides(plan: PrecisionPlan, graph: ModelGraph) -> dict[str, list[dic
             weight_type = override.type or plan.weight_type
             symmetric = override.symmetric
             if symmetric is None and override.type is not None:
-                symmetric = weight_type.startswith("int") if plan.weight_symmetric is None else plan.weight_symmetric
+                symmetric = weight_type.startswith("int")  # signed weights are symmetric on HTP
             if symmetric is not None:
                 entry["symmetric"] = symmetric
             per_channel = override.per_channel
@@ -252,16 +309,7 @@ def quantize_plain(model_path: str | Path, calibration: DataSource, plan: Precis
     from onnxruntime.quantization import quantize
 
     model = onnx.load(str(model_path))
-    config = get_qnn_qdq_config(
-        model,
-        CalibrationReader(calibration),
-        calibrate_method=CALIBRATION_METHODS[method],
-        activation_type=QUANT_TYPES[plan.activation_type],
-        weight_type=QUANT_TYPES[plan.weight_type],
-        per_channel=plan.per_channel,
-        weight_symmetric=plan.effective_weight_symmetric,
-        init_overrides=init_overrides(plan, graph),
-    )
+    config = qnn_config(model, graph, plan, CALIBRATION_METHODS[method], CalibrationReader(calibration))
     with _quiet_ort_logging():
         quantize(str(model_path), str(out), config)
     return Path(out)

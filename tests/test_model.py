@@ -1,0 +1,127 @@
+"""Model preparation: loading, validation, IR version, static shapes, constant folding, QNN report."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import IR, conv_feeds, make_conv_model, make_loop_model
+from mpstudio import MpstudioError
+from mpstudio.model import load_model, parse_shape_args, prepare_model
+
+
+def test_prepare_folds_constants_and_keeps_outputs(conv_model_path):
+    prepared = prepare_model(conv_model_path)
+    ops = [n.op_type for n in prepared.model.graph.node]
+    assert "Constant" not in ops
+    assert any(i.name for i in prepared.model.graph.initializer)
+    assert [s.name for s in prepared.inputs] == ["x"] and prepared.inputs[0].shape == (1, 3, 16, 16)
+    assert prepared.qnn_ready
+    # The prepared model computes what the original does.
+    feed = conv_feeds(1)[0]
+    original = ort.InferenceSession(str(conv_model_path), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    folded = ort.InferenceSession(prepared.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    np.testing.assert_allclose(original, folded, rtol=1e-5, atol=1e-6)
+    assert "folded constants" in prepared.report()
+
+
+def test_corrupt_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(make_conv_model().SerializeToString()[:200])
+    with pytest.raises(MpstudioError, match="not a readable ONNX model"):
+        prepare_model(bad)
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00\xffnot a model at all" * 10)
+    with pytest.raises(MpstudioError):
+        prepare_model(junk)
+
+
+def test_missing_file_and_folder(tmp_path):
+    with pytest.raises(MpstudioError, match="not found"):
+        load_model(tmp_path / "nope.onnx")
+    with pytest.raises(MpstudioError, match="is a folder"):
+        load_model(tmp_path)
+
+
+def test_dynamic_shape_is_refused_with_the_input_named(tmp_path):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(make_conv_model(dynamic_batch=True), path)
+    with pytest.raises(MpstudioError) as info:
+        prepare_model(path)
+    message = str(info.value)
+    assert "x ['N', 3, 16, 16]" in message and "--shape x=" in message and "input_shapes" in message
+
+
+def test_dynamic_shape_fixed_when_given(tmp_path):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(make_conv_model(dynamic_batch=True), path)
+    prepared = prepare_model(path, {"x": [1, 3, 16, 16]})
+    assert prepared.inputs[0].shape == (1, 3, 16, 16)
+    assert prepared.outputs[0].shape == (1, 4, 1, 1)
+    assert any("fixed input x" in s for s in prepared.steps)
+
+
+@pytest.mark.parametrize(
+    "shapes, match",
+    [({"x": [1, 3, 16]}, "rank"), ({"x": [1, 3, 8, 16]}, "fixed dimension 16"), ({"z": [1]}, "does not have as inputs"),
+     ({"x": [0, 3, 16, 16]}, "positive")],
+)
+def test_bad_shapes_are_errors(tmp_path, shapes, match):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(make_conv_model(dynamic_batch=True), path)
+    with pytest.raises(MpstudioError, match=match):
+        prepare_model(path, shapes)
+
+
+def test_ir_version_is_lowered_to_what_ort_accepts():
+    from mpstudio.model import ort_max_ir_version
+
+    if ort_max_ir_version() >= onnx.IR_VERSION:
+        pytest.skip("this ONNX Runtime loads every IR version this onnx writes")
+    model = make_conv_model()
+    model.ir_version = onnx.IR_VERSION  # newer than ORT 1.31 loads
+    prepared = prepare_model(model)
+    ort.InferenceSession(prepared.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert any("IR version" in s for s in prepared.steps)
+
+
+def test_old_opset_is_raised_for_per_channel():
+    model = make_conv_model()
+    model.opset_import[0].version = 12
+    prepared = prepare_model(model)
+    assert next(o.version for o in prepared.model.opset_import if o.domain == "") >= 13
+
+
+def test_checker_failure_is_reported():
+    model = make_conv_model()
+    model.graph.node[0].input[1] = "no_such_weight"
+    with pytest.raises(MpstudioError, match="checker|cannot load"):
+        prepare_model(model)
+
+
+def test_unsupported_op_is_in_the_report():
+    prepared = prepare_model(make_loop_model())
+    assert not prepared.qnn_ready
+    loops = [i for i in prepared.support_issues if i.op_type == "Loop"]
+    assert loops and loops[0].node == "repeat_loop" and loops[0].severity == "fallback"
+    assert "repeat_loop" in prepared.report()
+
+
+def test_unnamed_nodes_get_names():
+    model = make_conv_model()
+    for node in model.graph.node:
+        node.name = ""
+    prepared = prepare_model(model, optimize=False)
+    names = [n.name for n in prepared.model.graph.node]
+    assert all(names) and len(set(names)) == len(names)
+
+
+def test_parse_shape_args():
+    assert parse_shape_args(["x=1,3,48,320", "y=2x4"]) == {"x": [1, 3, 48, 320], "y": [2, 4]}
+    with pytest.raises(MpstudioError, match="bad --shape"):
+        parse_shape_args(["x:1,2"])
+
+
+def test_hash_is_stable_for_the_same_model(conv_model_path):
+    assert prepare_model(conv_model_path).sha256 == prepare_model(conv_model_path).sha256
