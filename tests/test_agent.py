@@ -18,7 +18,7 @@ import onnx
 import pytest
 from agent_fixtures import direct_run, models, needs_qnn, random_inputs  # noqa: F401 - fixtures
 
-from mpstudio.agent import AgentClient, AgentError, AgentPool, LocalAgent, by_device
+from mpstudio.agent import AgentClient, AgentError, AgentPool, LocalAgent, RunResult, by_device
 from mpstudio.errors import MpstudioError
 
 SLOW_FEEDS = {"x": np.random.default_rng(3).standard_normal((384, 384)).astype(np.float32)}
@@ -229,8 +229,26 @@ def test_pickled_npz_is_refused(agent, models):
     body = {"model_id": model_id, "backend": "cpu", "inputs_npz": base64.b64encode(buffer.getvalue()).decode()}
     response = httpx.post(f"{agent.url}/v1/runs", json=body, headers={"Authorization": f"Bearer {agent.token}"})
     assert response.status_code == 422 and "pickle" in response.json()["detail"]
+    binary = httpx.post(f"{agent.url}/v1/runs/npz", content=buffer.getvalue(),
+                        headers={"Authorization": f"Bearer {agent.token}", "Content-Type": "application/octet-stream"})
+    assert binary.status_code == 422 and "pickle" in binary.json()["detail"]
     with pytest.raises(MpstudioError, match="pickle"):
         client.run(model_id, {"x": np.array([object()], dtype=object)}, backend="cpu")
+
+
+def test_json_form_of_a_run_matches_the_binary_form(agent, models):
+    client = agent.client
+    feeds = random_inputs(12)
+    model_id = client.upload(models["a8"])
+    buffer = io.BytesIO()
+    np.savez(buffer, **feeds)
+    body = {"model_id": model_id, "backend": "cpu", "inputs_npz": base64.b64encode(buffer.getvalue()).decode(),
+            "iterations": 2}
+    response = httpx.post(f"{agent.url}/v1/runs", json=body, headers={"Authorization": f"Bearer {agent.token}"})
+    assert response.status_code == 200
+    result = RunResult.from_wire(response.json(), agent=agent.url)
+    np.testing.assert_array_equal(result.outputs["y"], client.run(model_id, feeds, backend="cpu").outputs["y"])
+    assert result.latency.n == 2 and result.latency.source == "measured"
 
 
 def test_wrong_inputs_name_the_problem(agent, models):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import json
 import os
 import queue
 import re
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,12 +25,14 @@ from ..errors import MpstudioError
 from .protocol import (
     API_PREFIX,
     TOKEN_ENV,
+    RESULT_MEMBER,
+    RUN_MEMBER,
     AgentError,
     AgentInfo,
     ContextBinary,
     RunResult,
-    b64encode,
     check_model_id,
+    decode_npz,
     encode_npz,
 )
 
@@ -51,7 +55,9 @@ class AgentClient:
         self.retries = retries
         self.backoff_s = backoff_s
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, headers=headers,
+        # TCP_NODELAY: a request's headers and body leave in separate writes; Nagle would hold the second.
+        transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        self._http = httpx.Client(base_url=self.url, headers=headers, transport=transport,
                                   timeout=httpx.Timeout(timeout, connect=connect_timeout))
         self._known_models: set[str] = set()
         self._digests: dict[tuple, str] = {}
@@ -153,12 +159,14 @@ class AgentClient:
         `model` is a file, bytes or a model id; it is uploaded first when the agent lacks it.
         """
         model_id = self.upload(model)
-        body = {
+        arrays = dict(inputs)
+        if RUN_MEMBER in arrays:
+            raise MpstudioError(f"{RUN_MEMBER!r} is reserved and cannot name a model input")
+        spec = {
             "model_id": model_id,
             "backend": backend,
             "provider_options": {k: (v if isinstance(v, (str, int, bool)) else str(v))
                                  for k, v in (provider_options or {}).items()},
-            "inputs_npz": b64encode(encode_npz(dict(inputs))),
             "warmup": warmup,
             "iterations": iterations,
             "return_outputs": outputs,
@@ -167,20 +175,24 @@ class AgentClient:
             "profile_runs": profile_runs,
             "allow_cpu_fallback": allow_cpu_fallback,
         }
+        # The binary form: one .npz each way, the run's JSON inside it, no base64 of the tensors.
+        arrays[RUN_MEMBER] = np.frombuffer(json.dumps(spec).encode(), dtype=np.uint8)
+        body = encode_npz(arrays)
+        post = dict(content=body, headers={"Content-Type": "application/octet-stream"})
         try:
-            response = self._request("POST", f"{API_PREFIX}/runs", json=body)
+            response = self._request("POST", f"{API_PREFIX}/runs/npz", **post)
         except AgentError as exc:
-            if exc.status == 404 and model_id in self._known_models:
-                # The agent lost the model (restarted with a fresh work directory): upload once more.
-                self._known_models.discard(model_id)
-                if not (isinstance(model, str) and _MODEL_ID.fullmatch(model)):
-                    self.upload(model)
-                    response = self._request("POST", f"{API_PREFIX}/runs", json=body)
-                else:
-                    raise
-            else:
+            if exc.status != 404 or model_id not in self._known_models or not _is_file_or_bytes(model):
                 raise
-        return RunResult.from_wire(response.json(), agent=self.url)
+            # The agent lost the model (restarted with a fresh work directory): upload once more.
+            self._known_models.discard(model_id)
+            self.upload(model)
+            response = self._request("POST", f"{API_PREFIX}/runs/npz", **post)
+        arrays = decode_npz(response.content)
+        result = arrays.pop(RESULT_MEMBER, None)
+        if result is None:
+            raise AgentError(f"agent {self.url} sent a run result without {RESULT_MEMBER!r}", 502)
+        return RunResult.from_wire(json.loads(result.tobytes()), agent=self.url, outputs=arrays)
 
     def build_context(self, model: str | os.PathLike | bytes, provider_options: Mapping[str, object] | None = None,
                       *, allow_cpu_fallback: bool = False) -> ContextBinary:
@@ -220,6 +232,10 @@ class AgentClient:
                 continue
             raise AgentError(f"agent {self.url}: {_detail(response)}", response.status_code)
         raise AssertionError("unreachable")
+
+
+def _is_file_or_bytes(model) -> bool:
+    return not (isinstance(model, str) and _MODEL_ID.fullmatch(model) and not Path(model).exists())
 
 
 def _detail(response: httpx.Response) -> str:

@@ -19,6 +19,9 @@ from ..errors import MpstudioError
 
 API_PREFIX = "/v1"
 TOKEN_ENV = "MPSTUDIO_AGENT_TOKEN"
+# Members of the binary run form's .npz that carry the run's JSON (request) and the result's (response).
+RUN_MEMBER = "__run__"
+RESULT_MEMBER = "__result__"
 
 # Model ids are sha256 hex digests and run ids uuid4 hex: ids are checked against these, and file names
 # on the agent are built only from checked ids, never from a path a client sends.
@@ -264,8 +267,9 @@ class RunResult:
     session_create_ms: float = 0.0
 
     @classmethod
-    def from_wire(cls, data: dict, agent: str) -> "RunResult":
-        outputs = decode_npz(b64decode(data["outputs_npz"], "outputs")) if data.get("outputs_npz") else {}
+    def from_wire(cls, data: dict, agent: str, outputs: dict[str, np.ndarray] | None = None) -> "RunResult":
+        if outputs is None:
+            outputs = decode_npz(b64decode(data["outputs_npz"], "outputs")) if data.get("outputs_npz") else {}
         return cls(
             run_id=data["run_id"],
             model_id=data["model_id"],

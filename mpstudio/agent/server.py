@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import ipaddress
 import logging
 import os
@@ -27,15 +28,28 @@ from typing import Literal
 from fastapi import FastAPI, Request, Security
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from .. import __version__
 from ..errors import MpstudioError
 from ..runtime import DEFAULT_HTP_ARCH, htp_is_emulated, qnn_library_path, validate_provider_options
-from .protocol import API_PREFIX, AgentError, AgentInfo, b64decode, b64encode, check_model_id, check_run_id, decode_npz, encode_npz
+from .protocol import (
+    API_PREFIX,
+    RESULT_MEMBER,
+    RUN_MEMBER,
+    AgentError,
+    AgentInfo,
+    b64decode,
+    b64encode,
+    check_model_id,
+    check_run_id,
+    decode_npz,
+    encode_npz,
+)
 from .worker import WorkerHandle
 
 log = logging.getLogger("mpstudio.agent")
@@ -285,7 +299,8 @@ class RunRequest(BaseModel):
     backend: Literal["htp", "cpu"] = Field("htp", description="htp (QNN EP) or cpu (ORT's QDQ reference)")
     provider_options: dict[str, str | int | bool] = Field(default_factory=dict,
                                                            description="QNN EP options (whitelisted)")
-    inputs_npz: str = Field(description="base64 of an .npz of the model inputs (no pickled arrays)")
+    inputs_npz: str = Field("", description="base64 of an .npz of the model inputs (no pickled arrays); "
+                                            "empty in the binary form, where the inputs are the .npz itself")
     warmup: int = Field(0, ge=0, le=MAX_WARMUP)
     iterations: int = Field(1, ge=1, le=MAX_ITERATIONS)
     return_outputs: bool = True
@@ -444,9 +459,43 @@ def create_app(config: AgentConfig) -> FastAPI:
 
     @app.post(f"{API_PREFIX}/runs", summary="Run a model and return outputs, latency, placement, profile")
     async def run(body: RunRequest):
+        state.store.existing(body.model_id)  # an unknown model is a 404 whatever the inputs
+        inputs = decode_npz(b64decode(body.inputs_npz, "inputs_npz"))
+        reply, outputs = await _run(body, inputs)
+        if outputs is not None:
+            reply = {**reply, "outputs_npz": b64encode(encode_npz(outputs))}
+        return JSONResponse(jsonable_encoder(reply))
+
+    @app.post(
+        f"{API_PREFIX}/runs/npz",
+        summary="The same run in binary: one .npz each way, no base64 (what AgentClient uses)",
+        description=(
+            "The request body is an .npz of the inputs plus a uint8 member `__run__` holding the JSON of a "
+            "RunRequest without `inputs_npz`. The response is an .npz of the outputs plus a uint8 member "
+            "`__result__` holding the JSON result. Pickled members are refused."
+        ),
+        openapi_extra={"requestBody": {"content": {"application/octet-stream": {
+            "schema": {"type": "string", "format": "binary"}}}, "required": True}},
+        response_class=Response,
+        responses={200: {"content": {"application/octet-stream": {}}}},
+    )
+    async def run_npz(request: Request):
+        inputs = decode_npz(await request.body())
+        spec = inputs.pop(RUN_MEMBER, None)
+        if spec is None or spec.dtype != np.uint8:
+            raise AgentError(f"the .npz has no uint8 {RUN_MEMBER!r} member with the run's JSON")
+        try:
+            body = RunRequest.model_validate_json(spec.tobytes())
+        except ValidationError as exc:
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+        reply, outputs = await _run(body, inputs)
+        arrays = dict(outputs or {})
+        arrays[RESULT_MEMBER] = np.frombuffer(json.dumps(jsonable_encoder(reply)).encode(), dtype=np.uint8)
+        return Response(encode_npz(arrays), media_type="application/octet-stream")
+
+    async def _run(body: RunRequest, inputs: dict) -> tuple[dict, dict | None]:
         path = state.store.existing(body.model_id)
         options = _options(body.backend, body.provider_options)
-        inputs = decode_npz(b64decode(body.inputs_npz, "inputs_npz"))
         run_id = uuid.uuid4().hex
         started = time.perf_counter()
         result = await state.call_worker({
@@ -464,9 +513,7 @@ def create_app(config: AgentConfig) -> FastAPI:
         state.remember(run_id, reply)
         log.info("run %s model %s %s x%d: %.0f ms", run_id[:8], body.model_id[:12], body.backend, body.iterations,
                  (time.perf_counter() - started) * 1e3)
-        if outputs is not None:
-            reply = {**reply, "outputs_npz": b64encode(encode_npz(outputs))}
-        return JSONResponse(jsonable_encoder(reply))
+        return reply, outputs
 
     @app.get(f"{API_PREFIX}/runs/{{run_id}}", summary="A past run's result (without outputs)")
     async def run_status(run_id: str):
@@ -519,7 +566,9 @@ def serve(config: AgentConfig, *, log_level: str = "info", announce=sys.stdout) 
 
     app = create_app(config)
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio sets TCP_NODELAY only on such sockets, and without it every response
+    # waits ~40 ms for a delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.host, config.port))
     port = sock.getsockname()[1]
