@@ -68,6 +68,8 @@ def encode_npz(arrays: dict[str, np.ndarray]) -> bytes:
 
 def decode_npz(data: bytes) -> dict[str, np.ndarray]:
     """Arrays from `.npz` bytes; a pickled member is refused (pickles can run code when loaded)."""
+    if not bytes(data[:4]) == b"PK\x03\x04":  # np.load would take anything else for a pickle or .npy
+        raise MpstudioError("the inputs are not a valid .npz archive (make them with numpy.savez)")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
             return {name: archive[name] for name in archive.files}
