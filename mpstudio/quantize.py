@@ -318,15 +318,65 @@ def quantize_plain(model_path: str | Path, calibration: DataSource, plan: Precis
 # ---- ORT quantizer speed-ups -----------------------------------------------------------------------------
 # ORT's QDQ quantizer looks initializers up by a full list scan and rewires consumers by visiting every
 # input of every node, once per quantized tensor: quadratic in model size. These replacements return the
-# same results (tests compare the generated models byte for byte) with an early exit and a C-level
-# membership test.
+# same results (tests compare generated models with ORT's own output, tensor by tensor): a name index over
+# the initializer list, kept valid by watching its length and dropped on every removal, and a C-level
+# membership test before touching a node's inputs.
+
+
+class _InitializerIndex:
+    """Name -> initializer for one repeated field, extended as the quantizer appends to it."""
+
+    def __init__(self):
+        self.container = None
+        self.length = 0
+        self.by_name: dict = {}
+
+    def lookup(self, name, container):
+        if self.container is None or len(container) < self.length:
+            self.container, self.length, self.by_name = container, 0, {}
+        if len(container) > self.length:
+            for index in range(self.length, len(container)):
+                item = container[index]
+                self.by_name.setdefault(item.name, item)
+            self.length = len(container)
+        item = self.by_name.get(name)
+        if item is not None and item.name != name:  # renamed in place: rebuild once
+            self.container = None
+            return self.lookup(name, container)
+        return item
+
+
+_indexes = threading.local()  # per thread: id(container) -> _InitializerIndex (holding the container)
+
+
+def _index_for(container) -> _InitializerIndex:
+    table = _indexes.__dict__.setdefault("table", {})
+    index = table.get(id(container))
+    if index is None or index.container is not container:
+        index = table[id(container)] = _InitializerIndex()
+    return index
+
+
+def _forget_indexes() -> None:
+    _indexes.__dict__["table"] = {}
 
 
 def _find_by_name(item_name, item_list):
-    for item in item_list:
-        if item.name == item_name:
-            return item
-    return None
+    if isinstance(item_list, (list, tuple)) or _patch_depth == 0:
+        return next((item for item in item_list if item.name == item_name), None)
+    return _index_for(item_list).lookup(item_name, item_list)
+
+
+def _get_initializer(self, name):
+    return _find_by_name(name, self.model.graph.initializer)
+
+
+def _forget_index(method):
+    def wrapper(*args, **kwargs):
+        _forget_indexes()
+        return method(*args, **kwargs)
+
+    return wrapper
 
 
 def _replace_input_of_all_nodes(self, old_input_name, new_input_name):
@@ -340,34 +390,46 @@ def _replace_input_of_all_nodes(self, old_input_name, new_input_name):
 _patch_lock = threading.RLock()
 _patch_depth = 0
 _originals: dict = {}
+_REMOVERS = ("remove_initializer", "remove_initializers", "clean_initializers", "remove_unused_constant")
 
 
 @contextlib.contextmanager
 def _fast_ort_quantizer():
     global _patch_depth
+    model_cls = _ort_onnx_model.ONNXModel
     with _patch_lock:
         if _patch_depth == 0:
             _originals.update(
                 qdq=_ort_qdq_quantizer.find_by_name,
                 base=_ort_base_quantizer.find_by_name,
                 model=_ort_onnx_model.find_by_name,
-                replace=_ort_onnx_model.ONNXModel.replace_input_of_all_nodes,
+                replace=model_cls.replace_input_of_all_nodes,
+                get_initializer=model_cls.get_initializer,
+                removers={name: getattr(model_cls, name) for name in _REMOVERS if hasattr(model_cls, name)},
             )
             _ort_qdq_quantizer.find_by_name = _find_by_name
             _ort_base_quantizer.find_by_name = _find_by_name
             _ort_onnx_model.find_by_name = _find_by_name
-            _ort_onnx_model.ONNXModel.replace_input_of_all_nodes = _replace_input_of_all_nodes
+            model_cls.replace_input_of_all_nodes = _replace_input_of_all_nodes
+            model_cls.get_initializer = _get_initializer
+            for name, method in _originals["removers"].items():
+                setattr(model_cls, name, _forget_index(method))
         _patch_depth += 1
+    _forget_indexes()
     try:
         yield
     finally:
+        _forget_indexes()
         with _patch_lock:
             _patch_depth -= 1
             if _patch_depth == 0:
                 _ort_qdq_quantizer.find_by_name = _originals["qdq"]
                 _ort_base_quantizer.find_by_name = _originals["base"]
                 _ort_onnx_model.find_by_name = _originals["model"]
-                _ort_onnx_model.ONNXModel.replace_input_of_all_nodes = _originals["replace"]
+                model_cls.replace_input_of_all_nodes = _originals["replace"]
+                model_cls.get_initializer = _originals["get_initializer"]
+                for name, method in _originals["removers"].items():
+                    setattr(model_cls, name, method)
 
 
 @contextlib.contextmanager

@@ -175,3 +175,15 @@ def test_demo_plans_run_on_htp_without_cpu_fallback(demo, demo_quantizer, which)
     assert a.shape == b.shape == (1, 40, 6625)
     # HTP numerics are not bit-identical to ORT's CPU QDQ run, but they read the same characters.
     assert (a.argmax(-1) == b.argmax(-1)).mean() > 0.9
+
+
+def test_demo_regeneration_equals_orts_own_path(demo, demo_quantizer, tmp_path):
+    """On a real model (404 nodes, shared constants, converts), the fast path changes nothing."""
+    plan = demo_mixed_plan(demo).promote(["p2o.Mul.3"])
+    fast = demo_quantizer.generate(plan)
+    plain = quantize_plain(demo_quantizer.float_path, demo.calibration, plan, demo.model.graph, tmp_path / "p.onnx")
+    ia, ib = initializers(fast), initializers(plain)
+    assert ia.keys() == ib.keys()
+    for name in ia:
+        np.testing.assert_array_equal(ia[name], ib[name], err_msg=name)
+    assert [n.op_type for n in onnx.load(str(fast)).graph.node] == [n.op_type for n in onnx.load(str(plain)).graph.node]

@@ -1,0 +1,86 @@
+"""The `mpstudio` command line, run as a user runs it: a real subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+import onnx
+import onnxruntime as ort
+
+from conftest import conv_feeds, make_conv_model, make_loop_model
+from mpstudio.data import FeedList
+
+
+def run(*args, cwd=None, env_extra=None):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "mpstudio", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+def test_prepare_prints_the_report(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(make_conv_model(), path)
+    result = run("prepare", str(path), "-o", str(tmp_path / "prepared.onnx"))
+    assert result.returncode == 0, result.stderr
+    assert "QNN HTP support" in result.stdout and "folded constants" in result.stdout
+    assert (tmp_path / "prepared.onnx").exists()
+
+
+def test_prepare_refuses_a_dynamic_shape_then_fixes_it(tmp_path):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(make_conv_model(dynamic_batch=True), path)
+    refused = run("prepare", str(path))
+    assert refused.returncode == 2 and "dynamic" in refused.stderr and "Traceback" not in refused.stderr
+    fixed = run("prepare", str(path), "--shape", "x=1,3,16,16")
+    assert fixed.returncode == 0 and "fixed input x" in fixed.stdout
+
+
+def test_prepare_strict_fails_on_unsupported_ops(tmp_path):
+    path = tmp_path / "loop.onnx"
+    onnx.save(make_loop_model(), path)
+    result = run("prepare", str(path), "--strict")
+    assert result.returncode == 3 and "repeat_loop" in result.stdout
+
+
+def test_corrupt_model_is_a_one_line_error(tmp_path):
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(b"garbage" * 50)
+    result = run("prepare", str(path))
+    assert result.returncode == 2 and result.stderr.startswith("mpstudio: error:") and "Traceback" not in result.stderr
+
+
+def test_quantize_writes_a_qdq_model(tmp_path):
+    model = tmp_path / "m.onnx"
+    onnx.save(make_conv_model(), model)
+    FeedList(conv_feeds(6)).save_npz(tmp_path / "data")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"overrides": {"relu1_out": {"type": "uint16"}}}))
+    out = tmp_path / "out" / "q.onnx"
+    result = run("quantize", str(model), "--data", str(tmp_path / "data"), "--plan", str(plan), "-o", str(out),
+                 "--cache", str(tmp_path / "cache"))
+    assert result.returncode == 0, result.stderr
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert session.run(None, conv_feeds(1)[0])[0].shape == (1, 4, 1, 1)
+    assert "QuantizeLinear" in {n.op_type for n in onnx.load(str(out)).graph.node}
+
+
+def test_quantize_reports_a_bad_plan(tmp_path):
+    model = tmp_path / "m.onnx"
+    onnx.save(make_conv_model(), model)
+    FeedList(conv_feeds(2)).save_npz(tmp_path / "data")
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"overrides": {"relu_out": {"type": "uint16"}}}')
+    result = run("quantize", str(model), "--data", str(tmp_path / "data"), "--plan", str(plan), "-o",
+                 str(tmp_path / "q.onnx"), "--cache", str(tmp_path / "cache"))
+    assert result.returncode == 2 and "did you mean 'relu1_out'" in result.stderr
+    plan.write_text("{oops")
+    result = run("quantize", str(model), "--data", str(tmp_path / "data"), "--plan", str(plan), "-o",
+                 str(tmp_path / "q.onnx"), "--cache", str(tmp_path / "cache"))
+    assert result.returncode == 2 and "not valid JSON" in result.stderr
+
+
+def test_demo_command(demo, demo_cache):
+    result = run("demo", "--samples", "5", "--quiet", env_extra={"MPSTUDIO_CACHE_DIR": str(demo_cache) + "-cli"})
+    assert result.returncode == 0, result.stderr
+    assert "CER on 5 evaluation lines" in result.stdout and "a16w8" in result.stdout
