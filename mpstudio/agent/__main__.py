@@ -7,7 +7,8 @@ from .cli import add_parser
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpstudio.agent")
+    # Usage lines then read "python -m mpstudio agent serve", an equivalent command.
+    parser = argparse.ArgumentParser(prog="python -m mpstudio")
     # add_parser adds the `agent` command; here the program itself is the agent, so unwrap one level.
     wrapper = parser.add_subparsers(dest="command")
     add_parser(wrapper)

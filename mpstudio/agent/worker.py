@@ -11,6 +11,7 @@ import csv
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import re
 import shutil
