@@ -278,21 +278,31 @@ class CalibrationReader(CalibrationDataReader):
         self.source, self.progress, self.cancel, self.message = source, progress, cancel, message
         self._iter = None
         self.count = 0
+        self.exhausted = False
+        self._chunk_end: int | None = None
+
+    def start_chunk(self, size: int) -> None:
+        """Serve at most `size` more samples, then report the end (so a calibrator can merge ranges)."""
+        self._chunk_end = self.count + size
 
     def get_next(self):
         if self._iter is None:
             self._iter = self.source.feeds()
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled("cancelled")
+        if self._chunk_end is not None and self.count >= self._chunk_end:
+            return None
         feed = next(self._iter, None)
-        if feed is not None:
+        if feed is None:
+            self.exhausted = True
+        else:
             self.count += 1
             if self.progress:
                 self.progress(self.count, len(self.source), self.message)
         return feed
 
     def rewind(self):
-        self._iter, self.count = None, 0
+        self._iter, self.count, self.exhausted, self._chunk_end = None, 0, False, None
 
     def __len__(self):
         return len(self.source)

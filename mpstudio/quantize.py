@@ -114,10 +114,13 @@ class Quantizer:
                     None,  # every float tensor: ranges must serve any plan
                     augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                     calibrate_method=CALIBRATION_METHODS[self.method],
-                    extra_options={"max_intermediate_outputs": _CALIBRATION_CHUNK},
                 )
                 try:
-                    calibrator.collect_data(reader)
+                    # Chunks bound memory: ORT's calibrator merges ranges at the end of each collect_data.
+                    # (Its own max_intermediate_outputs option drops every full chunk unmerged.)
+                    while not reader.exhausted:
+                        reader.start_chunk(_CALIBRATION_CHUNK)
+                        calibrator.collect_data(reader)
                     ranges = calibrator.compute_data()
                 except MpstudioError:
                     raise

@@ -185,5 +185,9 @@ def test_demo_regeneration_equals_orts_own_path(demo, demo_quantizer, tmp_path):
     ia, ib = initializers(fast), initializers(plain)
     assert ia.keys() == ib.keys()
     for name in ia:
-        np.testing.assert_array_equal(ia[name], ib[name], err_msg=name)
+        if ia[name].dtype.kind == "f":
+            # Ranges merged chunk by chunk may differ from one pass over all samples in the last float bit.
+            np.testing.assert_allclose(ia[name], ib[name], rtol=1e-6, err_msg=name)
+        else:
+            np.testing.assert_array_equal(ia[name], ib[name], err_msg=name)
     assert [n.op_type for n in onnx.load(str(fast)).graph.node] == [n.op_type for n in onnx.load(str(plain)).graph.node]
