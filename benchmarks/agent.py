@@ -1,6 +1,6 @@
 """The agent's overhead against a direct in-process ONNX Runtime session, on the same model (cpu backend).
 
-Run:  python benchmarks/agent.py  [--iterations 1000] [--requests 100] [--rounds 3] [--threads 1]
+Run:  python benchmarks/agent.py  [--iterations 1000] [--requests 100] [--rounds 5] [--threads 1]
 
 Starts a real local agent (child process, loopback, token) and measures, in one run:
   1. one request that runs the model `--iterations` times, against the same loop in process
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads on both sides (default 1)")
     args = parser.parse_args(argv)
 

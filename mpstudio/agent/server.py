@@ -246,7 +246,7 @@ class AgentState:
 
     async def call_worker(self, request: dict) -> dict:
         async with self.queue.slot():
-            return await run_in_threadpool(self.worker.call, request, self.config.run_timeout_s)
+            return await self.worker.call_async(request, self.config.run_timeout_s)
 
     def info(self) -> AgentInfo:
         ready = self.worker.ready_info or {}
