@@ -1,0 +1,165 @@
+"""Per-tensor scores in one streamed pass: accumulated error (float vs QDQ), local error at 8 and 16 bits,
+and weight quantization scores (per-tensor vs per-channel, 8 vs 16 bits).
+
+One run of the float model and one of the QDQ model per sample, each with its intermediate tensors exposed;
+every sample's tensors are folded into running sums and dropped, so memory does not grow with the samples.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Mapping
+
+import numpy as np
+import onnx
+import pandas as pd
+from onnx import numpy_helper
+from onnxruntime.quantization import QuantType
+from onnxruntime.quantization.quant_utils import quantize_data
+
+from ..data import Cancelled, DataSource, Progress
+from ..graph import ModelGraph
+from ..runtime import create_session
+from . import qdq
+from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB, ErrorAccumulator
+
+# Columns of `tensor_scores` (one row per float activation tensor, in topological order):
+#   tensor, kind (input/activation/output), op (producer op type, "" for a graph input), node (producer),
+#   namespace, matched (has a QDQ counterpart), qdq_tensor (its DequantizeLinear output), bits (in the plan),
+#   snr_db, cosine, mse, max_abs (float model vs QDQ model, accumulated over all samples),
+#   local_snr_8, local_snr_16 (this tensor alone quantized with its calibrated 8/16-bit parameters),
+#   passes_snr, passes_cosine (seed 004's thresholds), samples.
+TENSOR_COLUMNS = ["tensor", "kind", "op", "node", "namespace", "matched", "qdq_tensor", "bits", "snr_db", "cosine",
+                  "mse", "max_abs", "local_snr_8", "local_snr_16", "passes_snr", "passes_cosine", "samples"]
+
+
+def tensor_scores(
+    float_model,
+    qdq_model,
+    graph: ModelGraph,
+    data: DataSource,
+    params_8: Mapping[str, qdq.QuantParams],
+    params_16: Mapping[str, qdq.QuantParams],
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> pd.DataFrame:
+    """Accumulated and local error of every activation tensor of `graph` over `data` (see TENSOR_COLUMNS)."""
+    counterparts = qdq.quantized_tensors(qdq_model)
+    activations = graph.activations()
+    inputs = set(graph.inputs)
+    exposed_float = [t for t in activations if t not in inputs]
+    matched = [t for t in activations if t in counterparts]
+    float_session = create_session(qdq.model_path_or_bytes(qdq.with_outputs(float_model, exposed_float, False)))
+    qdq_session = create_session(
+        qdq.model_path_or_bytes(qdq.with_outputs(qdq_model, [counterparts[t].post for t in matched], False))
+    )
+    float_names = [o.name for o in float_session.get_outputs()]
+    qdq_names = [o.name for o in qdq_session.get_outputs()]
+    accumulated = {t: ErrorAccumulator() for t in matched}
+    local = {(t, bits): ErrorAccumulator() for t in activations for bits, table in ((8, params_8), (16, params_16))
+             if t in table}
+    total = len(data)
+    for i, feed in enumerate(data.feeds()):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"tensor scoring cancelled after {i} of {total} samples")
+        float_values = dict(zip(float_names, float_session.run(float_names, feed)))
+        float_values.update({name: feed[name] for name in inputs if name in feed})
+        qdq_values = dict(zip(qdq_names, qdq_session.run(qdq_names, feed)))
+        for t in matched:
+            accumulated[t].add(float_values[t], qdq_values.pop(counterparts[t].post))
+        for (t, bits), acc in local.items():
+            x = np.ravel(np.asarray(float_values[t], dtype=np.float32))
+            params = (params_8 if bits == 8 else params_16)[t]
+            error = qdq.local_error(x, params)
+            test_sq = float(np.dot(x + error, x + error))
+            acc.add_noise(x, error, test_sq, float(np.dot(x, x + error)))
+        del float_values, qdq_values
+        if progress:
+            progress(i + 1, total, "scoring tensors")
+    rows = []
+    for t in activations:
+        info = graph.tensors[t]
+        node = graph.nodes.get(info.producer) if info.producer else None
+        acc = accumulated.get(t)
+        rows.append({
+            "tensor": t,
+            "kind": info.kind,
+            "op": node.op_type if node else "",
+            "node": node.name if node else "",
+            "namespace": node.namespace if node else "",
+            "matched": acc is not None,
+            "qdq_tensor": counterparts[t].post if t in counterparts else "",
+            "bits": counterparts[t].params.bits if t in counterparts else np.nan,
+            "snr_db": acc.snr_db if acc else np.nan,
+            "cosine": acc.cosine if acc else np.nan,
+            "mse": acc.mse if acc else np.nan,
+            "max_abs": acc.max_abs if acc else np.nan,
+            "local_snr_8": local[(t, 8)].snr_db if (t, 8) in local else np.nan,
+            "local_snr_16": local[(t, 16)].snr_db if (t, 16) in local else np.nan,
+            "samples": total,
+        })
+    frame = pd.DataFrame(rows, columns=[c for c in TENSOR_COLUMNS if c not in ("passes_snr", "passes_cosine")])
+    frame["passes_snr"] = frame["snr_db"] > SNR_THRESHOLD_DB
+    frame["passes_cosine"] = frame["cosine"] > COSINE_THRESHOLD
+    return frame[TENSOR_COLUMNS]
+
+
+# Columns of `weight_scores` (one row per weight tensor):
+#   tensor, op, node, namespace, shape, axis (output-channel axis, -1 when it has none),
+#   snr_pt_8 (uint8 asymmetric per tensor: ORT's QNN default), snr_pc_8 (int8 symmetric per channel),
+#   snr_pt_16 (uint16 per tensor), snr_pc_16 (int16 symmetric per channel), per_channel_gain_8 (dB).
+WEIGHT_COLUMNS = ["tensor", "op", "node", "namespace", "shape", "axis", "snr_pt_8", "snr_pc_8", "snr_pt_16",
+                  "snr_pc_16", "per_channel_gain_8"]
+
+
+def weight_scores(model: onnx.ModelProto, graph: ModelGraph, progress: Progress | None = None,
+                  cancel: threading.Event | None = None) -> pd.DataFrame:
+    """The SNR of quantizing each weight per tensor and per channel at 8 and 16 bits (ORT's arithmetic)."""
+    from ..quantize import weight_axis
+    from ..errors import MpstudioError
+
+    inits = {init.name: init for init in model.graph.initializer}
+    names = [w for w in graph.weights() if w in inits]
+    rows = []
+    for i, name in enumerate(names):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"weight scoring cancelled after {i} of {len(names)} weights")
+        w = numpy_helper.to_array(inits[name]).astype(np.float32)
+        info = graph.tensors[name]
+        node = graph.nodes[info.consumers[0]] if info.consumers else None
+        try:
+            axis = weight_axis(graph, name) if w.ndim > 1 else -1
+        except MpstudioError:
+            axis = -1
+        row = {"tensor": name, "op": node.op_type if node else "", "node": node.name if node else "",
+               "namespace": node.namespace if node else "", "shape": "x".join(map(str, w.shape)), "axis": axis}
+        row["snr_pt_8"] = _weight_snr(w, QuantType.QUInt8, False, None)
+        row["snr_pt_16"] = _weight_snr(w, QuantType.QUInt16, False, None)
+        row["snr_pc_8"] = _weight_snr(w, QuantType.QInt8, True, axis) if axis >= 0 else np.nan
+        row["snr_pc_16"] = _weight_snr(w, QuantType.QInt16, True, axis) if axis >= 0 else np.nan
+        row["per_channel_gain_8"] = row["snr_pc_8"] - row["snr_pt_8"] if axis >= 0 else np.nan
+        rows.append(row)
+        if progress:
+            progress(i + 1, len(names), "scoring weights")
+    return pd.DataFrame(rows, columns=WEIGHT_COLUMNS)
+
+
+def quantized_weight(w: np.ndarray, qtype, symmetric: bool, axis: int | None) -> np.ndarray:
+    """`w` quantized and dequantized as ORT's quantizer does (per channel along `axis` when given)."""
+    if axis is None:
+        return _qdq(w, qtype, symmetric)
+    moved = np.moveaxis(w, axis, 0)
+    out = np.stack([_qdq(channel, qtype, symmetric) for channel in moved])
+    return np.moveaxis(out, 0, axis)
+
+
+def _qdq(w: np.ndarray, qtype, symmetric: bool) -> np.ndarray:
+    zero_point, scale, quantized = quantize_data(w.ravel(), qtype.tensor_type, symmetric)
+    deq = (quantized.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)
+    return deq.reshape(w.shape)
+
+
+def _weight_snr(w: np.ndarray, qtype, symmetric: bool, axis: int | None) -> float:
+    acc = ErrorAccumulator()
+    acc.add(w, quantized_weight(w, qtype, symmetric, axis))
+    return acc.snr_db

@@ -1,0 +1,206 @@
+"""The sensitivity engine against hand-computed values, ORT's own qdq_loss_debug, and real QDQ models."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import IR, conv_feeds, make_conv_model
+from mpstudio.data import Cancelled, FeedList
+from mpstudio.errors import MpstudioError
+from mpstudio.model import prepare_model
+from mpstudio.plan import PrecisionPlan
+from mpstudio.quantize import Quantizer
+from mpstudio.sensitivity import (ErrorAccumulator, SensitivityReport, SwitchableModel, analyze, check_prediction,
+                                  qnn_region, quantized_tensors, tensor_scores, weight_scores)
+from mpstudio.sensitivity.isolation import OutputScorer, float_references
+
+
+def _ramp_model():
+    """x[1,256] -> Relu -> Mul(2) -> y: quantization noise of x is set by the calibration range alone."""
+    two = helper.make_tensor("two", TensorProto.FLOAT, [1], [2.0])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="/a/Relu"), helper.make_node("Mul", ["r", "two"], ["y"], name="/a/Mul")],
+        "ramp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])], initializer=[two])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+@pytest.fixture(scope="module")
+def conv_setup(tmp_path_factory):
+    prepared = prepare_model(make_conv_model())
+    quantizer = Quantizer(prepared, FeedList(conv_feeds(8)), tmp_path_factory.mktemp("conv-cache"))
+    return prepared, quantizer
+
+
+def _params(quantizer, plan):
+    return {t: q.params for t, q in quantized_tensors(quantizer.generate(plan)).items()}
+
+
+def test_input_noise_matches_hand_computed_value(tmp_path):
+    # Calibration spans exactly [0, 2.55]: uint8 scale 0.01, zero point 0. Evaluation values sit 0.003 above
+    # each grid point, so every element's quantization error is -0.003 (round to nearest).
+    prepared = prepare_model(_ramp_model())
+    calibration = FeedList([{"x": (np.arange(256, dtype=np.float32) * np.float32(0.01)).reshape(1, 256)}])
+    quantizer = Quantizer(prepared, calibration, tmp_path)
+    x = (np.arange(255, dtype=np.float64) * 0.01 + 0.003)
+    evaluation = FeedList([{"x": np.pad(x, (0, 1)).astype(np.float32).reshape(1, 256)}] * 3)
+    frame = tensor_scores(quantizer.float_path, quantizer.generate(PrecisionPlan.a8w8()), prepared.graph, evaluation,
+                          _params(quantizer, PrecisionPlan.a8w8()), _params(quantizer, PrecisionPlan.a16w8()))
+    row = frame.set_index("tensor").loc["r"]  # Relu(x) = x here; ORT quantizes the Relu's output, not x
+    signal = float(np.sum(x ** 2))
+    noise = 255 * 0.003 ** 2 + 0.0  # the padded zero quantizes exactly
+    expected_snr = 10 * np.log10(signal / noise)
+    assert row["snr_db"] == pytest.approx(expected_snr, abs=0.01)
+    assert row["local_snr_8"] == pytest.approx(expected_snr, abs=0.01)
+    assert row["mse"] == pytest.approx(255 * 0.003 ** 2 / 256, rel=1e-3)
+    assert row["max_abs"] == pytest.approx(0.003, abs=1e-5)
+    assert row["local_snr_16"] > expected_snr + 40  # 256x finer steps: about 48 dB better
+    assert row["samples"] == 3 and bool(row["passes_snr"]) is True
+
+
+def test_accumulator_streams_like_one_concatenated_pass():
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(3, 50)).astype(np.float32) for _ in range(5)]
+    ys = [x + rng.normal(0, 0.1, x.shape).astype(np.float32) for x in xs]
+    acc = ErrorAccumulator()
+    for x, y in zip(xs, ys):
+        acc.add(x, y)
+    x, y = np.concatenate([a.ravel() for a in xs]).astype(np.float64), np.concatenate([a.ravel() for a in ys])
+    assert acc.snr_db == pytest.approx(10 * np.log10(np.sum(x ** 2) / np.sum((x - y) ** 2)), rel=1e-6)
+    assert acc.cosine == pytest.approx(np.dot(x, y) / np.linalg.norm(x) / np.linalg.norm(y), rel=1e-6)
+    assert acc.max_abs == pytest.approx(np.max(np.abs(x - y)), rel=1e-6)
+
+
+def test_agrees_with_ort_qdq_loss_debug(conv_setup, tmp_path):
+    from onnxruntime.quantization.qdq_loss_debug import (collect_activations, compute_activation_error,
+                                                         create_activation_matching,
+                                                         modify_model_output_intermediate_tensors)
+
+    prepared, quantizer = conv_setup
+    qdq_path = quantizer.generate(PrecisionPlan.a8w8())
+    evaluation = FeedList(conv_feeds(5, seed=7))
+    frame = tensor_scores(quantizer.float_path, qdq_path, prepared.graph, evaluation,
+                          _params(quantizer, PrecisionPlan.a8w8()), _params(quantizer, PrecisionPlan.a16w8()))
+    modify_model_output_intermediate_tensors(str(quantizer.float_path), str(tmp_path / "f.onnx"))
+    modify_model_output_intermediate_tensors(str(qdq_path), str(tmp_path / "q.onnx"))
+    float_acts = collect_activations(str(tmp_path / "f.onnx"), iter(evaluation.feeds()))
+    qdq_acts = collect_activations(str(tmp_path / "q.onnx"), iter(evaluation.feeds()))
+    errors = compute_activation_error(create_activation_matching(qdq_acts, float_acts))
+    ours = frame.set_index("tensor")
+    compared = [t for t in errors if "xmodel_err" in errors[t] and t in ours.index and ours.loc[t, "matched"]]
+    assert len(compared) >= 3
+    for t in compared:
+        assert ours.loc[t, "snr_db"] == pytest.approx(errors[t]["xmodel_err"], abs=0.05), t
+    # A float tensor without a QDQ counterpart (its Relu was folded into the Conv) is reported, not guessed.
+    assert not ours.loc["conv1_out", "matched"] and np.isnan(ours.loc["conv1_out", "snr_db"])
+
+
+def test_weight_scores_follow_ort_arithmetic(conv_setup):
+    prepared, _ = conv_setup
+    frame = weight_scores(prepared.model, prepared.graph).set_index("tensor")
+    w = onnx.numpy_helper.to_array(next(i for i in prepared.model.graph.initializer if i.name == "conv1.weight"))
+    # Hand-computed uint8 asymmetric per-tensor quantization (range widened to include 0, as ORT does).
+    lo, hi = min(0.0, float(w.min())), max(0.0, float(w.max()))
+    scale = np.float32((hi - lo) / 255)
+    zero = np.round(-lo / scale)
+    deq = (np.clip(np.rint(w / scale) + zero, 0, 255) - zero) * scale
+    expected = 10 * np.log10(np.sum(w.astype(np.float64) ** 2) / np.sum((w - deq).astype(np.float64) ** 2))
+    assert frame.loc["conv1.weight", "snr_pt_8"] == pytest.approx(expected, abs=0.05)
+    assert (frame["snr_pt_16"] > frame["snr_pt_8"] + 40).all()
+    assert frame.loc["conv1.weight", "axis"] == 0
+
+
+def test_switchable_model_reproduces_the_real_qdq_models(conv_setup):
+    prepared, quantizer = conv_setup
+    switchable = SwitchableModel(quantizer.generate(PrecisionPlan.a8w8()), _params(quantizer, PrecisionPlan.a16w8()))
+    real_8 = ort.InferenceSession(str(quantizer.generate(PrecisionPlan.a8w8())), providers=["CPUExecutionProvider"])
+    real_16 = ort.InferenceSession(str(quantizer.generate(PrecisionPlan.a16w8())), providers=["CPUExecutionProvider"])
+    for feed in conv_feeds(3, seed=3):
+        for real, config in ((real_8, set()), (real_16, set(switchable.tensors))):
+            acc = ErrorAccumulator()
+            acc.add(real.run(None, feed)[0], switchable.run(feed, config)[0])
+            assert acc.snr_db > 40
+
+
+def test_isolation_matches_regenerated_plans_and_predicts(conv_setup):
+    prepared, quantizer = conv_setup
+    evaluation = FeedList(conv_feeds(6, seed=11))
+    report = analyze(quantizer, evaluation, isolation_samples=6, selection=["relu1_out", "add_out"])
+    iso = report.isolation.scores.set_index("region")
+    assert {"backbone", "selection"} <= set(iso.index)
+    assert report.isolation.all_16 > report.isolation.all_8
+    # Promoting one tensor in the switchable model agrees with the regenerated QDQ model of that plan.
+    for tensor in ("x", "add_out"):
+        check = check_prediction(quantizer, report, [tensor], evaluation)
+        assert check.measured == pytest.approx(iso.loc[tensor, "promoted"], abs=0.3)
+        assert check.prediction.predicted == pytest.approx(iso.loc[tensor, "promoted"], abs=1e-6)
+    both = report.predict(["x", "add_out"])
+    assert max(iso.loc['x', 'promoted'], iso.loc['add_out', 'promoted']) <= both.predicted
+    assert list(report.ranking["rank"]) == list(range(1, len(report.ranking) + 1))
+    with pytest.raises(MpstudioError, match="no isolation score"):
+        report.predict(["conv1_out"])
+
+
+def test_report_round_trip_and_html(conv_setup, tmp_path):
+    _, quantizer = conv_setup
+    report = analyze(quantizer, FeedList(conv_feeds(4, seed=2)), isolation_samples=4)
+    report.save(tmp_path / "r")
+    loaded = SensitivityReport.load(tmp_path / "r")
+    assert loaded.ranking["tensor"].tolist() == report.ranking["tensor"].tolist()
+    np.testing.assert_allclose(loaded.ranking["isolation_gain"], report.ranking["isolation_gain"], equal_nan=True)
+    assert loaded.predict(["x"]).predicted == pytest.approx(report.predict(["x"]).predicted)
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert "<script" not in page and "http" not in page and "add_out" in page
+    with pytest.raises(MpstudioError, match="report.json"):
+        SensitivityReport.load(tmp_path)
+
+
+def test_progress_and_cancel(conv_setup):
+    _, quantizer = conv_setup
+    calls = []
+    analyze(quantizer, FeedList(conv_feeds(3)), isolation_samples=2, progress=lambda d, t, m: calls.append((d, t, m)))
+    assert {m for _, _, m in calls} >= {"scoring tensors", "scoring weights", "isolation scores"}
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled):
+        analyze(quantizer, FeedList(conv_feeds(3)), cancel=cancel)
+
+
+def test_qnn_region_lists_what_ort_converts_with_a_tensor(conv_setup):
+    prepared, _ = conv_setup
+    region = qnn_region(prepared.model, prepared.graph, "relu1_out")
+    assert region.tensors[0] == "relu1_out" and "add_out" in region.tensors and region.source == "qnn"
+
+
+def test_analyze_command(tmp_path, capsys):
+    from mpstudio.sensitivity.cli import add_parser
+
+    onnx.save(make_conv_model(), tmp_path / "m.onnx")
+    FeedList(conv_feeds(5)).save_npz(tmp_path / "data")
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["analyze", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "data"), "--out",
+                              str(tmp_path / "out"), "--cache", str(tmp_path / "cache"), "--quiet", "--top", "3"])
+    assert args.func(args) == 0
+    printed = capsys.readouterr().out
+    assert "rank" in printed and "report written" in printed
+    assert {"ranking.csv", "report.html", "report.json"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    bad = parser.parse_args(["analyze", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "data"), "--out",
+                             str(tmp_path / "o2"), "--plan", str(tmp_path / "missing.json")])
+    with pytest.raises(MpstudioError, match="plan file not found"):
+        bad.func(bad)
+
+
+def test_demo_weights_show_per_channel_matters(demo):
+    frame = weight_scores(demo.model.model, demo.model.graph)
+    convs = frame[frame["op"] == "Conv"]
+    # The demo's accuracy loss comes largely from per-tensor weights: per-channel int8 is far better.
+    assert convs["per_channel_gain_8"].median() > 3
+    assert (convs["snr_pt_8"] < 30).sum() >= 5
