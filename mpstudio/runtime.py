@@ -6,8 +6,10 @@ here against a whitelist before a session is made.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import sys
 import re
 import threading
 from dataclasses import dataclass
@@ -175,7 +177,8 @@ def create_session(
                 qnn_options["profiling_level"] = "detailed"
                 qnn_options["enable_framework_op_trace"] = "1"
         so.add_provider_for_devices(devices, qnn_options)
-        session = ort.InferenceSession(model_arg, so)
+        with _quiet_stdout_once():
+            session = ort.InferenceSession(model_arg, so)
     except MpstudioError:
         raise
     except Exception as exc:
@@ -183,6 +186,34 @@ def create_session(
     if QNN_PROVIDER not in session.get_providers():
         raise MpstudioError("the QNN execution provider was not used for this session; the model ran on CPU")
     return session
+
+
+_stdout_quieted = False
+
+
+@contextlib.contextmanager
+def _quiet_stdout_once():
+    """libQnnHtp prints a `# LIBNATIVE` line on file descriptor 1 when it first loads in a process; keep it
+    off a user's stdout (which may carry a table or a protocol). Only the first HTP session is wrapped."""
+    global _stdout_quieted
+    if _stdout_quieted:
+        yield
+        return
+    _stdout_quieted = True
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no real fd 1 (some notebook kernels): nothing to protect
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _first_line(exc: BaseException) -> str:
