@@ -109,22 +109,34 @@ class WorkerHandle:
             try:
                 self._conn.send(request)
                 if not self._conn.poll(timeout):
-                    pid = self.pid
-                    self._replace()
-                    raise AgentError(
-                        f"the request exceeded the agent's run timeout of {timeout:g} s; its worker "
-                        f"(pid {pid}) was killed and replaced",
-                        504,
-                    )
+                    raise self._timed_out(timeout)
                 reply = self._conn.recv()
             except (EOFError, OSError):
-                pid, code = self.pid, self._exitcode()
-                self._replace()
-                raise AgentError(
-                    f"the worker process (pid {pid}) died during the request (exit code {code}); it was "
-                    "replaced, and the next request runs on a fresh worker",
-                    502,
-                ) from None
+                raise self._died() from None
+        return self._result(reply)
+
+    def _timed_out(self, timeout: float) -> AgentError:
+        """Kill and replace a worker that overran; the error the request gets."""
+        pid = self.pid
+        self._replace()
+        return AgentError(
+            f"the request exceeded the agent's run timeout of {timeout:g} s; its worker (pid {pid}) was "
+            "killed and replaced",
+            504,
+        )
+
+    def _died(self) -> AgentError:
+        """Replace a worker that died mid-request; the error the request gets."""
+        pid, code = self.pid, self._exitcode()
+        self._replace()
+        return AgentError(
+            f"the worker process (pid {pid}) died during the request (exit code {code}); it was replaced, "
+            "and the next request runs on a fresh worker",
+            502,
+        )
+
+    @staticmethod
+    def _result(reply: dict) -> dict:
         if reply.get("ok"):
             return reply["result"]
         raise AgentError(reply["error"], int(reply.get("status", 422)))
@@ -149,29 +161,15 @@ class WorkerHandle:
                 try:
                     await asyncio.wait_for(readable, timeout)
                 except asyncio.TimeoutError:
-                    pid = self.pid
-                    self._replace()
-                    raise AgentError(
-                        f"the request exceeded the agent's run timeout of {timeout:g} s; its worker "
-                        f"(pid {pid}) was killed and replaced",
-                        504,
-                    ) from None
+                    raise self._timed_out(timeout) from None
                 finally:
                     loop.remove_reader(fd)
                 reply = self._conn.recv()
             except (EOFError, OSError):
-                pid, code = self.pid, self._exitcode()
-                self._replace()
-                raise AgentError(
-                    f"the worker process (pid {pid}) died during the request (exit code {code}); it was "
-                    "replaced, and the next request runs on a fresh worker",
-                    502,
-                ) from None
+                raise self._died() from None
         finally:
             self._lock.release()
-        if reply.get("ok"):
-            return reply["result"]
-        raise AgentError(reply["error"], int(reply.get("status", 422)))
+        return self._result(reply)
 
     def stop(self) -> None:
         with self._lock:
