@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(func=_demo)
 
+    from .sensitivity.cli import add_parser as add_analyze_parser
+
+    add_analyze_parser(sub)
+
     try:
         from .agent.cli import add_parser as add_agent_parser
     except ImportError:  # the agent's server dependencies are optional at import time

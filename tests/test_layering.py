@@ -4,7 +4,8 @@ import subprocess
 import sys
 
 CORE = ["mpstudio", "mpstudio.model", "mpstudio.graph", "mpstudio.data", "mpstudio.plan", "mpstudio.quantize",
-        "mpstudio.runtime", "mpstudio.evaluate", "mpstudio.demos", "mpstudio.cli", "mpstudio.qnn_support"]
+        "mpstudio.runtime", "mpstudio.evaluate", "mpstudio.demos", "mpstudio.cli", "mpstudio.qnn_support",
+        "mpstudio.sensitivity", "mpstudio.agent"]
 
 
 def test_core_imports_no_gui_modules():
