@@ -153,7 +153,7 @@ def main() -> int:
     iso_data = demo.evaluation.head(args.isolation_samples)
     params_16 = {t: q.params for t, q in quantized_tensors(model_16).items()}
     started = time.perf_counter()
-    switchable = SwitchableModel(model_8, params_16, threads=2)
+    switchable = SwitchableModel(model_8, params_16, threads=2, float_model=demo.model.model, graph=demo.model.graph)
     references = float_references(quantizer.float_path, iso_data, switchable.output_names)
     scorer = OutputScorer(references, switchable.output_names)
     fast = isolation_scores(switchable, iso_data, tensor_regions(switchable.tensors), scorer, both_directions=False)

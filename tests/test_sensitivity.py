@@ -204,3 +204,19 @@ def test_demo_weights_show_per_channel_matters(demo):
     # The demo's accuracy loss comes largely from per-tensor weights: per-channel int8 is far better.
     assert convs["per_channel_gain_8"].median() > 3
     assert (convs["snr_pt_8"] < 30).sum() >= 5
+
+
+def test_cached_prefix_runs_match_full_runs_and_resolve_like_the_real_plan(conv_setup):
+    prepared, quantizer = conv_setup
+    switchable = SwitchableModel(quantizer.generate(PrecisionPlan.a8w8()), _params(quantizer, PrecisionPlan.a16w8()),
+                                 float_model=prepared.model, graph=prepared.graph, cuts=3)
+    samples = conv_feeds(3, seed=5)
+    cached = switchable.cached(samples)
+    for config in ([], ["x"], ["add_out"], switchable.tensors):
+        setting = switchable.setting(config)
+        for full, fast in zip([switchable.run(s, setting) for s in samples], cached.outputs(setting)):
+            np.testing.assert_allclose(fast[0], full[0], rtol=1e-5, atol=1e-6)
+    # Promoting relu1_out makes its reader compute at 16 bits; ORT converts that reader's other inputs.
+    edges = switchable.setting(["relu1_out"]).edges
+    assert any(t == "relu1_out" for t, _ in edges)
+    assert not switchable.setting([]).edges

@@ -164,7 +164,8 @@ def analyze(
     result = None
     if isolation:
         iso_data = isolation_data if isolation_data is not None else data.head(isolation_samples)
-        switchable = SwitchableModel(model_8, params_16, threads=threads or _cores())
+        switchable = SwitchableModel(model_8, params_16, threads=threads or _cores(),
+                                     float_model=quantizer.prepared.model, graph=graph)
         references = float_references(quantizer.float_path, iso_data, switchable.output_names)
         scorer = OutputScorer(references, switchable.output_names, metric)
         regions: list[Region] = tensor_regions(switchable.tensors)

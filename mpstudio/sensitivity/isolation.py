@@ -3,11 +3,14 @@ all-8-bit plan, and when it alone stays at 8 bits in the all-16-bit plan.
 
 Regenerating a QDQ model and opening a session per candidate costs about a second each. Instead, the
 all-8-bit QDQ model is turned once into a *switchable* model: every activation QuantizeLinear/
-DequantizeLinear pair becomes Clip -> QuantizeLinear(uint16) -> DequantizeLinear whose range, scale and zero
-point are graph inputs. Feeding a tensor's 8-bit parameters (with the Clip at the 8-bit range) reproduces
-8-bit quantization exactly; feeding its 16-bit parameters promotes it. One session then evaluates any
-promotion. What the switchable model leaves out: the 16-bit constants ORT's QNN config gives element-wise
-ops next to a promoted tensor (weights keep their all-8-bit quantization), and integer kernel rounding.
+DequantizeLinear pair becomes, for each node that reads the tensor, Clip -> QuantizeLinear(uint16) ->
+DequantizeLinear whose range, scale and zero point are overridable initializers (8-bit by default).
+Feeding an edge's 16-bit parameters promotes what that node reads; element-wise constants are overridable
+the same way. A promotion is resolved as the real plan would make it: ORT's `get_qnn_qdq_config` (through
+`quantize.qnn_config`) lists what it converts with the tensor, and a node reads 16-bit values only where
+the tensor is produced at 16 bits and not converted back to 8 for that node. Runs reuse the all-8-bit
+activations up to the first node a promotion changes (suffix models cut at a few points). What the
+switchable model leaves out: integer kernel rounding, and 16-bit constants are fed at float precision.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pandas as pd
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from ..data import Cancelled, DataSource, Feed, Progress, TaskMetric
 from ..errors import MpstudioError
@@ -29,6 +32,9 @@ from . import qdq
 from .stats import ErrorAccumulator
 
 _MS_DOMAIN = "com.microsoft"  # ORT's contrib QuantizeLinear takes uint16 at any opset
+_GRAPH_OUTPUT = ""  # the receiver name of an edge into a graph output
+_WEIGHT_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}  # their weights keep the plan's weight type
+_DQ_SUFFIX = "_DequantizeLinear_Output"
 
 
 @dataclass(frozen=True)
@@ -42,120 +48,332 @@ class OutputMetric:
 OUTPUT_SNR = OutputMetric("output SNR (dB)", True)
 
 
-class SwitchableModel:
-    """The all-8-bit QDQ model with every activation's bit width chosen at run time (see module docstring)."""
+@dataclass(frozen=True)
+class Setting:
+    """What one configuration quantizes at 16 bits: activation edges (tensor, receiving node; "" for a graph
+    output) and element-wise constants."""
 
-    def __init__(self, qdq_model_8, params_16: Mapping[str, qdq.QuantParams], threads: int | None = None):
+    edges: frozenset[tuple[str, str]]
+    constants: frozenset[str] = frozenset()
+
+
+class SwitchableModel:
+    """The all-8-bit QDQ model with every activation edge's bit width chosen at run time (see module docstring).
+
+    `float_model` and `graph` (the prepared float model) let promotions be resolved as the real plan would
+    make them; without them a promoted tensor is 16-bit for every node that reads it, and nothing else is.
+    """
+
+    def __init__(self, qdq_model_8, params_16: Mapping[str, qdq.QuantParams], threads: int | None = None,
+                 float_model: onnx.ModelProto | None = None, graph=None, cuts: int = 6):
         model = qdq.load(qdq_model_8)
+        self.float_model, self.graph = float_model, graph
         self.quantized = qdq.quantized_tensors(model)
         self.tensors: list[str] = list(self.quantized)
         self.params_8 = {t: q.params for t, q in self.quantized.items()}
         # A tensor the 16-bit model does not quantize keeps its 8-bit parameters in both settings.
         self.params_16 = {t: params_16.get(t, self.params_8[t]) for t in self.tensors}
-        self._output_followers = self._graph_output_followers(model)
+        for t, params in self.params_8.items():
+            if params.qmin != 0:
+                raise MpstudioError(f"{t!r} is quantized to signed {params.dtype}; HTP activations are unsigned")
+        self.receivers = self._receivers(model)
+        self._constants_8: dict[str, np.ndarray] = {}
+        self._constants_16: dict[str, np.ndarray] = {}
         self.model = self._rewrite(model)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
         self.threads = threads or 1
-        # Samples run concurrently, one thread each: better use of the cores than intra-op threads on
-        # the small tensors of a mobile model.
-        options.intra_op_num_threads = 1
-        try:
-            self.session = ort.InferenceSession(self.model.SerializeToString(), options,
-                                                providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise MpstudioError(f"ONNX Runtime could not open the switchable model: {exc}") from exc
-        self.output_names = [o.name for o in self.session.get_outputs()]
-        self._feeds_8 = self._param_feeds(self.params_8)
-        self._feeds_16 = self._param_feeds(self.params_16)
+        self.output_names = [o.name for o in self.model.graph.output]
+        self._feeds_16 = {edge: self._edge_feed(edge, self.params_16[edge[0]]) for t in self.tensors
+                          for edge in ((t, r) for r in self.receivers[t])}
+        self._first_use = self._first_uses()
+        nodes = len(self.model.graph.node)
+        cut_points = {nodes * k // (cuts + 1) for k in range(1, cuts + 1)} if cuts > 0 else set()
+        self._frontier = {cut: self._frontier_of(cut) for cut in sorted(cut_points - {0})}
+        self._suffix_sessions: dict[int, ort.InferenceSession] | None = None
+        self.session = self._open(self.model)
+        # The same model with the frontier as outputs, so ORT's optimizer keeps those values fetchable.
+        probe = onnx.ModelProto()
+        probe.CopyFrom(self.model)
+        frontier = sorted({name for names in self._frontier.values() for name in names} - set(self.output_names))
+        probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in frontier)
+        self._probe = self._open(probe) if frontier else self.session
+        self._settings: dict[frozenset[str], Setting] = {}
+        self._lock = threading.Lock()
+
+    # ---- building ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _node_key(node: onnx.NodeProto, index: int) -> str:
+        return node.name or f"#{index}"
+
+    def _receivers(self, model: onnx.ModelProto) -> dict[str, list[str]]:
+        """Tensor -> the nodes (and "" for a graph output) that read its quantized value."""
+        by_post = {q.post: t for t, q in self.quantized.items()}
+        receivers: dict[str, list[str]] = {t: [] for t in self.tensors}
+        for index, node in enumerate(model.graph.node):
+            for name in node.input:
+                t = by_post.get(name)
+                if t is not None and self._node_key(node, index) not in receivers[t]:
+                    receivers[t].append(self._node_key(node, index))
+        for output in model.graph.output:
+            if output.name in by_post:
+                receivers[by_post[output.name]].append(_GRAPH_OUTPUT)
+        return receivers
 
     def _rewrite(self, model: onnx.ModelProto) -> onnx.ModelProto:
         out = onnx.ModelProto()
         out.CopyFrom(model)
         graph = out.graph
+        inits = {i.name: i for i in graph.initializer}
         by_q = {q.quantize_node: q for q in self.quantized.values()}
-        dq_of = {q.post for q in self.quantized.values()}
-        nodes = []
+        posts = {q.post: t for t, q in self.quantized.items()}
+        switchable_constants = self._switchable_constants(graph, inits)
+        nodes, switches = [], []
         for index, node in enumerate(graph.node):
-            name = node.name or f"QuantizeLinear_{index}"
-            if node.op_type == "QuantizeLinear" and name in by_q:
-                t = by_q[name]
-                p = _input_names(t.name)
-                nodes += [
-                    helper.make_node("Clip", [t.pre, p["lo"], p["hi"]], [p["clipped"]], name=f"{p['prefix']}Clip"),
-                    helper.make_node("QuantizeLinear", [p["clipped"], p["scale"], p["zp"]], [p["q"]],
-                                     name=f"{p['prefix']}Quantize", domain=_MS_DOMAIN),
-                    helper.make_node("DequantizeLinear", [p["q"], p["scale"], p["zp"]], [t.post],
-                                     name=f"{p['prefix']}Dequantize", domain=_MS_DOMAIN),
-                ]
+            key = self._node_key(node, index)
+            if node.op_type == "QuantizeLinear" and (node.name or f"QuantizeLinear_{index}") in by_q:
+                t = by_q[node.name or f"QuantizeLinear_{index}"]
+                for receiver in self.receivers[t.name]:
+                    p = _input_names((t.name, receiver))
+                    value = t.post if receiver == _GRAPH_OUTPUT else p["value"]
+                    nodes += [
+                        helper.make_node("Clip", [t.pre, p["lo"], p["hi"]], [p["clipped"]], name=f"{p['prefix']}Clip"),
+                        helper.make_node("QuantizeLinear", [p["clipped"], p["scale"], p["zp"]], [p["q"]],
+                                         name=f"{p['prefix']}Quantize", domain=_MS_DOMAIN),
+                        helper.make_node("DequantizeLinear", [p["q"], p["scale"], p["zp"]], [value],
+                                         name=f"{p['prefix']}Dequantize", domain=_MS_DOMAIN),
+                    ]
+                    switches.append(self._edge_feed((t.name, receiver), self.params_8[t.name]))
                 continue
-            if node.op_type == "DequantizeLinear" and node.output[0] in dq_of:
+            if node.op_type == "DequantizeLinear" and (node.output[0] in posts or node.output[0] in switchable_constants):
                 continue
+            for i, name in enumerate(node.input):
+                if name in posts:
+                    node.input[i] = _input_names((posts[name], key))["value"]
             nodes.append(node)
         del graph.node[:]
         graph.node.extend(nodes)
-        for t in self.tensors:
-            p = _input_names(t)
-            for key in ("lo", "hi", "scale"):
-                graph.input.append(helper.make_tensor_value_info(p[key], TensorProto.FLOAT, []))
-            graph.input.append(helper.make_tensor_value_info(p["zp"], TensorProto.UINT16, []))
+        for name, value in self._constants_8.items():
+            switches.append({_constant_input(name): value})
+        for feed in switches:
+            for name, value in feed.items():
+                graph.initializer.append(numpy_helper.from_array(value, name))
+                graph.input.append(helper.make_tensor_value_info(
+                    name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
         if not any(op.domain == _MS_DOMAIN for op in out.opset_import):
             out.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
         return out
 
-    def _graph_output_followers(self, model: onnx.ModelProto) -> dict[str, set[str]]:
-        """Tensor -> graph outputs computed directly from it. ORT's QNN config makes a node that reads a
-        16-bit tensor compute at 16 bits; its output is converted back to 8 bits for 8-bit consumers, but a
-        graph output has none, so it stays 16-bit: promoting the tensor promotes that output too."""
-        outputs = {o.name for o in model.graph.output}
-        by_post = {q.post: t for t, q in self.quantized.items()}
-        by_pre = {q.pre: t for t, q in self.quantized.items() if q.post in outputs}
-        followers: dict[str, set[str]] = {}
-        for node in model.graph.node:
-            produced = [by_pre[o] for o in node.output if o in by_pre]
-            if not produced:
-                continue
+    def _switchable_constants(self, graph: onnx.GraphProto, inits) -> set[str]:
+        """DequantizeLinear outputs of per-tensor constants read by element-wise ops; each becomes an
+        overridable float initializer (its 8-bit value), renamed for `_constant_input`."""
+        if self.float_model is None:
+            return set()
+        floats = {i.name: i for i in self.float_model.graph.initializer}
+        readers: dict[str, set[str]] = {}
+        for node in graph.node:
             for name in node.input:
-                if name in by_post:
-                    followers.setdefault(by_post[name], set()).update(produced)
-        return followers
-
-    def effective(self, sixteen) -> frozenset[str]:
-        """The tensors a QNN-valid plan promoting `sixteen` quantizes at 16 bits (see above)."""
-        extra = set().union(*(self._output_followers.get(t, set()) for t in sixteen)) if sixteen else set()
-        return frozenset(sixteen) | extra
+                readers.setdefault(name, set()).add(node.op_type)
+        chosen = set()
+        for node in graph.node:
+            if node.op_type != "DequantizeLinear" or node.input[0] not in inits or len(node.input) < 3:
+                continue
+            out = node.output[0]
+            name = out[: -len(_DQ_SUFFIX)] if out.endswith(_DQ_SUFFIX) else None
+            if name is None or name not in floats or readers.get(out, set()) & _WEIGHT_OPS:
+                continue
+            if node.input[1] not in inits or node.input[2] not in inits:
+                continue
+            scale = numpy_helper.to_array(inits[node.input[1]])
+            if scale.size != 1:
+                continue
+            q = numpy_helper.to_array(inits[node.input[0]]).astype(np.int64)
+            zero = numpy_helper.to_array(inits[node.input[2]]).astype(np.int64).reshape(())
+            value_8 = ((q - zero).astype(np.float32) * scale.astype(np.float32).reshape(())).astype(np.float32)
+            value_f = numpy_helper.to_array(floats[name]).astype(np.float32)
+            if value_f.shape != value_8.shape:
+                continue
+            self._constants_8[name] = value_8
+            # 16-bit steps are 1/257 of the 8-bit ones: the float value stands in for them.
+            self._constants_16[name] = value_f
+            chosen.add(out)
+        for node in graph.node:
+            for i, input_name in enumerate(node.input):
+                if input_name in chosen:
+                    node.input[i] = _constant_input(input_name[: -len(_DQ_SUFFIX)])
+        return chosen
 
     @staticmethod
-    def _param_feeds(table: Mapping[str, qdq.QuantParams]) -> dict[str, dict[str, np.ndarray]]:
-        feeds = {}
-        for t, params in table.items():
-            p = _input_names(t)
-            lo, hi = params.clip_range
-            feeds[t] = {
-                p["lo"]: np.array(lo, np.float32), p["hi"]: np.array(hi, np.float32),
+    def _edge_feed(edge: tuple[str, str], params: qdq.QuantParams) -> dict[str, np.ndarray]:
+        p = _input_names(edge)
+        lo, hi = params.clip_range
+        return {p["lo"]: np.array(lo, np.float32), p["hi"]: np.array(hi, np.float32),
                 p["scale"]: np.array(params.scale, np.float32),
-                p["zp"]: np.array(params.zero_point - params.qmin, np.uint16),
-            }
-            if params.qmin != 0:
-                raise MpstudioError(f"{t!r} is quantized to signed {params.dtype}; HTP activations are unsigned")
-        return feeds
+                p["zp"]: np.array(params.zero_point - params.qmin, np.uint16)}
 
-    def parameter_feed(self, sixteen: set[str] | frozenset[str]) -> Feed:
-        """Graph inputs selecting 16 bits for the tensors in `sixteen` and 8 bits for the others."""
-        feed: Feed = {}
+    def _first_uses(self) -> dict[str, int]:
+        """Switch input -> index of the first node that reads it."""
+        first: dict[str, int] = {}
+        for index, node in enumerate(self.model.graph.node):
+            for name in node.input:
+                first.setdefault(name, index)
+        return first
+
+    def _frontier_of(self, cut: int) -> list[str]:
+        """Tensors computed before node `cut` and read from it on (graph inputs and switches excluded)."""
+        graph = self.model.graph
+        # Constant nodes are carried into the suffix, so the frontier holds computed values only.
+        produced = {o for n in graph.node[:cut] if n.op_type != "Constant" for o in n.output if o}
+        used = {i for n in graph.node[cut:] for i in n.input if i} | {o.name for o in graph.output}
+        return sorted(produced & used)
+
+    def _suffix(self, cut: int, types: Mapping[str, np.dtype]) -> onnx.ModelProto:
+        """The switchable model from node `cut` on, reading the frontier's values as graph inputs."""
+        graph = self.model.graph
+        after = [n for n in graph.node[:cut] if n.op_type == "Constant"] + list(graph.node[cut:])
+        used = {i for n in after for i in n.input if i} | {o.name for o in graph.output}
+        inits = [i for i in graph.initializer if i.name in used]
+        inputs = [i for i in graph.input if i.name in used]
+        inputs += [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(types[name]), None)
+                   for name in self._frontier[cut]]
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        model.graph.CopyFrom(helper.make_graph(after, f"{graph.name}_from_{cut}", inputs, list(graph.output), inits))
+        return model
+
+    # ---- configurations ---------------------------------------------------------------------------------
+    def setting(self, sixteen: Collection[str]) -> Setting:
+        """What a QNN-valid plan with `sixteen` (and only those tensors) at 16 bits quantizes at 16 bits."""
+        key = frozenset(sixteen)
+        with self._lock:
+            known = self._settings.get(key)
+        if known is not None:
+            return known
+        if self.graph is None or self.float_model is None:
+            setting = Setting(frozenset((t, r) for t in key if t in self.receivers for r in self.receivers[t]))
+        else:
+            setting = self._resolve(key)
+        with self._lock:
+            self._settings[key] = setting
+        return setting
+
+    def _resolve(self, sixteen: frozenset[str]) -> Setting:
+        from onnxruntime.quantization import QuantType
+
+        from ..plan import PrecisionPlan
+        from ..quantize import qnn_config
+
+        everything = set(self.tensors)
+        promoted = [t for t in sixteen if t in self.graph.tensors]
+        if len(promoted) * 2 <= len(everything):
+            plan = PrecisionPlan.a8w8().promote(promoted)
+        else:
+            demoted = [t for t in everything - sixteen if t in self.graph.tensors]
+            plan = PrecisionPlan.a16w8().promote(demoted, to="uint8")
+        overrides = qnn_config(self.float_model, self.graph, plan).extra_options.get("TensorQuantOverrides", {})
+        wide = (QuantType.QUInt16, QuantType.QInt16)
+        default_wide = plan.activation_type.endswith("16")
+        edges = set()
         for t in self.tensors:
-            feed.update(self._feeds_16[t] if t in sixteen else self._feeds_8[t])
+            entry = (overrides.get(t) or [{}])[0]
+            produced = entry["quant_type"] in wide if "quant_type" in entry else default_wide
+            if not produced:
+                continue
+            convert = entry.get("convert")
+            for receiver in self.receivers[t]:
+                received = produced
+                if convert and receiver != _GRAPH_OUTPUT and (not convert.get("recv_nodes")
+                                                             or receiver in convert["recv_nodes"]):
+                    received = convert.get("quant_type") in wide
+                if received:
+                    edges.add((t, receiver))
+        constants = {name for name, entries in overrides.items()
+                     if name in self._constants_16 and entries and entries[0].get("quant_type") in wide}
+        return Setting(frozenset(edges), frozenset(constants))
+
+    def parameter_feed(self, setting: Setting) -> Feed:
+        """The switch inputs `setting` changes from their 8-bit defaults."""
+        feed: Feed = {}
+        for edge in setting.edges:
+            feed.update(self._feeds_16[edge])
+        for name in setting.constants:
+            feed[_constant_input(name)] = self._constants_16[name]
         return feed
 
-    def run(self, sample: Feed, sixteen: set[str] | frozenset[str]) -> list[np.ndarray]:
-        """The model's outputs with `sixteen` (and what a QNN-valid plan promotes with it) at 16 bits."""
-        return self.session.run(self.output_names, {**sample, **self.parameter_feed(self.effective(sixteen))})
+    def first_change(self, setting: Setting) -> int:
+        """The index of the first node whose inputs `setting` changes (the node count when none)."""
+        end = len(self.model.graph.node)
+        return min((self._first_use.get(n, end) for n in self.parameter_feed(setting)), default=end)
+
+    def run(self, sample: Feed, sixteen: Collection[str] | Setting) -> list[np.ndarray]:
+        """The model's outputs with `sixteen` (and what a QNN-valid plan converts with it) at 16 bits."""
+        setting = sixteen if isinstance(sixteen, Setting) else self.setting(sixteen)
+        return self.session.run(self.output_names, {**sample, **self.parameter_feed(setting)})
+
+    def cached(self, samples: Sequence[Feed]) -> "CachedSamples":
+        """`samples` with their all-8-bit activations at the cut points, for runs that skip the unchanged prefix."""
+        return CachedSamples(self, list(samples))
+
+    def _suffix_session(self, cut: int, types: Mapping[str, np.dtype]) -> ort.InferenceSession:
+        with self._lock:
+            if self._suffix_sessions is None:
+                self._suffix_sessions = {c: self._open(self._suffix(c, types)) for c in self._frontier}
+            return self._suffix_sessions[cut]
+
+    @staticmethod
+    def _open(model: onnx.ModelProto) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        # Configurations run concurrently, one thread each: better use of the cores than intra-op threads
+        # on the small tensors of a mobile model.
+        options.intra_op_num_threads = 1
+        try:
+            return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise MpstudioError(f"ONNX Runtime could not open the switchable model: {exc}") from exc
 
 
-def _input_names(tensor: str) -> dict[str, str]:
-    prefix = f"mpstudio_switch/{tensor}/"
+class CachedSamples:
+    """Evaluation samples bound to a switchable model, with the all-8-bit activations at its cut points."""
+
+    def __init__(self, model: SwitchableModel, samples: list[Feed]):
+        self.model, self.samples = model, samples
+        frontier = sorted({name for names in model._frontier.values() for name in names})
+        wanted = list(dict.fromkeys(model.output_names + frontier))
+        self.values = [dict(zip(wanted, model._probe.run(wanted, sample))) for sample in samples]
+        types = {name: value.dtype for name, value in self.values[0].items()} if self.values else {}
+        self.sessions = {cut: model._suffix_session(cut, types) for cut in model._frontier} if samples else {}
+        self.inputs = {cut: {i.name for i in s.get_inputs()} for cut, s in self.sessions.items()}
+        self.all_8 = [[v[name] for name in model.output_names] for v in self.values]
+
+    def outputs(self, setting: Setting) -> list[list[np.ndarray]]:
+        """Every sample's model outputs under `setting`."""
+        model = self.model
+        start = model.first_change(setting)
+        if start >= len(model.model.graph.node):
+            return self.all_8
+        feed = model.parameter_feed(setting)
+        cut = max((c for c in self.sessions if c <= start), default=0)
+        if cut == 0:
+            return [model.session.run(model.output_names, {**s, **feed}) for s in self.samples]
+        session, inputs, names = self.sessions[cut], self.inputs[cut], model._frontier[cut]
+        results = []
+        for sample, values in zip(self.samples, self.values):
+            run_feed = {k: v for k, v in sample.items() if k in inputs}
+            run_feed.update({n: values[n] for n in names})
+            run_feed.update(feed)
+            results.append(session.run(model.output_names, run_feed))
+        return results
+
+
+def _input_names(edge: tuple[str, str]) -> dict[str, str]:
+    tensor, receiver = edge
+    prefix = f"mpstudio_switch/{tensor}/{receiver or 'output'}/"
     return {"prefix": prefix, "lo": prefix + "lo", "hi": prefix + "hi", "scale": prefix + "scale",
-            "zp": prefix + "zero_point", "clipped": prefix + "clipped", "q": prefix + "quantized"}
+            "zp": prefix + "zero_point", "clipped": prefix + "clipped", "q": prefix + "quantized",
+            "value": prefix + "value"}
+
+
+def _constant_input(name: str) -> str:
+    return f"mpstudio_switch/constant/{name}"
 
 
 class OutputScorer:
@@ -234,7 +452,7 @@ def isolation_scores(
     cancel: threading.Event | None = None,
 ) -> IsolationResult:
     """Evaluate each region promoted alone (and, if `both_directions`, demoted alone) on `data`."""
-    samples = list(data.feeds())  # the evaluation subset is small; every configuration reuses it
+    samples = switchable.cached(list(data.feeds()))  # the evaluation subset is small; every configuration reuses it
     everything = frozenset(switchable.tensors)
     configs: list[frozenset[str]] = [frozenset(), everything]
     for region in regions:
@@ -249,7 +467,7 @@ def isolation_scores(
     def evaluate(config: frozenset[str]) -> float:
         if cancel is not None and cancel.is_set():
             raise Cancelled("isolation scoring cancelled")
-        value = scorer.score([switchable.run(s, config) for s in samples])
+        value = scorer.score(samples.outputs(switchable.setting(config)))
         with lock:
             done[0] += 1
             if progress:
@@ -276,7 +494,7 @@ def isolation_scores(
             "demoted": demoted, "demoted_loss": scorer.gain(all_16, demoted) if both_directions else np.nan,
         })
     return IsolationResult(pd.DataFrame(rows, columns=ISOLATION_COLUMNS), scorer.name, scorer.higher_is_better,
-                           all_8, all_16, len(samples))
+                           all_8, all_16, len(samples.samples))
 
 
 def tensor_regions(tensors: Sequence[str]) -> list[Region]:
