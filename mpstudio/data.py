@@ -190,22 +190,6 @@ class Subset(DataSource):
         return self.base.sample(self.indices[index])
 
 
-class Renamed(DataSource):
-    """A source whose sole input key is renamed to the model's sole input (for `.npy` and image folders)."""
-
-    def __init__(self, base: DataSource, name: str):
-        self.base, self.input_name, self.name = base, name, base.name
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    def sample(self, index: int) -> Feed:
-        feed = self.base.sample(index)
-        if len(feed) == 1:
-            return {self.input_name: next(iter(feed.values()))}
-        return feed
-
-
 def as_source(data, input_names: Sequence[str] | None = None, preprocess: Callable | None = None) -> DataSource:
     """Coerce what a user gives (source, folder path, list of dicts, callable with a count) to a DataSource."""
     if isinstance(data, DataSource):

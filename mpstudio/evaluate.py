@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import DataSource, Feed, Progress, TaskMetric
-from .data import Cancelled
+from .data import Cancelled, DataSource, Feed, Progress, TaskMetric
 from .runtime import create_session
 
 
