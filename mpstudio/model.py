@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import onnxruntime as ort
 import onnx.version_converter
 from onnx import helper
 
-from .errors import MpstudioError
+from .errors import MpstudioError, brief
 from .graph import ModelGraph, node_display_name
 from .qnn_support import SupportIssue, check_qnn_support, summarize
 
@@ -69,16 +70,14 @@ class PreparedModel:
     def report(self) -> str:
         """The preparation and QNN support report, as text for a terminal."""
         g = self.graph
-        ops: dict[str, int] = {}
-        for node in g.nodes.values():
-            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+        ops = Counter(node.op_type for node in g.nodes.values())
         lines = [
             f"model: {self.source}",
             f"sha256: {self.sha256}",
             f"inputs: {'; '.join(s.describe() for s in self.inputs)}",
             f"outputs: {'; '.join(s.describe() for s in self.outputs)}",
             f"nodes: {len(g.nodes)}  activations: {len(g.activations())}  weights: {len(g.weights())}",
-            "ops: " + ", ".join(f"{op} {n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "ops: " + ", ".join(f"{op} {n}" for op, n in ops.most_common()),
             "preparation:",
             *(f"  - {step}" for step in self.steps),
         ]
@@ -94,7 +93,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.Mode
         try:
             return onnx.load_from_string(bytes(source))
         except Exception as exc:
-            raise MpstudioError(f"the given bytes are not an ONNX model ({_short(exc)})") from exc
+            raise MpstudioError(f"the given bytes are not an ONNX model ({brief(exc)})") from exc
     path = Path(source)
     if not path.exists():
         raise MpstudioError(f"model file not found: {path}")
@@ -104,7 +103,7 @@ def load_model(source: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.Mode
         model = onnx.load(str(path))
     except Exception as exc:
         raise MpstudioError(
-            f"{path} is not a readable ONNX model ({_short(exc)}); check that the file is complete and "
+            f"{path} is not a readable ONNX model ({brief(exc)}); check that the file is complete and "
             "that its external data files are beside it"
         ) from exc
     if not model.graph.node:
@@ -140,7 +139,7 @@ def prepare_model(
     try:
         onnx.checker.check_model(model)
     except Exception as exc:
-        raise MpstudioError(f"the model fails ONNX's checker: {_short(exc)}") from exc
+        raise MpstudioError(f"the model fails ONNX's checker: {brief(exc)}") from exc
 
     steps += _fix_input_shapes(model, input_shapes or {})
 
@@ -171,7 +170,7 @@ def prepare_model(
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except Exception as exc:
-        raise MpstudioError(f"shape inference failed: {_short(exc)}") from exc
+        raise MpstudioError(f"shape inference failed: {brief(exc)}") from exc
     steps.append("inferred shapes")
     unknown = _tensors_without_static_shape(model)
     if unknown:
@@ -286,7 +285,7 @@ def _raise_opset(model: onnx.ModelProto) -> list[str]:
     try:
         converted = onnx.version_converter.convert_version(model, MIN_OPSET)
     except Exception as exc:
-        return [f"kept opset {opset}: converting to {MIN_OPSET} failed ({_short(exc)}); per-channel weights need {MIN_OPSET}"]
+        return [f"kept opset {opset}: converting to {MIN_OPSET} failed ({brief(exc)}); per-channel weights need {MIN_OPSET}"]
     model.CopyFrom(converted)
     return [f"converted opset {opset} to {MIN_OPSET} (per-channel quantization needs it)"]
 
@@ -302,7 +301,7 @@ def _ort_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:
         try:
             ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise MpstudioError(f"ONNX Runtime cannot load the model: {_short(exc)}") from exc
+            raise MpstudioError(f"ONNX Runtime cannot load the model: {brief(exc)}") from exc
         optimized = onnx.load(str(out))
     # ORT writes its own IR and opset imports; keep the producer's metadata.
     del optimized.metadata_props[:]
@@ -380,8 +379,3 @@ def _set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
 
 def metadata(model: onnx.ModelProto) -> dict[str, str]:
     return {p.key: p.value for p in model.metadata_props}
-
-
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:400] + ("..." if len(text) > 400 else "")

@@ -29,8 +29,8 @@ from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_d
 from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
 from .data import CalibrationReader, DataSource, Progress, check_feeds
-from .errors import MpstudioError
-from .graph import ModelGraph
+from .errors import MpstudioError, brief
+from .graph import WEIGHT, ModelGraph
 from .model import PreparedModel
 from .plan import PrecisionPlan
 
@@ -125,7 +125,7 @@ class Quantizer:
                 except MpstudioError:
                     raise
                 except Exception as exc:
-                    raise MpstudioError(f"calibration failed: {' '.join(str(exc).split())[:400]}") from exc
+                    raise MpstudioError(f"calibration failed: {brief(exc)}") from exc
                 finally:
                     del calibrator
             save_tensors_data(ranges, path)
@@ -161,7 +161,7 @@ class Quantizer:
                 )
         except Exception as exc:
             tmp.unlink(missing_ok=True)
-            raise MpstudioError(f"quantizing {plan.summary()} failed: {' '.join(str(exc).split())[:400]}") from exc
+            raise MpstudioError(f"quantizing {plan.summary()} failed: {brief(exc)}") from exc
         os.replace(tmp, out)
         out.with_suffix(".plan.json").write_text(plan.dumps() + "\n")
         if progress:
@@ -231,7 +231,7 @@ def _sixteen_bit_constants(graph: ModelGraph, plan: PrecisionPlan, resolved: dic
         if node.op_type not in _ELEMENTWISE:
             continue
         tensors = [graph.tensors.get(name) for name in node.inputs if name]
-        constants = [t.name for t in tensors if t is not None and t.kind == "weight" and t.name not in plan.overrides]
+        constants = [t.name for t in tensors if t is not None and t.kind == WEIGHT and t.name not in plan.overrides]
         if not constants:
             continue
         types = {received(t.name, node.name) for t in tensors if t is not None and t.is_activation}

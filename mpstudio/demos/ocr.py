@@ -67,12 +67,10 @@ def load_demo(calibration_lines: int = 100, evaluation_lines: int = 100, seed: i
     root = Path(cache_dir) if cache_dir else cache_root() / "demo"
     source = demo_model_file()
     prepared_path = root / "ppocrv4_rec_static.onnx"
-    if prepared_path.exists():
-        prepared = prepare_model(prepared_path, optimize=False)
-    else:
-        prepared = prepare_model(source, {INPUT_NAME: [1, 3, HEIGHT, WIDTH]})
-        prepared.save(prepared_path)
-        prepared = prepare_model(prepared_path, optimize=False)
+    if not prepared_path.exists():
+        prepare_model(source, {INPUT_NAME: [1, 3, HEIGHT, WIDTH]}).save(prepared_path)
+    # Always read back from the file, so the first call and later ones give the same model and hash.
+    prepared = prepare_model(prepared_path, optimize=False)
     charset = ctc_charset(prepared)
 
     total = calibration_lines + evaluation_lines
