@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import sys
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,7 +182,7 @@ def create_session(
     except MpstudioError:
         raise
     except Exception as exc:
-        raise MpstudioError(f"ONNX Runtime could not create a {backend} session: {_first_line(exc)}") from exc
+        raise MpstudioError(f"ONNX Runtime could not create a {backend} session: {first_line(exc)}") from exc
     if QNN_PROVIDER not in session.get_providers():
         raise MpstudioError("the QNN execution provider was not used for this session; the model ran on CPU")
     return session
@@ -216,6 +216,7 @@ def _quiet_stdout_once():
         os.close(devnull)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (ORT's can run to pages), or its type when it has none."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

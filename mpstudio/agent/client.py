@@ -34,9 +34,10 @@ from .protocol import (
     check_model_id,
     decode_npz,
     encode_npz,
+    is_model_id,
+    sha256_file,
 )
 
-_MODEL_ID = re.compile(r"[0-9a-f]{64}")
 # Failures worth another try: the agent restarting or briefly unreachable, or its queue full.
 _TRANSIENT = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectTimeout,
               httpx.PoolTimeout)
@@ -97,7 +98,7 @@ class AgentClient:
         """The sha256 of a model given as a file, bytes, or already as an id."""
         if isinstance(model, (bytes, bytearray, memoryview)):
             return hashlib.sha256(model).hexdigest()
-        if isinstance(model, str) and _MODEL_ID.fullmatch(model) and not Path(model).exists():
+        if _only_an_id(model):
             return model
         path = Path(model)
         if not path.is_file():
@@ -105,11 +106,7 @@ class AgentClient:
         stat = path.stat()
         key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
         if key not in self._digests:
-            digest = hashlib.sha256()
-            with open(path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(chunk)
-            self._digests[key] = digest.hexdigest()
+            self._digests[key] = sha256_file(path)
         return self._digests[key]
 
     def has_model(self, model_id: str) -> bool:
@@ -122,7 +119,7 @@ class AgentClient:
         if model_id in self._known_models or self.has_model(model_id):
             self._known_models.add(model_id)
             return model_id
-        if isinstance(model, str) and _MODEL_ID.fullmatch(model) and not Path(model).exists():
+        if _only_an_id(model):
             raise MpstudioError(f"agent {self.url} does not have model {model_id} and no file was given to upload")
         data = bytes(model) if isinstance(model, (bytes, bytearray, memoryview)) else Path(model).read_bytes()
         self._request("PUT", f"{API_PREFIX}/models/{model_id}", content=data,
@@ -182,7 +179,7 @@ class AgentClient:
         try:
             response = self._request("POST", f"{API_PREFIX}/runs/npz", **post)
         except AgentError as exc:
-            if exc.status != 404 or model_id not in self._known_models or not _is_file_or_bytes(model):
+            if exc.status != 404 or model_id not in self._known_models or _only_an_id(model):
                 raise
             # The agent lost the model (restarted with a fresh work directory): upload once more.
             self._known_models.discard(model_id)
@@ -234,8 +231,9 @@ class AgentClient:
         raise AssertionError("unreachable")
 
 
-def _is_file_or_bytes(model) -> bool:
-    return not (isinstance(model, str) and _MODEL_ID.fullmatch(model) and not Path(model).exists())
+def _only_an_id(model) -> bool:
+    """True when `model` is a model id and not also the name of a file: there is nothing to upload."""
+    return is_model_id(model) and not Path(model).exists()
 
 
 def _detail(response: httpx.Response) -> str:

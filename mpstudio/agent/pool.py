@@ -105,29 +105,23 @@ class AgentPool:
             jobs.put((index, feed))
         results: list[RunResult | None] = [None] * len(inputs)
         errors: list[BaseException] = []
-        working = [len(agents)]
-        lock = threading.Lock()
 
         def serve(agent: AgentClient):
-            try:
-                while not errors:
-                    try:
-                        index, feed = jobs.get_nowait()
-                    except queue.Empty:
+            while not errors:
+                try:
+                    index, feed = jobs.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    results[index] = agent.run(model, feed, **options)
+                except AgentError as exc:
+                    if exc.status in _AGENT_TROUBLE:
+                        jobs.put((index, feed))
+                        self._set_aside(agent)
                         return
-                    try:
-                        results[index] = agent.run(model, feed, **options)
-                    except AgentError as exc:
-                        if exc.status in _AGENT_TROUBLE:
-                            jobs.put((index, feed))
-                            self._set_aside(agent)
-                            return
-                        errors.append(exc)
-                    except BaseException as exc:  # noqa: BLE001 - reported to the caller below
-                        errors.append(exc)
-            finally:
-                with lock:
-                    working[0] -= 1
+                    errors.append(exc)
+                except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+                    errors.append(exc)
 
         threads = [threading.Thread(target=serve, args=(a,), daemon=True) for a in agents]
         for thread in threads:

@@ -7,10 +7,12 @@ emulator's host time can never be mistaken for device latency.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import re
 import zipfile
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,8 +41,12 @@ class AgentError(MpstudioError):
         self.status = status
 
 
+def is_model_id(text) -> bool:
+    return isinstance(text, str) and _MODEL_ID.fullmatch(text) is not None
+
+
 def check_model_id(model_id: str) -> str:
-    if not isinstance(model_id, str) or not _MODEL_ID.fullmatch(model_id):
+    if not is_model_id(model_id):
         raise MpstudioError(f"invalid model id {str(model_id)[:80]!r}: expected a lowercase sha256 hex digest")
     return model_id
 
@@ -49,6 +55,15 @@ def check_run_id(run_id: str) -> str:
     if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
         raise MpstudioError(f"invalid run id {str(run_id)[:80]!r}: expected 32 lowercase hex digits")
     return run_id
+
+
+def sha256_file(path: str | Path) -> str:
+    """The sha256 hex digest of a file (a model's id), read in 1 MB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- arrays
@@ -238,15 +253,13 @@ class OpProfile:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["ops"] = [asdict(op) for op in self.ops]
+        data["ops"] = list(data["ops"])
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "OpProfile":
-        ops = tuple(
-            OpCost(**{**op, "onnx_nodes": tuple(op["onnx_nodes"])}) for op in data["ops"]
-        )
-        return cls(ops=ops, **{k: v for k, v in data.items() if k in ("unit", "source", "device", "backend", "runs")})
+        ops = tuple(OpCost(**{**op, "onnx_nodes": tuple(op["onnx_nodes"])}) for op in data["ops"])
+        return _from_dict(cls, {**data, "ops": ops})
 
 
 @dataclass(frozen=True)
@@ -321,8 +334,7 @@ class AgentInfo:
 
     @classmethod
     def from_wire(cls, data: dict) -> "AgentInfo":
-        info = _from_dict(cls, data)
-        return _replace(info, backends=tuple(info.backends))
+        return _from_dict(cls, {**data, "backends": tuple(data["backends"])})
 
 
 @dataclass(frozen=True)
@@ -334,9 +346,3 @@ class ContextBinary:
     provider_options: dict[str, str]
     size_bytes: int
     build_ms: float
-
-
-def _replace(obj, **changes):
-    from dataclasses import replace
-
-    return replace(obj, **changes)

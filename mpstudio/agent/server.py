@@ -36,7 +36,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import __version__
 from ..errors import MpstudioError
-from ..runtime import DEFAULT_HTP_ARCH, htp_is_emulated, qnn_library_path, validate_provider_options
+from ..runtime import DEFAULT_HTP_ARCH, first_line, htp_is_emulated, qnn_library_path, validate_provider_options
 from .protocol import (
     API_PREFIX,
     RESULT_MEMBER,
@@ -49,6 +49,7 @@ from .protocol import (
     check_run_id,
     decode_npz,
     encode_npz,
+    sha256_file,
 )
 from .worker import WorkerHandle
 
@@ -56,7 +57,6 @@ log = logging.getLogger("mpstudio.agent")
 
 MAX_ITERATIONS = 100_000
 MAX_WARMUP = 1_000
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def check_model_file(path: Path) -> None:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:
-        raise AgentError(f"the upload is not an ONNX model: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+        raise AgentError(f"the upload is not an ONNX model: {first_line(exc)}") from None
 
     def graphs(graph):
         yield graph
@@ -459,9 +459,9 @@ def create_app(config: AgentConfig) -> FastAPI:
 
     @app.post(f"{API_PREFIX}/runs", summary="Run a model and return outputs, latency, placement, profile")
     async def run(body: RunRequest):
-        state.store.existing(body.model_id)  # an unknown model is a 404 whatever the inputs
+        path = state.store.existing(body.model_id)  # an unknown model is a 404 whatever the inputs
         inputs = decode_npz(b64decode(body.inputs_npz, "inputs_npz"))
-        reply, outputs = await _run(body, inputs)
+        reply, outputs = await _run(body, path, inputs)
         if outputs is not None:
             reply = {**reply, "outputs_npz": b64encode(encode_npz(outputs))}
         return JSONResponse(jsonable_encoder(reply))
@@ -488,13 +488,12 @@ def create_app(config: AgentConfig) -> FastAPI:
             body = RunRequest.model_validate_json(spec.tobytes())
         except ValidationError as exc:
             raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
-        reply, outputs = await _run(body, inputs)
+        reply, outputs = await _run(body, state.store.existing(body.model_id), inputs)
         arrays = dict(outputs or {})
         arrays[RESULT_MEMBER] = np.frombuffer(json.dumps(jsonable_encoder(reply)).encode(), dtype=np.uint8)
         return Response(encode_npz(arrays), media_type="application/octet-stream")
 
-    async def _run(body: RunRequest, inputs: dict) -> tuple[dict, dict | None]:
-        path = state.store.existing(body.model_id)
+    async def _run(body: RunRequest, path: Path, inputs: dict) -> tuple[dict, dict | None]:
         options = _options(body.backend, body.provider_options)
         run_id = uuid.uuid4().hex
         started = time.perf_counter()
@@ -531,12 +530,11 @@ def create_app(config: AgentConfig) -> FastAPI:
             "op": "context", "model_id": body.model_id, "model_path": str(path), "provider_options": options,
             "allow_cpu_fallback": body.allow_cpu_fallback,
         })
-        built = Path(result["path"])
+        built = Path(result["path"])  # in the worker's directory, under the same root as the store
         try:
-            digest = await run_in_threadpool(_sha256_file, built)
+            digest = await run_in_threadpool(sha256_file, built)
             size = built.stat().st_size
-            shutil.move(str(built), state.store.incoming / f"{digest}.part")
-            state.store.adopt(state.store.incoming / f"{digest}.part", digest)
+            state.store.adopt(built, digest)
         finally:
             built.unlink(missing_ok=True)
         return {"model_id": digest, "source_model_id": body.model_id, "provider_options": options,
@@ -548,14 +546,6 @@ def create_app(config: AgentConfig) -> FastAPI:
         return validate_provider_options({**config.default_options(), **given}, "htp")
 
     return app
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def serve(config: AgentConfig, *, log_level: str = "info", announce=sys.stdout) -> None:

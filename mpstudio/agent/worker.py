@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import functools
 import json
 import logging
 import multiprocessing
@@ -22,11 +23,14 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
+from .. import runtime
 from ..errors import MpstudioError
+from ..runtime import first_line
 from .protocol import (
     IO_QUANTIZATION_REASON,
     AgentError,
@@ -228,7 +232,7 @@ def worker_main(conn, workdir: str, settings: dict) -> None:
         except MpstudioError as exc:
             reply = {"ok": False, "error": str(exc), "status": 422}
         except Exception as exc:  # an internal fault: report it instead of dying silently
-            reply = {"ok": False, "error": f"internal worker error: {type(exc).__name__}: {_first_line(exc)}",
+            reply = {"ok": False, "error": f"internal worker error: {type(exc).__name__}: {first_line(exc)}",
                      "status": 500}
         conn.send(reply)
 
@@ -250,9 +254,6 @@ class Engine:
     """Sessions, runs, placement, profiles and context binaries, inside the worker."""
 
     def __init__(self, workdir: Path, settings: dict):
-        import onnxruntime  # imported here so the agent process itself never loads QNN
-
-        self._ort = onnxruntime
         self.workdir = workdir
         self.device = settings["device"]
         self.emulated = bool(settings["emulated"])
@@ -265,8 +266,6 @@ class Engine:
     # ------------------------------------------------------------------ requests
 
     def probe(self) -> dict:
-        from .. import runtime
-
         info = {"pid": os.getpid(), "htp_error": None, "htp_available": False}
         try:
             runtime.register_qnn()
@@ -281,8 +280,6 @@ class Engine:
             return self.run(request)
         if op == "context":
             return self.build_context(request)
-        if op == "ping":
-            return {"pid": os.getpid()}
         raise AgentError(f"unknown worker request {op!r}", 500)
 
     def run(self, request: dict) -> dict:
@@ -313,7 +310,7 @@ class Engine:
                     self._sessions.pop(key, None)
                     result["session_retried"] = True
                     continue
-                raise MpstudioError(f"the {request['backend']} run failed: {_first_line(exc)}") from None
+                raise MpstudioError(f"the {request['backend']} run failed: {first_line(exc)}") from None
         if request.get("return_outputs", True):
             result["outputs"] = {name: np.asarray(value) for name, value in zip(names, outputs)}
         result["latency"] = asdict(
@@ -328,8 +325,6 @@ class Engine:
         return result
 
     def build_context(self, request: dict) -> dict:
-        from .. import runtime
-
         out = self.workdir / f"context-{uuid.uuid4().hex}_ctx.onnx"
         started = time.perf_counter()
         config = {"ep.context_enable": "1", "ep.context_file_path": str(out), "ep.context_embed_mode": "1"}
@@ -348,8 +343,6 @@ class Engine:
     # ------------------------------------------------------------------ sessions
 
     def _session(self, key: tuple, request: dict):
-        from .. import runtime
-
         session = self._sessions.get(key)
         if session is not None:
             self._sessions.move_to_end(key)
@@ -406,8 +399,6 @@ class Engine:
 
     def _verbose_session(self, request: dict) -> tuple[str, MpstudioError | None]:
         """Create a throwaway session with ORT's verbose log captured; its per-run logging is too slow to keep."""
-        from .. import runtime
-
         log_path = self.workdir / f"ort-verbose-{uuid.uuid4().hex}.log"
         error = None
         with _capture_fd2(log_path):
@@ -445,8 +436,6 @@ class Engine:
     # ------------------------------------------------------------------ profiles
 
     def profile(self, request: dict, feeds: dict) -> OpProfile:
-        from .. import runtime
-
         runs = max(1, min(int(request.get("profile_runs", 5)), 50))
         backend = request["backend"]
         prefix = self.workdir / f"profile-{uuid.uuid4().hex}"
@@ -497,11 +486,6 @@ def _is_engine_error(exc: BaseException) -> bool:
     return type(exc).__name__ == "EngineError" or "ENGINE_ERROR" in str(exc)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 @contextmanager
 def _capture_fd2(path: Path):
     """Send fd 2 to `path` for the duration: ORT writes its log to stderr from C++, past Python's sys.stderr."""
@@ -536,12 +520,14 @@ def _memory_is_short(min_free_fraction: float) -> bool:
         return False
 
 
-def _model_nodes(model_path: str) -> list[tuple[str, str]]:
-    """(name, op_type) of the model's top-level nodes, in order."""
+@functools.lru_cache(maxsize=8)
+def _model_nodes(model_path: str) -> tuple[tuple[str, str], ...]:
+    """(name, op_type) of the model's top-level nodes, in order. Model files are named by their sha256, so a
+    path always holds the same model."""
     import onnx
 
     model = onnx.load(model_path, load_external_data=False)
-    return [(n.name, n.op_type) for n in model.graph.node]
+    return tuple((n.name, n.op_type) for n in model.graph.node)
 
 
 def _dynamic_shape_hint(model_path: str) -> str:
@@ -575,11 +561,11 @@ _IO_DQ = "not take DQ nodes that produce a graph output"
 def _clean_reason(reason: str) -> str:
     if _IO_Q in reason or _IO_DQ in reason:
         return f"{IO_QUANTIZATION_REASON} (offload_graph_io_quantization)"
-    return reason.strip()
+    return reason.strip() or "QNN validation failed"
 
 
-def _validation_blocks(text: str) -> list[tuple[str, list[tuple[str, str]], str]]:
-    """(FAILED|PASSED, [(op_type, node)], reason) for each node-unit validation QNN logged."""
+def _validation_blocks(text: str) -> list[list]:
+    """[FAILED|PASSED, [(op_type, node)], reason] for each node-unit validation QNN logged."""
     blocks = []
     current = None
     for raw in text.splitlines():
@@ -601,7 +587,7 @@ def _validation_blocks(text: str) -> list[tuple[str, list[tuple[str, str]], str]
             continue
         if line.strip() == "" or line.startswith("20"):
             current = None
-    return [(status, nodes, reason) for status, nodes, reason in blocks]
+    return blocks
 
 
 def parse_refusals(text: str) -> list[NodeFallback]:
@@ -610,7 +596,7 @@ def parse_refusals(text: str) -> list[NodeFallback]:
     for status, nodes, reason in _validation_blocks(text):
         if status != "FAILED":
             continue
-        reason = _clean_reason(reason or "QNN validation failed")
+        reason = _clean_reason(reason)
         if reason.startswith(IO_QUANTIZATION_REASON):
             continue
         for op_type, name in nodes:
@@ -618,13 +604,13 @@ def parse_refusals(text: str) -> list[NodeFallback]:
     return list(refused.values())
 
 
-def parse_placement(text: str, model_nodes: list[tuple[str, str]]) -> Placement:
+def parse_placement(text: str, model_nodes: Sequence[tuple[str, str]]) -> Placement:
     """Placement from ORT's verbose session log: its final node assignment, with QNN's reasons for CPU nodes."""
     reasons: dict[str, str] = {}
     for status, nodes, reason in _validation_blocks(text):
         if status == "FAILED":
             for _, name in nodes:
-                reasons.setdefault(name, _clean_reason(reason or "QNN validation failed"))
+                reasons.setdefault(name, _clean_reason(reason))
     provider = None
     partitions = 0
     cpu: list[NodeFallback] = []
@@ -659,9 +645,9 @@ def _map_op(sources: list[str], qnn_op: str, model_nodes: dict[str, str]) -> tup
     return main, model_nodes[main], tuple(known)
 
 
-def parse_qnn_profile(text: str, model_nodes: list[tuple[str, str]], skip_runs: int = 1) -> list[OpCost]:
+def parse_qnn_profile(text: str, model_nodes: Sequence[tuple[str, str]], skip_runs: int = 1) -> list[OpCost]:
     """Mean cycles per run of each QNN op in a detailed profile CSV with the ONNX source-ops column."""
-    nodes = dict((name, op) for name, op in model_nodes)
+    nodes = dict(model_nodes)
     runs: list[list[tuple[str, float, list[str]]]] = []
     for row in csv.DictReader(text.splitlines()):
         event = row.get("Event Identifier") or ""
@@ -687,9 +673,10 @@ def parse_qnn_profile(text: str, model_nodes: list[tuple[str, str]], skip_runs: 
     return ops
 
 
-def parse_cpu_profile(events: list[dict], model_nodes: list[tuple[str, str]], skip_runs: int = 1) -> list[OpCost]:
+def parse_cpu_profile(events: list[dict], model_nodes: Sequence[tuple[str, str]],
+                      skip_runs: int = 1) -> list[OpCost]:
     """Mean microseconds per run of each ORT CPU kernel, from ORT's JSON profile."""
-    nodes = dict((name, op) for name, op in model_nodes)
+    nodes = dict(model_nodes)
     run_starts = [e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
     cutoff = sorted(run_starts)[skip_runs] if len(run_starts) > skip_runs else -1
     runs = max(len(run_starts) - (skip_runs if cutoff >= 0 else 0), 1)
