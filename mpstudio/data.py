@@ -216,31 +216,34 @@ def check_feeds(source: DataSource, inputs, limit: int | None = None) -> None:
     """Check samples against the model's inputs (`TensorSpec`s): names, shapes and dtypes, with clear errors."""
     if len(source) == 0:
         raise MpstudioError(f"{source.name} holds no samples")
-    expected = {spec.name: spec for spec in inputs}
     for i in range(len(source) if limit is None else min(limit, len(source))):
-        feed = source.sample(i)
-        missing = sorted(set(expected) - set(feed))
-        extra = sorted(set(feed) - set(expected))
-        if missing or extra:
+        check_feed(source.sample(i), inputs, f"sample {i} of {source.name}")
+
+
+def check_feed(feed: Feed, inputs, where: str) -> None:
+    """Check one feed against the model's inputs; `where` names the sample in the error."""
+    expected = {spec.name: spec for spec in inputs}
+    missing = sorted(set(expected) - set(feed))
+    extra = sorted(set(feed) - set(expected))
+    if missing or extra:
+        raise MpstudioError(
+            f"{where} does not match the model's inputs: "
+            + (f"missing {missing}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"unexpected {extra}" if extra else "")
+            + f" (the model takes {sorted(expected)})"
+        )
+    for name, spec in expected.items():
+        arr = feed[name]
+        if arr.dtype.name != spec.dtype:
             raise MpstudioError(
-                f"sample {i} of {source.name} does not match the model's inputs: "
-                + (f"missing {missing}" if missing else "")
-                + ("; " if missing and extra else "")
-                + (f"unexpected {extra}" if extra else "")
-                + f" (the model takes {sorted(expected)})"
+                f"{where}: input {name!r} is {arr.dtype.name}, the model wants {spec.dtype}; "
+                f"convert it with .astype(np.{spec.dtype})"
             )
-        for name, spec in expected.items():
-            arr = feed[name]
-            if arr.dtype.name != spec.dtype:
-                raise MpstudioError(
-                    f"sample {i} of {source.name}: input {name!r} is {arr.dtype.name}, the model wants {spec.dtype}; "
-                    f"convert it with .astype(np.{spec.dtype})"
-                )
-            if tuple(arr.shape) != tuple(spec.shape):
-                raise MpstudioError(
-                    f"sample {i} of {source.name}: input {name!r} has shape {list(arr.shape)}, the model wants "
-                    f"{list(spec.shape)}"
-                )
+        if tuple(arr.shape) != tuple(spec.shape):
+            raise MpstudioError(
+                f"{where}: input {name!r} has shape {list(arr.shape)}, the model wants {list(spec.shape)}"
+            )
 
 
 def split(source: DataSource, calibration: int | float = 0.5) -> tuple[DataSource, DataSource]:
@@ -256,10 +259,16 @@ def split(source: DataSource, calibration: int | float = 0.5) -> tuple[DataSourc
 
 
 class CalibrationReader(CalibrationDataReader):
-    """ORT's CalibrationDataReader over a DataSource, reporting progress and honouring a cancel event."""
+    """ORT's CalibrationDataReader over a DataSource, reporting progress and honouring a cancel event.
 
-    def __init__(self, source: DataSource, progress: Progress | None = None, cancel=None, message: str = "calibrating"):
+    Given the model's `inputs`, each sample is checked as it is served, so bad data fails with a clear
+    message without a separate pass over the files.
+    """
+
+    def __init__(self, source: DataSource, progress: Progress | None = None, cancel=None, message: str = "calibrating",
+                 inputs=None):
         self.source, self.progress, self.cancel, self.message = source, progress, cancel, message
+        self.inputs = inputs
         self._iter = None
         self.count = 0
         self.exhausted = False
@@ -280,13 +289,12 @@ class CalibrationReader(CalibrationDataReader):
         if feed is None:
             self.exhausted = True
         else:
+            if self.inputs is not None:
+                check_feed(feed, self.inputs, f"sample {self.count} of {self.source.name}")
             self.count += 1
             if self.progress:
                 self.progress(self.count, len(self.source), self.message)
         return feed
-
-    def rewind(self):
-        self._iter, self.count, self.exhausted, self._chunk_end = None, 0, False, None
 
     def __len__(self):
         return len(self.source)

@@ -28,7 +28,7 @@ from onnxruntime.quantization import qdq_quantizer as _ort_qdq_quantizer
 from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-from .data import CalibrationReader, DataSource, Progress, check_feeds
+from .data import CalibrationReader, DataSource, Progress
 from .errors import MpstudioError, brief
 from .graph import WEIGHT, ModelGraph
 from .model import PreparedModel
@@ -105,9 +105,10 @@ class Quantizer:
                 meta = json.loads(meta_path.read_text())
                 self._cache = CalibrationCache(path, key, self.method, meta["samples"], meta["seconds"])
                 return self._cache
-            check_feeds(self.calibration, self.prepared.inputs)
+            if len(self.calibration) == 0:
+                raise MpstudioError(f"{self.calibration.name} holds no samples to calibrate with")
             started = time.perf_counter()
-            reader = CalibrationReader(self.calibration, progress, cancel, "calibrating")
+            reader = CalibrationReader(self.calibration, progress, cancel, "calibrating", self.prepared.inputs)
             with tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
                 calibrator = create_calibrator(
                     self.float_path,
