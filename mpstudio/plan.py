@@ -117,13 +117,9 @@ class PrecisionPlan:
             "activation_type": self.activation_type,
             "weight_type": self.weight_type,
             "per_channel": self.per_channel,
-            "weight_symmetric": self.effective_weight_symmetric,
+            "weight_symmetric": self.weight_symmetric,
             "overrides": {k: v.to_json() for k, v in self.overrides.items() if v.to_json()},
         }
-
-    @property
-    def effective_weight_symmetric(self) -> bool:
-        return bool(self.weight_symmetric)
 
     @property
     def hash(self) -> str:
@@ -155,9 +151,8 @@ class PrecisionPlan:
         overrides = {} if overrides is None else overrides
         if not isinstance(overrides, Mapping):
             raise MpstudioError("precision plan 'overrides' must be an object of {tensor: {type: ...}}")
-        for key in ("per_channel",):
-            if key in data and not isinstance(data[key], bool):
-                raise MpstudioError(f"precision plan {key!r} must be true or false, got {data[key]!r}")
+        if not isinstance(data.get("per_channel", False), bool):
+            raise MpstudioError(f"precision plan 'per_channel' must be true or false, got {data['per_channel']!r}")
         return cls(
             activation_type=data.get("activation_type", "uint8"),
             weight_type=data.get("weight_type", "uint8"),

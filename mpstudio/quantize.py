@@ -189,7 +189,7 @@ def qnn_config(model: onnx.ModelProto, graph: ModelGraph, plan: PrecisionPlan, m
                 activation_type=QUANT_TYPES[plan.activation_type],
                 weight_type=QUANT_TYPES[plan.weight_type],
                 per_channel=plan.per_channel,
-                weight_symmetric=plan.effective_weight_symmetric,
+                weight_symmetric=plan.weight_symmetric,
                 init_overrides=overrides,
             )
         except Exception as exc:
