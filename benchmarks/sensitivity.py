@@ -44,8 +44,7 @@ def phase_scores(engine: str, samples: int) -> dict:
     quantizer = quantizer_for(demo)
     model_8 = quantizer.generate(PrecisionPlan.a8w8())
     model_16 = quantizer.generate(PrecisionPlan.a16w8())
-    data = demo.evaluation.head(samples) if samples <= len(demo.evaluation) else demo.calibration
-    data = _fixed(data, samples)
+    data = _fixed(demo, samples)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     if engine == "ort":
@@ -73,11 +72,10 @@ def phase_scores(engine: str, samples: int) -> dict:
             "snr": {k: float(v) for k, v in result.items() if v == v}}
 
 
-def _fixed(data, samples):
+def _fixed(demo, samples):
     """The first `samples` demo lines (evaluation lines, then calibration lines if more are asked for)."""
     from mpstudio.data import FeedList
 
-    demo = load_demo()
     feeds = [demo.evaluation.sample(i) for i in range(min(samples, len(demo.evaluation)))]
     feeds += [demo.calibration.sample(i) for i in range(samples - len(feeds))]
     return FeedList(feeds, name=f"demo[{samples}]")
@@ -189,7 +187,6 @@ def main() -> int:
         failures.append("isolation rank correlation")
 
     # ---- (c) -------------------------------------------------------------------------------------------------
-    from mpstudio.sensitivity import SNR_THRESHOLD_DB  # noqa: F401  (documented thresholds live there)
     import pandas as pd
 
     ranking = rank_tensors(pd.DataFrame({"tensor": switchable.tensors, "kind": "", "op": "", "node": "",

@@ -152,6 +152,9 @@ _UNSUPPORTED_ELEM_TYPES = {
 _MATMUL_TYPE_PAIRS = {(TensorProto.UINT8, TensorProto.UINT8), (TensorProto.UINT8, TensorProto.UINT16),
                       (TensorProto.UINT16, TensorProto.UINT8)}
 
+# Past this many nodes with the same reason, `summarize` names a few and counts the rest.
+_NODES_SHOWN = 3
+
 _TYPE_NAMES = {TensorProto.UINT8: "uint8", TensorProto.INT8: "int8", TensorProto.UINT16: "uint16",
                TensorProto.INT16: "int16", TensorProto.INT32: "int32", TensorProto.UINT32: "uint32"}
 
@@ -306,12 +309,11 @@ def _check_node(node: onnx.NodeProto, facts: _GraphFacts) -> list[tuple[str, str
     domain = node.domain
     op = node.op_type
     if domain in _STANDARD_DOMAINS:
-        if op not in SUPPORTED_OPS:
-            if op in _CONTROL_FLOW:
-                # The documentation: "Loops and Ifs are not supported".
-                return [(f"{UNSUPPORTED_OP}: {op} is control flow, which QNN does not support", FALLBACK)]
-            if op not in UNLISTED_ACCEPTED_OPS:
-                return [(f"{UNSUPPORTED_OP}: {op} is not in the supported-operator list", FALLBACK)]
+        if op in _CONTROL_FLOW:
+            # The documentation: "Loops and Ifs are not supported".
+            return [(f"{UNSUPPORTED_OP}: {op} is control flow, which QNN does not support", FALLBACK)]
+        if op not in SUPPORTED_OPS and op not in UNLISTED_ACCEPTED_OPS:
+            return [(f"{UNSUPPORTED_OP}: {op} is not in the supported-operator list", FALLBACK)]
     elif not is_supported(op, domain):
         return [(f"{UNSUPPORTED_OP}: {domain}:{op} is a custom-domain operator outside the supported list",
                  FALLBACK)]
@@ -357,8 +359,8 @@ def _int16_activations(node: onnx.NodeProto, facts: _GraphFacts) -> list[tuple[s
             return [(f"{INT16_ACTIVATION}: input {name!r} is dequantized from int16; use uint16 activations",
                      FALLBACK)]
     for name in node.output:
-        for consumer in facts.consumers.get(name, ()) if name else ():
-            if consumer.op_type == "QuantizeLinear" and len(consumer.output) and \
+        for consumer in facts.consumers.get(name, ()):
+            if consumer.op_type == "QuantizeLinear" and consumer.output and \
                     facts.elem_type(consumer.output[0]) == TensorProto.INT16:
                 return [(f"{INT16_ACTIVATION}: output {name!r} is quantized to int16; use uint16 activations",
                          FALLBACK)]
@@ -441,7 +443,3 @@ def summarize(issues: list[SupportIssue]) -> str:
                 shown = ", ".join(nodes[:_NODES_SHOWN])
                 lines.append(f"  {len(nodes)} {op_type} nodes ({shown}, ...): {detail}")
     return "\n".join(lines)
-
-
-# Past this many nodes with the same reason, the report names a few and counts the rest.
-_NODES_SHOWN = 3

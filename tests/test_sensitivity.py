@@ -7,7 +7,6 @@ import threading
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -17,9 +16,9 @@ from mpstudio.errors import MpstudioError
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
+from mpstudio.runtime import create_session
 from mpstudio.sensitivity import (ErrorAccumulator, SensitivityReport, SwitchableModel, analyze, check_prediction,
                                   qnn_region, quantized_tensors, tensor_scores, weight_scores)
-from mpstudio.sensitivity.isolation import OutputScorer, float_references
 
 
 def _ramp_model():
@@ -119,9 +118,9 @@ def test_weight_scores_follow_ort_arithmetic(conv_setup):
 
 def test_switchable_model_reproduces_the_real_qdq_models(conv_setup):
     prepared, quantizer = conv_setup
-    switchable = SwitchableModel(quantizer.generate(PrecisionPlan.a8w8()), _params(quantizer, PrecisionPlan.a16w8()))
-    real_8 = ort.InferenceSession(str(quantizer.generate(PrecisionPlan.a8w8())), providers=["CPUExecutionProvider"])
-    real_16 = ort.InferenceSession(str(quantizer.generate(PrecisionPlan.a16w8())), providers=["CPUExecutionProvider"])
+    path_8, path_16 = quantizer.generate(PrecisionPlan.a8w8()), quantizer.generate(PrecisionPlan.a16w8())
+    switchable = SwitchableModel(path_8, _params(quantizer, PrecisionPlan.a16w8()))
+    real_8, real_16 = create_session(path_8), create_session(path_16)
     for feed in conv_feeds(3, seed=3):
         for real, config in ((real_8, set()), (real_16, set(switchable.tensors))):
             acc = ErrorAccumulator()

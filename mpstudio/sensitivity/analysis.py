@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from ..data import DataSource, Progress, TaskMetric
 from ..errors import MpstudioError
 from ..plan import PrecisionPlan
 from ..quantize import Quantizer
+from ..runtime import create_session
 from . import qdq
 from .isolation import (ISOLATION_COLUMNS, IsolationResult, OutputScorer, Region, SwitchableModel, float_references,
                         isolation_scores, tensor_regions)
@@ -80,9 +82,8 @@ class SensitivityReport:
                                         iso_meta["all_16"], iso_meta["samples"])
         meta.pop("format", None)
         ranking = read("ranking.csv")
-        for frame in (ranking,):
-            for column in ("op", "node", "namespace"):
-                frame[column] = frame[column].fillna("").astype(str)
+        for column in ("op", "node", "namespace"):
+            ranking[column] = ranking[column].fillna("").astype(str)
         return cls(ranking, read("tensors.csv"), read("weights.csv"), isolation, meta)
 
     # ---- presentation ---------------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ def analyze(
     """
     plan = plan or PrecisionPlan.a8w8()
     graph = quantizer.graph
-    model_8 = quantizer.generate(PrecisionPlan.a8w8(), progress, cancel)
+    model_8 = qdq.load(quantizer.generate(PrecisionPlan.a8w8(), progress, cancel))  # read here and by isolation
     model_16 = quantizer.generate(PrecisionPlan.a16w8(), progress, cancel)
     model_plan = quantizer.generate(plan, progress, cancel)
     params_8 = {t: q.params for t, q in qdq.quantized_tensors(model_8).items()}
@@ -184,8 +185,6 @@ def check_prediction(quantizer: Quantizer, report: SensitivityReport, tensors: S
                      isolation_data: DataSource, metric: TaskMetric | None = None,
                      progress: Progress | None = None, cancel: threading.Event | None = None) -> PredictionCheck:
     """Predict, then regenerate the real QDQ model promoting `tensors` and measure it on the same samples."""
-    from ..runtime import create_session
-
     prediction = report.predict(tensors)
     path = quantizer.generate(PrecisionPlan.a8w8().promote(tensors), progress, cancel)
     session = create_session(path)
@@ -197,6 +196,4 @@ def check_prediction(quantizer: Quantizer, report: SensitivityReport, tensors: S
 
 
 def _cores() -> int:
-    import os
-
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

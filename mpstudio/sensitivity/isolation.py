@@ -24,10 +24,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pandas as pd
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+from onnxruntime.quantization import QuantType
 
 from ..data import Cancelled, DataSource, Feed, Progress, TaskMetric
 from ..errors import MpstudioError
+from ..evaluate import run_outputs
+from ..graph import node_display_name
+from ..plan import PrecisionPlan
+from ..quantize import qnn_config
 from . import qdq
 from .stats import ErrorAccumulator
 
@@ -35,17 +40,8 @@ _MS_DOMAIN = "com.microsoft"  # ORT's contrib QuantizeLinear takes uint16 at any
 _GRAPH_OUTPUT = ""  # the receiver name of an edge into a graph output
 _WEIGHT_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}  # their weights keep the plan's weight type
 _DQ_SUFFIX = "_DequantizeLinear_Output"
-
-
-@dataclass(frozen=True)
-class OutputMetric:
-    """How a set of model outputs is scored against the float model's: higher is better unless said otherwise."""
-
-    name: str
-    higher_is_better: bool
-
-
-OUTPUT_SNR = OutputMetric("output SNR (dB)", True)
+SIXTEEN_BIT = (QuantType.QUInt16, QuantType.QInt16)  # the quant types of a 16-bit override
+OUTPUT_SNR = "output SNR (dB)"  # the default metric: SNR of all model outputs against the float model's
 
 
 @dataclass(frozen=True)
@@ -82,11 +78,11 @@ class SwitchableModel:
         self.model = self._rewrite(model)
         self.threads = threads or 1
         self.output_names = [o.name for o in self.model.graph.output]
-        self._feeds_16 = {edge: self._edge_feed(edge, self.params_16[edge[0]]) for t in self.tensors
-                          for edge in ((t, r) for r in self.receivers[t])}
+        self._feeds_16 = {(t, r): self._edge_feed((t, r), self.params_16[t]) for t in self.tensors
+                          for r in self.receivers[t]}
         self._first_use = self._first_uses()
         nodes = len(self.model.graph.node)
-        cut_points = {nodes * k // (cuts + 1) for k in range(1, cuts + 1)} if cuts > 0 else set()
+        cut_points = {nodes * k // (cuts + 1) for k in range(1, cuts + 1)}
         self._frontier = {cut: self._frontier_of(cut) for cut in sorted(cut_points - {0})}
         self._suffix_sessions: dict[int, ort.InferenceSession] | None = None
         self.session = self._open(self.model)
@@ -109,10 +105,11 @@ class SwitchableModel:
         by_post = {q.post: t for t, q in self.quantized.items()}
         receivers: dict[str, list[str]] = {t: [] for t in self.tensors}
         for index, node in enumerate(model.graph.node):
+            key = self._node_key(node, index)
             for name in node.input:
                 t = by_post.get(name)
-                if t is not None and self._node_key(node, index) not in receivers[t]:
-                    receivers[t].append(self._node_key(node, index))
+                if t is not None and key not in receivers[t]:
+                    receivers[t].append(key)
         for output in model.graph.output:
             if output.name in by_post:
                 receivers[by_post[output.name]].append(_GRAPH_OUTPUT)
@@ -128,9 +125,8 @@ class SwitchableModel:
         switchable_constants = self._switchable_constants(graph, inits)
         nodes, switches = [], []
         for index, node in enumerate(graph.node):
-            key = self._node_key(node, index)
-            if node.op_type == "QuantizeLinear" and (node.name or f"QuantizeLinear_{index}") in by_q:
-                t = by_q[node.name or f"QuantizeLinear_{index}"]
+            t = by_q.get(node_display_name(node, index)) if node.op_type == "QuantizeLinear" else None
+            if t is not None:
                 for receiver in self.receivers[t.name]:
                     p = _input_names((t.name, receiver))
                     value = t.post if receiver == _GRAPH_OUTPUT else p["value"]
@@ -145,6 +141,7 @@ class SwitchableModel:
                 continue
             if node.op_type == "DequantizeLinear" and (node.output[0] in posts or node.output[0] in switchable_constants):
                 continue
+            key = self._node_key(node, index)
             for i, name in enumerate(node.input):
                 if name in posts:
                     node.input[i] = _input_names((posts[name], key))["value"]
@@ -172,13 +169,13 @@ class SwitchableModel:
         for node in graph.node:
             for name in node.input:
                 readers.setdefault(name, set()).add(node.op_type)
-        chosen = set()
+        chosen: dict[str, str] = {}  # DequantizeLinear output -> float constant name
         for node in graph.node:
             if node.op_type != "DequantizeLinear" or node.input[0] not in inits or len(node.input) < 3:
                 continue
             out = node.output[0]
-            name = out[: -len(_DQ_SUFFIX)] if out.endswith(_DQ_SUFFIX) else None
-            if name is None or name not in floats or readers.get(out, set()) & _WEIGHT_OPS:
+            name = out.removesuffix(_DQ_SUFFIX)
+            if name == out or name not in floats or readers.get(out, set()) & _WEIGHT_OPS:
                 continue
             if node.input[1] not in inits or node.input[2] not in inits:
                 continue
@@ -194,12 +191,12 @@ class SwitchableModel:
             self._constants_8[name] = value_8
             # 16-bit steps are 1/257 of the 8-bit ones: the float value stands in for them.
             self._constants_16[name] = value_f
-            chosen.add(out)
+            chosen[out] = name
         for node in graph.node:
             for i, input_name in enumerate(node.input):
                 if input_name in chosen:
-                    node.input[i] = _constant_input(input_name[: -len(_DQ_SUFFIX)])
-        return chosen
+                    node.input[i] = _constant_input(chosen[input_name])
+        return set(chosen)
 
     @staticmethod
     def _edge_feed(edge: tuple[str, str], params: qdq.QuantParams) -> dict[str, np.ndarray]:
@@ -256,11 +253,6 @@ class SwitchableModel:
         return setting
 
     def _resolve(self, sixteen: frozenset[str]) -> Setting:
-        from onnxruntime.quantization import QuantType
-
-        from ..plan import PrecisionPlan
-        from ..quantize import qnn_config
-
         everything = set(self.tensors)
         promoted = [t for t in sixteen if t in self.graph.tensors]
         if len(promoted) * 2 <= len(everything):
@@ -269,12 +261,11 @@ class SwitchableModel:
             demoted = [t for t in everything - sixteen if t in self.graph.tensors]
             plan = PrecisionPlan.a16w8().promote(demoted, to="uint8")
         overrides = qnn_config(self.float_model, self.graph, plan).extra_options.get("TensorQuantOverrides", {})
-        wide = (QuantType.QUInt16, QuantType.QInt16)
         default_wide = plan.activation_type.endswith("16")
         edges = set()
         for t in self.tensors:
             entry = (overrides.get(t) or [{}])[0]
-            produced = entry["quant_type"] in wide if "quant_type" in entry else default_wide
+            produced = entry["quant_type"] in SIXTEEN_BIT if "quant_type" in entry else default_wide
             if not produced:
                 continue
             convert = entry.get("convert")
@@ -282,11 +273,11 @@ class SwitchableModel:
                 received = produced
                 if convert and receiver != _GRAPH_OUTPUT and (not convert.get("recv_nodes")
                                                              or receiver in convert["recv_nodes"]):
-                    received = convert.get("quant_type") in wide
+                    received = convert.get("quant_type") in SIXTEEN_BIT
                 if received:
                     edges.add((t, receiver))
         constants = {name for name, entries in overrides.items()
-                     if name in self._constants_16 and entries and entries[0].get("quant_type") in wide}
+                     if name in self._constants_16 and entries and entries[0].get("quant_type") in SIXTEEN_BIT}
         return Setting(frozenset(edges), frozenset(constants))
 
     def parameter_feed(self, setting: Setting) -> Feed:
@@ -298,10 +289,10 @@ class SwitchableModel:
             feed[_constant_input(name)] = self._constants_16[name]
         return feed
 
-    def first_change(self, setting: Setting) -> int:
-        """The index of the first node whose inputs `setting` changes (the node count when none)."""
+    def first_change(self, feed: Feed) -> int:
+        """The index of the first node whose inputs the parameter feed `feed` changes (the node count when none)."""
         end = len(self.model.graph.node)
-        return min((self._first_use.get(n, end) for n in self.parameter_feed(setting)), default=end)
+        return min((self._first_use.get(n, end) for n in feed), default=end)
 
     def run(self, sample: Feed, sixteen: Collection[str] | Setting) -> list[np.ndarray]:
         """The model's outputs with `sixteen` (and what a QNN-valid plan converts with it) at 16 bits."""
@@ -347,10 +338,10 @@ class CachedSamples:
     def outputs(self, setting: Setting) -> list[list[np.ndarray]]:
         """Every sample's model outputs under `setting`."""
         model = self.model
-        start = model.first_change(setting)
+        feed = model.parameter_feed(setting)
+        start = model.first_change(feed)
         if start >= len(model.model.graph.node):
             return self.all_8
-        feed = model.parameter_feed(setting)
         cut = max((c for c in self.sessions if c <= start), default=0)
         if cut == 0:
             return [model.session.run(model.output_names, {**s, **feed}) for s in self.samples]
@@ -389,7 +380,7 @@ class OutputScorer:
 
     @property
     def name(self) -> str:
-        return self.metric.name if self.metric else OUTPUT_SNR.name
+        return self.metric.name if self.metric else OUTPUT_SNR
 
     def score(self, outputs: Sequence[list[np.ndarray]]) -> float:
         if self.metric is not None:
@@ -407,10 +398,7 @@ class OutputScorer:
 
 def float_references(float_model, data: DataSource, output_names: Sequence[str]) -> list[list[np.ndarray]]:
     """The float model's outputs for every sample (small: the model outputs only)."""
-    from ..runtime import create_session
-
-    session = create_session(qdq.model_path_or_bytes(float_model))
-    return [session.run(list(output_names), feed) for feed in data.feeds()]
+    return [[outputs[name] for name in output_names] for outputs in run_outputs(float_model, data)]
 
 
 # Columns of `isolation_scores` (one row per candidate: a tensor or a region):
@@ -441,6 +429,10 @@ class IsolationResult:
     all_16: float
     samples: int
 
+    def per_tensor(self) -> pd.DataFrame:
+        """The rows of single tensors, indexed by tensor name."""
+        return self.scores[self.scores["source"] == "tensor"].set_index("region")
+
 
 def isolation_scores(
     switchable: SwitchableModel,
@@ -454,12 +446,10 @@ def isolation_scores(
     """Evaluate each region promoted alone (and, if `both_directions`, demoted alone) on `data`."""
     samples = switchable.cached(list(data.feeds()))  # the evaluation subset is small; every configuration reuses it
     everything = frozenset(switchable.tensors)
+    members = [frozenset(region.tensors) & everything for region in regions]
     configs: list[frozenset[str]] = [frozenset(), everything]
-    for region in regions:
-        members = frozenset(region.tensors) & everything
-        configs.append(members)
-        if both_directions:
-            configs.append(everything - members)
+    for m in members:
+        configs += [m, everything - m] if both_directions else [m]
     total = len(configs)
     done = [0]
     lock = threading.Lock()
@@ -474,24 +464,18 @@ def isolation_scores(
                 progress(done[0], total, "isolation scores")
         return value
 
-    workers = max(1, switchable.threads)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        values = list(pool.map(evaluate, configs))
-    all_8, all_16 = values[0], values[1]
+    with ThreadPoolExecutor(max_workers=switchable.threads) as pool:
+        values = iter(list(pool.map(evaluate, configs)))
+    all_8, all_16 = next(values), next(values)
     rows = []
-    position = 2
-    for region in regions:
-        promoted = values[position]
-        position += 1
-        demoted = np.nan
-        if both_directions:
-            demoted = values[position]
-            position += 1
+    for region, m in zip(regions, members):
+        promoted = next(values)
+        demoted = next(values) if both_directions else np.nan
         rows.append({
-            "region": region.name, "source": region.source, "tensors": len(set(region.tensors) & everything),
+            "region": region.name, "source": region.source, "tensors": len(m),
             "members": ";".join(region.tensors), "promoted": promoted,
             "promoted_gain": scorer.gain(promoted, all_8),
-            "demoted": demoted, "demoted_loss": scorer.gain(all_16, demoted) if both_directions else np.nan,
+            "demoted": demoted, "demoted_loss": scorer.gain(all_16, demoted),
         })
     return IsolationResult(pd.DataFrame(rows, columns=ISOLATION_COLUMNS), scorer.name, scorer.higher_is_better,
                            all_8, all_16, len(samples.samples))

@@ -9,11 +9,13 @@ Conv output whose Relu ORT removed; they are reported as unmatched, not guessed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from ..graph import node_display_name
+from .stats import quantize_dequantize
 
 _OUTPUT_SUFFIX = "_QuantizeLinear_Input"
 _QTYPE_RANGE = {
@@ -83,46 +85,29 @@ def quantized_tensors(model) -> dict[str, QdqTensor]:
         if scale.size != 1:
             continue  # per-channel activations are not made by this project
         pre = node.input[0]
-        name = pre[: -len(_OUTPUT_SUFFIX)] if pre.endswith(_OUTPUT_SUFFIX) and dq.output[0] == pre[: -len(_OUTPUT_SUFFIX)] else pre
+        stripped = pre.removesuffix(_OUTPUT_SUFFIX)
+        name = stripped if dq.output[0] == stripped else pre
         out[name] = QdqTensor(
             name=name,
             pre=pre,
             post=dq.output[0],
             params=QuantParams(float(scale.reshape(())), int(zero.reshape(())), zero.dtype.name),
-            quantize_node=node.name or f"QuantizeLinear_{index}",
+            quantize_node=node_display_name(node, index),
         )
     return out
 
 
-def with_outputs(model, names, keep_outputs: bool = True, elem_type: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
-    """A copy of `model` whose graph outputs are `names` (plus the original outputs if `keep_outputs`)."""
-    model = load(model)
+def with_outputs(model, names) -> bytes:
+    """`model` serialized with `names` (float tensors) as its only graph outputs."""
     copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    existing = [o.name for o in copy.graph.output]
-    if not keep_outputs:
-        del copy.graph.output[:]
-        existing = []
-    for name in names:
-        if name not in existing:
-            # The shape is left open: ORT infers it, and QDQ models rarely carry value_info.
-            copy.graph.output.append(helper.make_tensor_value_info(name, elem_type, None))
-            existing.append(name)
-    return copy
-
-
-def serialized(model: onnx.ModelProto) -> bytes:
-    return model.SerializeToString()
-
-
-def model_path_or_bytes(model) -> str | bytes:
-    if isinstance(model, onnx.ModelProto):
-        return model.SerializeToString()
-    return str(Path(model))
+    copy.CopyFrom(load(model))
+    del copy.graph.output[:]
+    # The shape is left open: ORT infers it, and QDQ models rarely carry value_info.
+    copy.graph.output.extend(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+                             for name in dict.fromkeys(names))
+    return copy.SerializeToString()
 
 
 def local_error(x: np.ndarray, params: QuantParams) -> np.ndarray:
     """The error of quantizing `x` alone with `params` (quantized minus float)."""
-    from .stats import quantize_dequantize
-
     return quantize_dequantize(x, params.scale, params.zero_point, params.qmin, params.qmax) - x

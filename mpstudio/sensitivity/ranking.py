@@ -9,11 +9,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from onnxruntime.quantization import QuantType
 
 from ..errors import MpstudioError
 from ..graph import ModelGraph
-from .isolation import IsolationResult, Region
+from ..plan import PrecisionPlan
+from ..quantize import qnn_config
+from .isolation import SIXTEEN_BIT, IsolationResult, Region
 
 # Columns of `rank_tensors` (one row per activation tensor, best candidate for promotion first):
 #   rank (1 = promote first), tensor, kind, op, node, namespace, matched, snr_db, cosine, mse, max_abs,
@@ -32,7 +33,7 @@ def rank_tensors(tensor_scores: pd.DataFrame, isolation: IsolationResult | None 
     frame["isolation_gain"] = np.nan
     frame["isolation_loss"] = np.nan
     if isolation is not None:
-        per_tensor = isolation.scores[isolation.scores["source"] == "tensor"].set_index("region")
+        per_tensor = isolation.per_tensor()
         frame["isolation_gain"] = frame["tensor"].map(per_tensor["promoted_gain"])
         frame["isolation_loss"] = frame["tensor"].map(per_tensor["demoted_loss"])
     order = frame.assign(
@@ -70,19 +71,15 @@ def selection_region(graph: ModelGraph, tensors: Sequence[str], name: str = "sel
 
 def qnn_region(model, graph: ModelGraph, tensor: str) -> Region:
     """`tensor` plus every activation ORT's `get_qnn_qdq_config` makes 16-bit (or converts) with it."""
-    from ..plan import PrecisionPlan
-    from ..quantize import qnn_config
-
     plan = PrecisionPlan.a8w8().promote([tensor])
     overrides = qnn_config(model, graph, plan).extra_options.get("TensorQuantOverrides", {})
-    sixteen = (QuantType.QUInt16, QuantType.QInt16)
     members = [tensor]
     for name, entries in overrides.items():
         info = graph.tensors.get(name)
         if info is None or not info.is_activation or name == tensor:
             continue
         entry = entries[0] if entries else {}
-        if entry.get("quant_type") in sixteen or (entry.get("convert") or {}).get("quant_type") in sixteen:
+        if entry.get("quant_type") in SIXTEEN_BIT or (entry.get("convert") or {}).get("quant_type") in SIXTEEN_BIT:
             members.append(name)
     return Region(f"qnn:{tensor}", tuple(members), "qnn")
 
@@ -108,7 +105,7 @@ def predict(isolation: IsolationResult, tensors: Sequence[str]) -> Prediction:
     single-promotion noise, when sampling made one of them lower). For a task metric,
     gains are summed and the result is bounded by the all-16-bit value (or the best single promotion).
     """
-    per_tensor = isolation.scores[isolation.scores["source"] == "tensor"].set_index("region")
+    per_tensor = isolation.per_tensor()
     missing = [t for t in tensors if t not in per_tensor.index]
     if missing:
         raise MpstudioError(

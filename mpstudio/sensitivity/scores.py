@@ -18,7 +18,9 @@ from onnxruntime.quantization import QuantType
 from onnxruntime.quantization.quant_utils import quantize_data
 
 from ..data import Cancelled, DataSource, Progress
+from ..errors import MpstudioError
 from ..graph import ModelGraph
+from ..quantize import weight_axis
 from ..runtime import create_session
 from . import qdq
 from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB, ErrorAccumulator
@@ -44,20 +46,20 @@ def tensor_scores(
     cancel: threading.Event | None = None,
 ) -> pd.DataFrame:
     """Accumulated and local error of every activation tensor of `graph` over `data` (see TENSOR_COLUMNS)."""
+    qdq_model = qdq.load(qdq_model)
     counterparts = qdq.quantized_tensors(qdq_model)
     activations = graph.activations()
     inputs = set(graph.inputs)
     exposed_float = [t for t in activations if t not in inputs]
     matched = [t for t in activations if t in counterparts]
-    float_session = create_session(qdq.model_path_or_bytes(qdq.with_outputs(float_model, exposed_float, False)))
-    qdq_session = create_session(
-        qdq.model_path_or_bytes(qdq.with_outputs(qdq_model, [counterparts[t].post for t in matched], False))
-    )
+    float_session = create_session(qdq.with_outputs(float_model, exposed_float))
+    qdq_session = create_session(qdq.with_outputs(qdq_model, [counterparts[t].post for t in matched]))
     float_names = [o.name for o in float_session.get_outputs()]
     qdq_names = [o.name for o in qdq_session.get_outputs()]
     accumulated = {t: ErrorAccumulator() for t in matched}
-    local = {(t, bits): ErrorAccumulator() for t in activations for bits, table in ((8, params_8), (16, params_16))
-             if t in table}
+    # Tensor -> {bits: (its calibrated parameters at that width, accumulator)}.
+    local = {t: {bits: (table[t], ErrorAccumulator()) for bits, table in ((8, params_8), (16, params_16)) if t in table}
+             for t in activations}
     total = len(data)
     for i, feed in enumerate(data.feeds()):
         if cancel is not None and cancel.is_set():
@@ -67,12 +69,12 @@ def tensor_scores(
         qdq_values = dict(zip(qdq_names, qdq_session.run(qdq_names, feed)))
         for t in matched:
             accumulated[t].add(float_values[t], qdq_values.pop(counterparts[t].post))
-        for (t, bits), acc in local.items():
+        for t, widths in local.items():
+            if not widths:
+                continue
             x = np.ravel(np.asarray(float_values[t], dtype=np.float32))
-            params = (params_8 if bits == 8 else params_16)[t]
-            error = qdq.local_error(x, params)
-            test_sq = float(np.dot(x + error, x + error))
-            acc.add_noise(x, error, test_sq, float(np.dot(x, x + error)))
+            for params, acc in widths.values():
+                acc.add_noise(x, qdq.local_error(x, params))
         del float_values, qdq_values
         if progress:
             progress(i + 1, total, "scoring tensors")
@@ -81,6 +83,7 @@ def tensor_scores(
         info = graph.tensors[t]
         node = graph.nodes.get(info.producer) if info.producer else None
         acc = accumulated.get(t)
+        local_snr = {bits: local_acc.snr_db for bits, (_, local_acc) in local[t].items()}
         rows.append({
             "tensor": t,
             "kind": info.kind,
@@ -94,8 +97,8 @@ def tensor_scores(
             "cosine": acc.cosine if acc else np.nan,
             "mse": acc.mse if acc else np.nan,
             "max_abs": acc.max_abs if acc else np.nan,
-            "local_snr_8": local[(t, 8)].snr_db if (t, 8) in local else np.nan,
-            "local_snr_16": local[(t, 16)].snr_db if (t, 16) in local else np.nan,
+            "local_snr_8": local_snr.get(8, np.nan),
+            "local_snr_16": local_snr.get(16, np.nan),
             "samples": total,
         })
     frame = pd.DataFrame(rows, columns=[c for c in TENSOR_COLUMNS if c not in ("passes_snr", "passes_cosine")])
@@ -115,9 +118,6 @@ WEIGHT_COLUMNS = ["tensor", "op", "node", "namespace", "shape", "axis", "snr_pt_
 def weight_scores(model: onnx.ModelProto, graph: ModelGraph, progress: Progress | None = None,
                   cancel: threading.Event | None = None) -> pd.DataFrame:
     """The SNR of quantizing each weight per tensor and per channel at 8 and 16 bits (ORT's arithmetic)."""
-    from ..quantize import weight_axis
-    from ..errors import MpstudioError
-
     inits = {init.name: init for init in model.graph.initializer}
     names = [w for w in graph.weights() if w in inits]
     rows = []

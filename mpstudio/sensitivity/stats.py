@@ -7,7 +7,6 @@ are computed over all samples at once (the same definition as ORT's `qdq_loss_de
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,12 +41,13 @@ class ErrorAccumulator:
             self.max_abs = max(self.max_abs, float(np.max(np.abs(diff))))
         self.count += x.size
 
-    def add_noise(self, reference: np.ndarray, diff: np.ndarray, test_sq: float, dot: float) -> None:
-        """Add a pair given as the reference and its error (the local-error path computes these directly)."""
+    def add_noise(self, reference: np.ndarray, diff: np.ndarray) -> None:
+        """Add a pair given as the reference and its exact error (the local-error path computes it directly)."""
+        test = reference + diff
         self.signal += float(np.dot(reference, reference))
         self.noise += float(np.dot(diff, diff))
-        self.test += test_sq
-        self.dot += dot
+        self.test += float(np.dot(test, test))
+        self.dot += float(np.dot(reference, test))
         if diff.size:
             self.max_abs = max(self.max_abs, float(np.max(np.abs(diff))))
         self.count += reference.size
