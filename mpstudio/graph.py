@@ -112,7 +112,7 @@ class ModelGraph:
                 init = initializers[name]
                 shape: tuple | None = tuple(init.dims)
                 dtype = _dtype_name(init.data_type)
-                kind = self._initializer_kind(name, init.data_type, consumers.get(name, []), raw_nodes)
+                kind = self._initializer_kind(name, init.data_type, consumers.get(name, []))
             else:
                 shape, dtype = _shape_and_type(value_info.get(name))
                 kind = INPUT if name in graph_inputs else OUTPUT if name in graph_outputs else ACTIVATION
@@ -125,14 +125,13 @@ class ModelGraph:
                 consumers=tuple(consumers.get(name, ())),
             )
 
-    def _initializer_kind(self, name, data_type, consumer_names, raw_nodes) -> str:
+    def _initializer_kind(self, name, data_type, consumer_names) -> str:
         if data_type not in _FLOAT_TYPES:
             return CONSTANT
-        by_name = dict(raw_nodes)
         for consumer in consumer_names:
-            node = by_name[consumer]
+            node = self.nodes[consumer]
             position = _BIAS_INPUTS.get(node.op_type)
-            if position is not None and len(node.input) > position and node.input[position] == name:
+            if position is not None and len(node.inputs) > position and node.inputs[position] == name:
                 return BIAS
         return WEIGHT
 
