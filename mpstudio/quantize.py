@@ -205,28 +205,37 @@ def qnn_config(model: onnx.ModelProto, graph: ModelGraph, plan: PrecisionPlan, m
 # Element-wise ops whose constant operand must share the activation's bit width on HTP.
 _ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "PRelu", "Where", "Equal", "Greater", "Less",
                 "GreaterOrEqual", "LessOrEqual", "Concat"}
-_Q16 = (QuantType.QUInt16, QuantType.QInt16)
+SIXTEEN_BIT = (QuantType.QUInt16, QuantType.QInt16)  # the quant types of a 16-bit tensor
+
+
+class ResolvedTypes:
+    """Which type each tensor has, and which type each consumer reads it in, after ORT's converts.
+
+    `resolved` is the `TensorQuantOverrides` that `get_qnn_qdq_config` returns: a tensor's entry gives the
+    type its producer writes; a `convert` entry gives the type its `recv_nodes` (all consumers if none
+    are named) read it in.
+    """
+
+    def __init__(self, resolved: dict, default: QuantType):
+        self.resolved, self.default = resolved, default
+
+    def produced(self, tensor: str) -> QuantType:
+        entries = self.resolved.get(tensor)
+        return entries[0].get("quant_type", self.default) if entries else self.default
+
+    def received(self, tensor: str, node: str) -> QuantType:
+        entries = self.resolved.get(tensor)
+        convert = entries[0].get("convert") if entries else None
+        if convert and (not convert.get("recv_nodes") or node in convert["recv_nodes"]):
+            return convert.get("quant_type", self.default)
+        return self.produced(tensor)
 
 
 def _sixteen_bit_constants(graph: ModelGraph, plan: PrecisionPlan, resolved: dict) -> dict[str, list[dict]]:
     """Constant operands of element-wise nodes that compute at 16 bits in an 8-bit-activation plan."""
     if plan.activation_type in ("uint16", "int16"):
         return {}
-    default = QUANT_TYPES[plan.activation_type]
-
-    def produced(tensor):
-        entries = resolved.get(tensor)
-        return entries[0].get("quant_type", default) if entries else default
-
-    def received(tensor, node):
-        entries = resolved.get(tensor)
-        if not entries:
-            return default
-        convert = entries[0].get("convert")
-        if convert and (not convert.get("recv_nodes") or node in convert["recv_nodes"]):
-            return convert.get("quant_type", default)
-        return entries[0].get("quant_type", default)
-
+    types = ResolvedTypes(resolved, QUANT_TYPES[plan.activation_type])
     extra: dict[str, list[dict]] = {}
     for node in graph.nodes.values():
         if node.op_type not in _ELEMENTWISE:
@@ -235,9 +244,9 @@ def _sixteen_bit_constants(graph: ModelGraph, plan: PrecisionPlan, resolved: dic
         constants = [t.name for t in tensors if t is not None and t.kind == WEIGHT and t.name not in plan.overrides]
         if not constants:
             continue
-        types = {received(t.name, node.name) for t in tensors if t is not None and t.is_activation}
-        types |= {produced(name) for name in node.outputs if name}
-        wide = [t for t in types if t in _Q16]
+        seen = {types.received(t.name, node.name) for t in tensors if t is not None and t.is_activation}
+        seen |= {types.produced(name) for name in node.outputs if name}
+        wide = [t for t in seen if t in SIXTEEN_BIT]
         if wide:
             for name in constants:
                 extra[name] = [{"quant_type": wide[0]}]

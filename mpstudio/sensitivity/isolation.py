@@ -25,14 +25,13 @@ import onnx
 import onnxruntime as ort
 import pandas as pd
 from onnx import helper, numpy_helper
-from onnxruntime.quantization import QuantType
 
 from ..data import Cancelled, DataSource, Feed, Progress, TaskMetric
 from ..errors import MpstudioError
 from ..evaluate import run_outputs
 from ..graph import node_display_name
 from ..plan import PrecisionPlan
-from ..quantize import qnn_config
+from ..quantize import QUANT_TYPES, SIXTEEN_BIT, ResolvedTypes, qnn_config
 from . import qdq
 from .stats import ErrorAccumulator
 
@@ -40,7 +39,6 @@ _MS_DOMAIN = "com.microsoft"  # ORT's contrib QuantizeLinear takes uint16 at any
 _GRAPH_OUTPUT = ""  # the receiver name of an edge into a graph output
 _WEIGHT_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}  # their weights keep the plan's weight type
 _DQ_SUFFIX = "_DequantizeLinear_Output"
-SIXTEEN_BIT = (QuantType.QUInt16, QuantType.QInt16)  # the quant types of a 16-bit override
 OUTPUT_SNR = "output SNR (dB)"  # the default metric: SNR of all model outputs against the float model's
 
 
@@ -261,20 +259,15 @@ class SwitchableModel:
             demoted = [t for t in everything - sixteen if t in self.graph.tensors]
             plan = PrecisionPlan.a16w8().promote(demoted, to="uint8")
         overrides = qnn_config(self.float_model, self.graph, plan).extra_options.get("TensorQuantOverrides", {})
-        default_wide = plan.activation_type.endswith("16")
+        types = ResolvedTypes(overrides, QUANT_TYPES[plan.activation_type])
         edges = set()
         for t in self.tensors:
-            entry = (overrides.get(t) or [{}])[0]
-            produced = entry["quant_type"] in SIXTEEN_BIT if "quant_type" in entry else default_wide
-            if not produced:
+            if types.produced(t) not in SIXTEEN_BIT:
                 continue
-            convert = entry.get("convert")
             for receiver in self.receivers[t]:
-                received = produced
-                if convert and receiver != _GRAPH_OUTPUT and (not convert.get("recv_nodes")
-                                                             or receiver in convert["recv_nodes"]):
-                    received = convert.get("quant_type") in SIXTEEN_BIT
-                if received:
+                # A graph output reads the tensor as produced: converts go to nodes only.
+                received = types.produced(t) if receiver == _GRAPH_OUTPUT else types.received(t, receiver)
+                if received in SIXTEEN_BIT:
                     edges.add((t, receiver))
         constants = {name for name, entries in overrides.items()
                      if name in self._constants_16 and entries and entries[0].get("quant_type") in SIXTEEN_BIT}

@@ -14,7 +14,8 @@ from ..errors import MpstudioError
 from ..graph import ModelGraph
 from ..plan import PrecisionPlan
 from ..quantize import qnn_config
-from .isolation import SIXTEEN_BIT, IsolationResult, Region
+from ..quantize import SIXTEEN_BIT
+from .isolation import IsolationResult, Region
 
 # Columns of `rank_tensors` (one row per activation tensor, best candidate for promotion first):
 #   rank (1 = promote first), tensor, kind, op, node, namespace, matched, snr_db, cosine, mse, max_abs,
