@@ -48,7 +48,14 @@ def _prepare(args) -> int:
     return 0 if prepared.qnn_ready or not args.strict else 3
 
 
-def _quantize(args) -> int:
+def open_model_data_plan(args, calibration_samples: int | None = None, calibrate_on_all: bool = False,
+                         method: str = "minmax"):
+    """What `quantize` and `analyze` share: the prepared model, its plan, its data and a Quantizer.
+
+    Returns `(quantizer, plan, data)`; `data` holds the first `--samples` samples when given. The quantizer
+    calibrates on the first `calibration_samples` when given, else on every sample of the folder when
+    `calibrate_on_all`, else on `data`.
+    """
     from .cache import cache_root
     from .data import NpzFolder
     from .model import parse_shape_args, prepare_model
@@ -57,11 +64,18 @@ def _quantize(args) -> int:
 
     prepared = prepare_model(args.model, parse_shape_args(args.shape))
     plan = PrecisionPlan.load(args.plan) if args.plan else PrecisionPlan.a8w8()
-    data = NpzFolder(args.data, [spec.name for spec in prepared.inputs])
-    if args.samples:
-        data = data.head(args.samples)
+    folder = NpzFolder(args.data, [spec.name for spec in prepared.inputs])
+    data = folder.head(args.samples) if args.samples else folder
+    if calibration_samples:
+        calibration = folder.head(calibration_samples)
+    else:
+        calibration = folder if calibrate_on_all else data
     cache = Path(args.cache) if args.cache else cache_root() / "quantize" / prepared.sha256[:16]
-    quantizer = Quantizer(prepared, data, cache, method=args.method)
+    return Quantizer(prepared, calibration, cache, method=method), plan, data
+
+
+def _quantize(args) -> int:
+    quantizer, plan, _ = open_model_data_plan(args, method=args.method)
     with progress_bar(not args.quiet) as progress:
         path = quantizer.generate(plan, progress)
     out = Path(args.output)

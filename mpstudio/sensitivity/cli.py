@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 
 def add_parser(subparsers) -> None:
     a = subparsers.add_parser("analyze", help="rank tensors by quantization sensitivity; write CSV and HTML")
@@ -24,22 +22,11 @@ def add_parser(subparsers) -> None:
 
 
 def run_analyze(args) -> int:
-    from ..cache import cache_root
-    from ..cli import progress_bar
-    from ..data import NpzFolder
-    from ..model import parse_shape_args, prepare_model
-    from ..plan import PrecisionPlan
-    from ..quantize import Quantizer
+    from ..cli import open_model_data_plan, progress_bar
     from .analysis import analyze
 
-    prepared = prepare_model(args.model, parse_shape_args(args.shape))
-    plan = PrecisionPlan.load(args.plan) if args.plan else PrecisionPlan.a8w8()
-    data = NpzFolder(args.data, [spec.name for spec in prepared.inputs])
-    calibration = data.head(args.calibration_samples) if args.calibration_samples else data
-    if args.samples:
-        data = data.head(args.samples)
-    cache = Path(args.cache) if args.cache else cache_root() / "quantize" / prepared.sha256[:16]
-    quantizer = Quantizer(prepared, calibration, cache)
+    # Calibration uses every sample unless told otherwise, whatever --samples scores.
+    quantizer, plan, data = open_model_data_plan(args, args.calibration_samples, calibrate_on_all=True)
     with progress_bar(not args.quiet) as progress:
         report = analyze(quantizer, data, plan, isolation=not args.no_isolation,
                          isolation_samples=args.isolation_samples, selection=args.select or (), progress=progress)
