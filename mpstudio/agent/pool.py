@@ -123,11 +123,7 @@ class AgentPool:
                 except BaseException as exc:  # noqa: BLE001 - reported to the caller below
                     errors.append(exc)
 
-        threads = [threading.Thread(target=serve, args=(a,), daemon=True) for a in agents]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        _each_in_a_thread(serve, agents)
         if errors:
             raise errors[0]
         if any(r is None for r in results):
@@ -148,14 +144,19 @@ class AgentPool:
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
 
-        threads = [threading.Thread(target=one, args=(a,), daemon=True) for a in agents]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        _each_in_a_thread(one, agents)
         if errors and not results:
             raise errors[0]
         return dict(sorted(results.items()))
+
+
+def _each_in_a_thread(target, agents) -> None:
+    """Call `target(agent)` for every agent at once, one thread each, and wait for all."""
+    threads = [threading.Thread(target=target, args=(a,), daemon=True) for a in agents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def by_device(results: Iterable[RunResult]) -> dict[str, list[RunResult]]:
