@@ -1,0 +1,795 @@
+"""Export a precision plan: ORT TensorQuantOverrides JSON, QNN/AIMET encodings JSON, the QDQ model, a context binary.
+
+Every file is checked against the model it describes before `export_plan` returns: the encodings cover every
+quantized tensor of the QDQ model with its values, the overrides name real tensors with the model's types.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+from onnxruntime.quantization import QuantType
+
+from .data import Cancelled, Progress
+from .errors import MpstudioError, brief
+from .graph import BIAS, INPUT, OUTPUT, ACTIVATION, WEIGHT, ModelGraph, unknown_name_message
+from .plan import PrecisionPlan
+from .quantize import CALIBRATION_METHODS, QUANT_TYPES, Quantizer, qnn_config
+
+FORMATS = ("ort", "qnn", "model", "float", "context")
+ACTIVATION_KIND, PARAM_KIND = "activation", "param"
+
+# Integer element types of Q/DQ tensors: name, bit width, lowest code.
+_INTEGER_TYPES = {
+    TensorProto.UINT8: ("uint8", 8, 0),
+    TensorProto.INT8: ("int8", 8, -(2 ** 7)),
+    TensorProto.UINT16: ("uint16", 16, 0),
+    TensorProto.INT16: ("int16", 16, -(2 ** 15)),
+    TensorProto.INT32: ("int32", 32, -(2 ** 31)),
+    TensorProto.UINT4: ("uint4", 4, 0),
+    TensorProto.INT4: ("int4", 4, -(2 ** 3)),
+}
+_DTYPE_BITS = {name: (bits, qmin) for name, bits, qmin in _INTEGER_TYPES.values()}
+QUANT_TYPE_NAMES: dict[str, QuantType] = {q.name: q for q in QuantType}
+_QUANT_TYPE_OF_DTYPE = {_INTEGER_TYPES[q.tensor_type][0]: q for q in QuantType if q.tensor_type in _INTEGER_TYPES}
+ENCODING_BITWIDTHS = (4, 8, 16, 32)
+
+# ORT's QDQ quantizer renames a graph output T: the op writes T_QuantizeLinear_Input, the last DQ writes T.
+_GRAPH_OUTPUT_SUFFIX = "_QuantizeLinear_Input"
+_QUANTIZED_INITIALIZER_SUFFIX = "_quantized"
+
+
+# ---- reading a QDQ model ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Encoding:
+    """One quantizer of a QDQ model: `x = (q - zero_point) * scale`, per tensor or per channel along `axis`."""
+
+    dtype: str  # uint8 / int8 / uint16 / int16 / int32 / uint4 / int4
+    scale: tuple[float, ...]
+    zero_point: tuple[int, ...]
+    axis: int | None = None  # None: per tensor
+
+    @property
+    def bitwidth(self) -> int:
+        return _DTYPE_BITS[self.dtype][0]
+
+    @property
+    def qmin(self) -> int:
+        return _DTYPE_BITS[self.dtype][1]
+
+    @property
+    def quant_type(self) -> QuantType | None:
+        """ORT's QuantType for this element type (None for int32, the bias type, which has none)."""
+        return _QUANT_TYPE_OF_DTYPE.get(self.dtype)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """QNN/AIMET offsets: `x = (u + offset) * scale` with `u` the code read as unsigned, so -zero_point there."""
+        return tuple(self.qmin - zp for zp in self.zero_point)
+
+    def to_qnn(self) -> list[dict[str, Any]]:
+        """The AIMET/QNN encoding list: one dict per tensor, or one per channel."""
+        levels = 2 ** self.bitwidth - 1
+        symmetric_offset = -(2 ** (self.bitwidth - 1))
+        out = []
+        for scale, offset in zip(self.scale, self.offsets):
+            low = offset * scale
+            out.append({
+                "bitwidth": self.bitwidth,
+                "dtype": "int",
+                "is_symmetric": str(offset == symmetric_offset),
+                "max": low + levels * scale,
+                "min": low,
+                "offset": offset,
+                "scale": scale,
+            })
+        return out
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """One float tensor as the QDQ model quantizes it.
+
+    `name` is the float model's name; `encoding` is what its producer writes (for a weight or bias, what is
+    stored); `converts` are the re-quantizations ORT inserts for consumers of another type (activations only).
+    """
+
+    name: str
+    kind: str  # "activation" (graph inputs and outputs too) or "param" (weights, biases)
+    encoding: Encoding
+    converts: tuple[Encoding, ...] = ()
+
+
+def read_quantized_tensors(qdq_model) -> dict[str, QuantizedTensor]:
+    """Every quantized tensor of a QDQ model made by ORT's quantizer, keyed by the float model's tensor name.
+
+    Activations are the QuantizeLinear nodes on float tensors (a QuantizeLinear reading a DequantizeLinear
+    output is a convert of the tensor upstream); params are DequantizeLinear nodes on stored integers.
+    """
+    model = qdq_model if isinstance(qdq_model, onnx.ModelProto) else _load_model(qdq_model)
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    producer = {out: node for node in graph.node for out in node.output if out}
+    tensors: dict[str, QuantizedTensor] = {}
+    root_of_q: dict[str, str] = {}  # QuantizeLinear output -> float tensor name
+    converts: list[onnx.NodeProto] = []
+
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in inits:
+            stored = node.input[0]
+            _add(tensors, QuantizedTensor(stored.removesuffix(_QUANTIZED_INITIALIZER_SUFFIX), PARAM_KIND,
+                                          _encoding(node, inits, stored)))
+        elif node.op_type == "QuantizeLinear":
+            source = node.input[0]
+            upstream = producer.get(source)
+            if upstream is not None and upstream.op_type == "DequantizeLinear":
+                converts.append(node)
+                continue
+            name = source
+            if source in inits:  # a float initializer quantized at run time
+                _add(tensors, QuantizedTensor(name, PARAM_KIND, _encoding(node, inits, source)))
+            else:
+                if source.endswith(_GRAPH_OUTPUT_SUFFIX) and source.removesuffix(_GRAPH_OUTPUT_SUFFIX) in outputs:
+                    name = source.removesuffix(_GRAPH_OUTPUT_SUFFIX)
+                _add(tensors, QuantizedTensor(name, ACTIVATION_KIND, _encoding(node, inits)))
+            root_of_q[node.output[0]] = name
+
+    for node in converts:  # Q(DQ(Q(T))): follow the chain back to T
+        dq = producer[node.input[0]]
+        root = root_of_q.get(dq.input[0])
+        if root is None:
+            raise MpstudioError(f"QuantizeLinear {node.name!r} re-quantizes a value whose source is not quantized in "
+                                "this model; is it a QDQ model made by ONNX Runtime's quantizer?")
+        root_of_q[node.output[0]] = root
+        tensor = tensors[root]
+        encoding = _encoding(node, inits)
+        if encoding not in tensor.converts:
+            tensors[root] = QuantizedTensor(tensor.name, tensor.kind, tensor.encoding, tensor.converts + (encoding,))
+    return tensors
+
+
+def _add(tensors: dict[str, QuantizedTensor], tensor: QuantizedTensor) -> None:
+    seen = tensors.get(tensor.name)
+    if seen is not None and seen.encoding != tensor.encoding:
+        raise MpstudioError(f"tensor {tensor.name!r} is quantized twice with different parameters in this model; "
+                            "mpstudio reads QDQ models made by ONNX Runtime's quantizer, which quantizes a tensor once")
+    if seen is None:
+        tensors[tensor.name] = tensor
+
+
+def _encoding(node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto], data: str | None = None) -> Encoding:
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("block_size"):
+        raise MpstudioError(f"{node.op_type} {node.name!r} uses block quantization, which the encodings format "
+                            "cannot express")
+    if len(node.input) < 2 or node.input[1] not in inits:
+        raise MpstudioError(f"{node.op_type} {node.name!r} has no scale initializer; mpstudio reads QDQ models "
+                            "made by ONNX Runtime's quantizer")
+    scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64).ravel()
+    has_zero = len(node.input) > 2 and node.input[2]
+    if has_zero and node.input[2] not in inits:
+        raise MpstudioError(f"{node.op_type} {node.name!r} has no zero-point initializer")
+    if has_zero:
+        zero_init = inits[node.input[2]]
+        elem_type = zero_init.data_type
+        zero = numpy_helper.to_array(zero_init).astype(np.int64).ravel()
+    else:  # no zero point: uint8 by default, or the stored data's type
+        elem_type = inits[data].data_type if data else TensorProto.UINT8
+        zero = np.zeros_like(scale, dtype=np.int64)
+    if elem_type not in _INTEGER_TYPES:
+        raise MpstudioError(f"{node.op_type} {node.name!r} quantizes to {TensorProto.DataType.Name(elem_type)}, "
+                            "an element type the encodings format does not cover (integer types only)")
+    axis = None
+    scale_rank = len(inits[node.input[1]].dims)
+    if scale.size > 1 or (scale_rank == 1 and "axis" in attrs):
+        axis = int(attrs.get("axis", 1))  # ONNX's default axis for per-axis Q/DQ
+        if data is not None and axis < 0:
+            axis += len(inits[data].dims)
+    return Encoding(_INTEGER_TYPES[elem_type][0], tuple(float(s) for s in scale), tuple(int(z) for z in zero), axis)
+
+
+def _load_model(path) -> onnx.ModelProto:
+    try:
+        return onnx.load(str(path))
+    except FileNotFoundError:
+        raise MpstudioError(f"model file not found: {path}") from None
+    except Exception as exc:
+        raise MpstudioError(f"could not read the ONNX model {path}: {brief(exc)}") from exc
+
+
+# ---- QNN/AIMET encodings JSON ----------------------------------------------------------------------------
+def qnn_encodings(qdq_model) -> dict[str, dict[str, list[dict]]]:
+    """The QNN/AIMET encodings (the format of `qnn-onnx-converter --quantization_overrides`) of a QDQ model.
+
+    Every quantized tensor is covered, under the float model's name, with the values stored in the model.
+    A converted activation carries the encoding its producer writes; the converter inserts its own converts
+    where consumers differ (see docs/export.md).
+    """
+    sections: dict[str, dict[str, list[dict]]] = {"activation_encodings": {}, "param_encodings": {}}
+    for tensor in read_quantized_tensors(qdq_model).values():
+        section = "activation_encodings" if tensor.kind == ACTIVATION_KIND else "param_encodings"
+        sections[section][tensor.name] = tensor.encoding.to_qnn()
+    return {key: dict(sorted(value.items())) for key, value in sections.items()}
+
+
+_ENCODING_KEYS = ("bitwidth", "dtype", "is_symmetric", "max", "min", "offset", "scale")
+_ENCODINGS_TOP = {"activation_encodings", "param_encodings"}
+_ENCODINGS_OPTIONAL_TOP = {"version", "excluded_layers", "quantizer_args"}  # AIMET writes these too
+
+
+def validate_encodings(encodings: Any, qdq_model) -> None:
+    """Raise MpstudioError listing every problem: schema (keys, types, min <= max, scale > 0, bit widths,
+    per-channel lengths) and coverage (every quantized tensor of `qdq_model`, with its bit width and values)."""
+    problems: list[str] = []
+    if not isinstance(encodings, Mapping):
+        raise MpstudioError("encodings must be a JSON object with 'activation_encodings' and 'param_encodings'")
+    missing = sorted(_ENCODINGS_TOP - set(encodings))
+    if missing:
+        problems.append(f"missing section(s) {missing}: both must be present, even if empty")
+    extra = sorted(set(encodings) - _ENCODINGS_TOP - _ENCODINGS_OPTIONAL_TOP)
+    if extra:
+        problems.append(f"unknown top-level key(s) {extra}; allowed: {', '.join(sorted(_ENCODINGS_TOP))}")
+    tensors = read_quantized_tensors(qdq_model)
+    for section, kind in (("activation_encodings", ACTIVATION_KIND), ("param_encodings", PARAM_KIND)):
+        entries = encodings.get(section, {})
+        if not isinstance(entries, Mapping):
+            problems.append(f"{section} must be an object of {{tensor: [encoding, ...]}}")
+            continue
+        for name, value in entries.items():
+            where = f"{section}[{name!r}]"
+            tensor = tensors.get(name)
+            if tensor is None:
+                problems.append(unknown_name_message("quantized tensor", name, tensors) + f" ({where})")
+            elif tensor.kind != kind:
+                right = "activation_encodings" if tensor.kind == ACTIVATION_KIND else "param_encodings"
+                problems.append(f"{where}: the model quantizes {name!r} as a {tensor.kind}; it belongs in {right}")
+            problems += _check_encoding_list(where, value, tensor if tensor is not None and tensor.kind == kind else None)
+        for tensor in tensors.values():
+            if tensor.kind == kind and tensor.name not in entries:
+                problems.append(f"{section} lacks {tensor.name!r}, a tensor the model quantizes to "
+                                f"{tensor.encoding.dtype} (QNN would recalibrate it)")
+    _raise_if(problems, "the encodings do not match the model")
+
+
+def _check_encoding_list(where: str, value: Any, tensor: QuantizedTensor | None) -> list[str]:
+    if not isinstance(value, list) or not value:
+        return [f"{where} must be a non-empty list of encodings (one per tensor, or one per channel)"]
+    problems: list[str] = []
+    for index, item in enumerate(value):
+        problems += _check_encoding(f"{where}[{index}]", item)
+    if problems or tensor is None:
+        return problems
+    expected = tensor.encoding
+    channels = len(expected.scale)
+    if len(value) != channels:
+        axis = f" along axis {expected.axis}" if expected.axis is not None else ""
+        return [f"{where} has {len(value)} encoding(s); the model quantizes it with {channels}{axis}"]
+    for index, (item, want) in enumerate(zip(value, expected.to_qnn())):
+        at = f"{where}[{index}]" if channels > 1 else where
+        if item.get("dtype", "int") == "float":
+            problems.append(f"{at} is float, but the model quantizes it to {expected.dtype}")
+        elif item["bitwidth"] != want["bitwidth"]:
+            problems.append(f"{at} has bitwidth {item['bitwidth']}, but the model quantizes it to {expected.dtype}")
+        elif int(item["offset"]) != want["offset"] or not math.isclose(item["scale"], want["scale"], rel_tol=1e-6):
+            problems.append(f"{at} has scale {item['scale']!r}, offset {item['offset']!r}; the model has scale "
+                            f"{want['scale']!r}, offset {want['offset']!r}")
+    return problems
+
+
+def _check_encoding(where: str, item: Any) -> list[str]:
+    if not isinstance(item, Mapping):
+        return [f"{where} must be an object"]
+    dtype = item.get("dtype", "int")
+    bitwidth = item.get("bitwidth")
+    problems = []
+    if dtype not in ("int", "float"):
+        problems.append(f"{where}: dtype must be \"int\" or \"float\", got {dtype!r}")
+    if not isinstance(bitwidth, int) or isinstance(bitwidth, bool) or bitwidth not in ENCODING_BITWIDTHS:
+        problems.append(f"{where}: bitwidth must be one of {', '.join(map(str, ENCODING_BITWIDTHS))}, got {bitwidth!r}")
+    unknown = sorted(set(item) - set(_ENCODING_KEYS))
+    if unknown:
+        problems.append(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(_ENCODING_KEYS)}")
+    if dtype != "int" or problems:
+        if dtype == "float" and bitwidth not in (16, 32):
+            problems.append(f"{where}: a float encoding has bitwidth 16 or 32")
+        return problems
+    missing = [k for k in _ENCODING_KEYS if k not in item]
+    if missing:
+        return [f"{where}: missing key(s) {missing}"]
+    numbers = {k: item[k] for k in ("max", "min", "offset", "scale")}
+    bad = [k for k, v in numbers.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
+    if bad:
+        return [f"{where}: {', '.join(bad)} must be finite numbers"]
+    if item["is_symmetric"] not in ("True", "False"):
+        problems.append(f"{where}: is_symmetric must be the string \"True\" or \"False\", got {item['is_symmetric']!r}")
+    scale, offset, low, high = item["scale"], item["offset"], item["min"], item["max"]
+    if scale <= 0:
+        problems.append(f"{where}: scale must be > 0, got {scale!r}")
+    if low > high:
+        problems.append(f"{where}: min {low!r} is above max {high!r}")
+    if offset != int(offset) or not -(2 ** bitwidth) < offset <= 0:
+        problems.append(f"{where}: offset must be an integer in (-2^bitwidth, 0], got {offset!r}")
+    if problems:
+        return problems
+    tolerance = 1e-6 * max(abs(low), abs(high), scale)
+    if abs(low - offset * scale) > tolerance or abs(high - (low + (2 ** bitwidth - 1) * scale)) > tolerance:
+        problems.append(f"{where}: min/max disagree with scale and offset (expected min = offset * scale = "
+                        f"{offset * scale!r}, max = min + (2^bitwidth - 1) * scale)")
+    if item["is_symmetric"] == "True" and offset != -(2 ** (bitwidth - 1)):
+        problems.append(f"{where}: a symmetric encoding has offset -2^(bitwidth-1) = {-(2 ** (bitwidth - 1))}, "
+                        f"got {offset!r}")
+    return problems
+
+
+# ---- ORT TensorQuantOverrides JSON -----------------------------------------------------------------------
+_OVERRIDE_KEYS = {"quant_type", "scale", "zero_point", "symmetric", "reduce_range", "axis", "rmin", "rmax", "convert"}
+_CONVERT_KEYS = {"quant_type", "scale", "zero_point", "symmetric", "rmin", "rmax", "recv_nodes"}
+_NOT_WITH_SCALE = ("symmetric", "reduce_range", "rmin", "rmax")  # ORT refuses these next to scale/zero_point
+
+
+def qnn_config_arguments(plan: PrecisionPlan) -> dict[str, Any]:
+    """The defaults `get_qnn_qdq_config` needs beside the overrides to reproduce `plan`."""
+    return {
+        "activation_type": QUANT_TYPES[plan.activation_type],
+        "weight_type": QUANT_TYPES[plan.weight_type],
+        "per_channel": plan.per_channel,
+        "weight_symmetric": plan.weight_symmetric,
+    }
+
+
+def ort_overrides(quantizer: Quantizer, plan: PrecisionPlan, *, with_parameters: bool = False) -> dict[str, list[dict]]:
+    """The TensorQuantOverrides mpstudio quantizes `plan` with, JSON-ready (`quant_type` as the QuantType name).
+
+    These are the overrides after `get_qnn_qdq_config` resolved them (converts at 8/16-bit boundaries, the
+    16-bit constants of element-wise ops); fed back as `init_overrides` with `qnn_config_arguments(plan)` and
+    the same calibration they reproduce the model. With `with_parameters`, every activation's scale and zero
+    point (and its convert's) are pinned to the generated model's, so any calibration data reproduces it.
+    """
+    plan.validate(quantizer.graph)
+    config = qnn_config(quantizer.prepared.model, quantizer.graph, plan, CALIBRATION_METHODS[quantizer.method])
+    overrides = _jsonable(config.extra_options.get("TensorQuantOverrides", {}))
+    if with_parameters:
+        _pin_parameters(overrides, read_quantized_tensors(quantizer.generate(plan)), quantizer.graph)
+    return dict(sorted(overrides.items()))
+
+
+def _pin_parameters(overrides: dict[str, list[dict]], tensors: Mapping[str, QuantizedTensor], graph: ModelGraph) -> None:
+    for tensor in tensors.values():
+        if tensor.kind != ACTIVATION_KIND:
+            continue  # weights and biases follow from the weights and the pinned activation scales
+        if tensor.name not in graph.tensors:
+            raise MpstudioError(f"the QDQ model quantizes {tensor.name!r}, which the float model lacks; "
+                                "its parameters cannot be pinned")
+        entries = overrides.setdefault(tensor.name, [{}])
+        entry = entries[0]
+        _set_parameters(entry, tensor.encoding)
+        if tensor.converts:
+            if len(tensor.converts) > 1 or "convert" not in entry:
+                raise MpstudioError(f"{tensor.name!r} is converted in the model in a way the overrides do not "
+                                    "describe; export without pinned parameters")
+            _set_parameters(entry["convert"], tensor.converts[0])
+
+
+def _set_parameters(entry: dict, encoding: Encoding) -> None:
+    for key in _NOT_WITH_SCALE:
+        entry.pop(key, None)
+    entry["quant_type"] = encoding.quant_type.name
+    entry["scale"] = encoding.scale[0]
+    entry["zero_point"] = encoding.zero_point[0]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, QuantType):
+        return value.name
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted(_jsonable(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.item() if value.size == 1 else value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def load_ort_overrides(source: str | os.PathLike | Mapping, graph: ModelGraph | None = None) -> dict[str, list[dict]]:
+    """TensorQuantOverrides from a JSON file (or an already parsed dict), ready for `get_qnn_qdq_config(
+    init_overrides=...)`: QuantType values, `recv_nodes` as sets, scales and zero points as numpy arrays.
+
+    With `graph` (the float model's), tensor and node names are checked against it too.
+    """
+    if isinstance(source, Mapping):
+        raw, origin = source, "overrides"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise MpstudioError(f"overrides file not found: {path}")
+        origin = str(path)
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise MpstudioError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
+        except UnicodeDecodeError as exc:
+            raise MpstudioError(f"{path} is not a text file: {exc.reason}") from exc
+    problems = _override_problems(raw, graph)
+    _raise_if(problems, f"{origin} holds invalid TensorQuantOverrides")
+    return {tensor: [_loaded_entry(entry) for entry in entries] for tensor, entries in raw.items()}
+
+
+def _loaded_entry(entry: Mapping) -> dict:
+    out = dict(entry)
+    quant_type = _quant_type(out.get("quant_type"))
+    if quant_type is not None:
+        out["quant_type"] = quant_type
+    if "scale" in out:
+        out["scale"] = np.array(out["scale"], dtype=np.float32)
+        zero_dtype = onnx.helper.tensor_dtype_to_np_dtype(quant_type.tensor_type) if quant_type else np.int64
+        out["zero_point"] = np.array(out["zero_point"], dtype=zero_dtype)
+    if "convert" in out:
+        convert = _loaded_entry(out["convert"])
+        if "recv_nodes" in convert:
+            convert["recv_nodes"] = set(convert["recv_nodes"])
+        out["convert"] = convert
+    return out
+
+
+def _quant_type(value: Any) -> QuantType | None:
+    if value is None or isinstance(value, QuantType):
+        return value
+    return QUANT_TYPE_NAMES.get(value) if isinstance(value, str) else None
+
+
+def validate_ort_overrides(overrides: Any, graph: ModelGraph, qdq_model=None, *, pinned: bool = False) -> None:
+    """Raise MpstudioError listing every problem of TensorQuantOverrides (JSON form or loaded form).
+
+    Against `graph` (the float model): tensors and receiving nodes exist, keys and values are ones ORT takes.
+    Against `qdq_model` (optional): each quant_type, convert type, axis and pinned scale/zero point is the
+    model's. With `pinned`, every activation the model quantizes must have its parameters pinned.
+    """
+    problems = _override_problems(overrides, graph)
+    if not problems and qdq_model is not None:
+        problems = _override_model_problems(overrides, read_quantized_tensors(qdq_model), pinned)
+    _raise_if(problems, "the overrides do not match the model")
+
+
+def _override_problems(raw: Any, graph: ModelGraph | None) -> list[str]:
+    if not isinstance(raw, Mapping):
+        return ["TensorQuantOverrides must be a JSON object of {tensor: [{\"quant_type\": \"QUInt16\", ...}]}"]
+    problems: list[str] = []
+    for tensor, entries in raw.items():
+        info = None
+        if graph is not None:
+            info = graph.tensors.get(tensor)
+            if info is None:
+                problems.append(unknown_name_message("tensor", tensor, graph.tensors))
+                continue
+            if info.kind not in (INPUT, ACTIVATION, OUTPUT, WEIGHT, BIAS) or info.dtype not in ("float32", "float16"):
+                problems.append(f"{tensor!r} is a {info.kind} of type {info.dtype}, which is not quantized")
+                continue
+        if not isinstance(entries, list) or not entries or not all(isinstance(e, Mapping) for e in entries):
+            problems.append(f"{tensor!r}: overrides must be a non-empty list of objects (one, or one per channel)")
+            continue
+        is_param = info is not None and info.kind in (WEIGHT, BIAS)
+        for index, entry in enumerate(entries):
+            where = f"{tensor!r}" if len(entries) == 1 else f"{tensor!r}[{index}]"
+            problems += _entry_problems(where, entry, _OVERRIDE_KEYS)
+            if "convert" in entry:
+                problems += _convert_problems(where, tensor, entry, info, graph)
+            if "reduce_range" in entry and info is not None and not is_param:
+                problems.append(f"{where}: reduce_range applies to weights only")
+        axis = entries[0].get("axis")
+        if len(entries) > 1 and axis is None:
+            problems.append(f"{tensor!r} has {len(entries)} entries but no 'axis' in the first: per-channel overrides "
+                            "name their axis")
+        if axis is not None:
+            problems += _axis_problems(tensor, entries, axis, info)
+    return problems
+
+
+def _entry_problems(where: str, entry: Mapping, allowed: set[str]) -> list[str]:
+    problems = []
+    unknown = sorted(set(entry) - allowed)
+    if unknown:
+        problems.append(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(sorted(allowed))}")
+    quant_type = entry.get("quant_type")
+    if quant_type is not None and _quant_type(quant_type) is None:
+        close = difflib.get_close_matches(str(quant_type), list(QUANT_TYPE_NAMES), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        problems.append(f"{where}: unknown quant_type {quant_type!r}; {hint}use one of {', '.join(QUANT_TYPE_NAMES)}")
+    if ("scale" in entry) != ("zero_point" in entry):
+        problems.append(f"{where}: give both scale and zero_point, or neither")
+    if "scale" in entry:
+        scale = _number(entry["scale"])
+        if scale is None or not scale > 0 or not math.isfinite(scale):
+            problems.append(f"{where}: scale must be a positive number, got {entry['scale']!r}")
+        zero = _number(entry.get("zero_point"))
+        qt = _quant_type(quant_type)
+        if zero is None or zero != int(zero):
+            problems.append(f"{where}: zero_point must be an integer, got {entry.get('zero_point')!r}")
+        elif qt is not None and qt.tensor_type in _INTEGER_TYPES:
+            _, bits, qmin = _INTEGER_TYPES[qt.tensor_type]
+            if not qmin <= zero <= qmin + 2 ** bits - 1:
+                problems.append(f"{where}: zero_point {int(zero)} is outside the range of {qt.name}")
+        clash = [k for k in _NOT_WITH_SCALE if k in entry]
+        if clash:
+            problems.append(f"{where}: {', '.join(clash)} cannot be given with scale and zero_point")
+    if ("rmin" in entry) != ("rmax" in entry):
+        problems.append(f"{where}: give both rmin and rmax, or neither")
+    elif "rmin" in entry:
+        low, high = _number(entry["rmin"]), _number(entry["rmax"])
+        if low is None or high is None or not low <= high:
+            problems.append(f"{where}: rmin and rmax must be numbers with rmin <= rmax")
+    for key in ("symmetric", "reduce_range"):
+        if key in entry and not isinstance(entry[key], (bool, np.bool_)):
+            problems.append(f"{where}: {key} must be true or false, got {entry[key]!r}")
+    return problems
+
+
+def _convert_problems(where: str, tensor: str, entry: Mapping, info, graph: ModelGraph | None) -> list[str]:
+    convert = entry["convert"]
+    if not isinstance(convert, Mapping):
+        return [f"{where}: convert must be an object like {{\"quant_type\": \"QUInt16\", \"recv_nodes\": [...]}}"]
+    if info is not None and info.kind in (WEIGHT, BIAS):
+        return [f"{where}: convert applies to activations only, and {tensor!r} is a {info.kind}"]
+    problems = _entry_problems(f"{where} convert", convert, _CONVERT_KEYS)
+    if "quant_type" not in convert:
+        problems.append(f"{where}: convert must name its quant_type")
+    elif convert.get("quant_type") == entry.get("quant_type") and entry.get("quant_type") is not None:
+        problems.append(f"{where}: convert's quant_type must differ from the tensor's")
+    receivers = convert.get("recv_nodes")
+    if receivers is not None:
+        if isinstance(receivers, str) or not isinstance(receivers, Iterable):
+            problems.append(f"{where}: recv_nodes must be a list of node names")
+        elif graph is not None:
+            for node in receivers:
+                if node not in graph.nodes:
+                    problems.append(f"{where}: recv_nodes: " + unknown_name_message("node", str(node), graph.nodes))
+                elif info is not None and node not in info.consumers:
+                    problems.append(f"{where}: recv_nodes: node {node!r} does not read {tensor!r}")
+    return problems
+
+
+def _axis_problems(tensor: str, entries: list, axis: Any, info) -> list[str]:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        return [f"{tensor!r}: axis must be an integer, got {axis!r}"]
+    if info is None:
+        return []
+    if info.kind not in (WEIGHT, BIAS):
+        return [f"{tensor!r}: per-channel overrides (axis) apply to weights only, not to the {info.kind} it is"]
+    shape = info.shape or ()
+    if not -len(shape) <= axis < len(shape):
+        return [f"{tensor!r}: axis {axis} is out of range for a tensor of rank {len(shape)}"]
+    channels = shape[axis]
+    if len(entries) > 1 and len(entries) != channels:
+        return [f"{tensor!r}: {len(entries)} per-channel entries for {channels} channels along axis {axis}"]
+    return []
+
+
+def _override_model_problems(raw: Mapping, tensors: Mapping[str, QuantizedTensor], pinned: bool) -> list[str]:
+    problems = []
+    for name, entries in raw.items():
+        tensor = tensors.get(name)
+        if tensor is None:
+            continue  # a tensor ORT folded away (e.g. a Conv output whose Relu it removed) keeps its override
+        entry = entries[0]
+        problems += _entry_model_problems(repr(name), entry, tensor.encoding, entries)
+        convert = entry.get("convert")
+        if isinstance(convert, Mapping):
+            if not tensor.converts:
+                problems.append(f"{name!r}: the overrides convert it, but the model does not")
+            else:
+                problems += _entry_model_problems(f"{name!r} convert", convert, tensor.converts[0], [convert])
+        elif tensor.converts:
+            problems.append(f"{name!r}: the model converts it to {tensor.converts[0].dtype}, but the overrides do not")
+    if pinned:
+        for tensor in tensors.values():
+            entry = (raw.get(tensor.name) or [{}])[0]
+            if tensor.kind == ACTIVATION_KIND and "scale" not in entry:
+                problems.append(f"{tensor.name!r}: the model quantizes it, but its scale and zero point are not pinned")
+    return problems
+
+
+def _entry_model_problems(where: str, entry: Mapping, encoding: Encoding, entries: list) -> list[str]:
+    problems = []
+    quant_type = _quant_type(entry.get("quant_type"))
+    if quant_type is not None and encoding.quant_type is not None and quant_type != encoding.quant_type:
+        problems.append(f"{where}: quant_type {quant_type.name}, but the model quantizes it to {encoding.dtype}")
+    axis = entry.get("axis")
+    if axis is not None and encoding.axis is not None and axis != encoding.axis:
+        problems.append(f"{where}: axis {axis}, but the model quantizes it along axis {encoding.axis}")
+    if "scale" in entry:
+        scales = [_number(e.get("scale")) for e in entries]
+        zeros = [_number(e.get("zero_point")) for e in entries]
+        if len(scales) == 1 and len(encoding.scale) > 1:
+            scales, zeros = scales * len(encoding.scale), zeros * len(encoding.scale)
+        if [np.float32(s) for s in scales] != [np.float32(s) for s in encoding.scale] or \
+                [int(z) for z in zeros] != list(encoding.zero_point):
+            problems.append(f"{where}: pinned scale/zero_point differ from the model's "
+                            f"({encoding.scale[0]!r}, {encoding.zero_point[0]})")
+    return problems
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.item()
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    return None
+
+
+def _raise_if(problems: list[str], headline: str, limit: int = 20) -> None:
+    if not problems:
+        return
+    shown = "\n  - ".join(problems[:limit])
+    more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
+    raise MpstudioError(f"{headline} ({len(problems)} problem{'s' if len(problems) > 1 else ''}):\n  - {shown}{more}")
+
+
+# ---- writing an export -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExportResult:
+    """The files one export wrote (None: that format was not asked for)."""
+
+    directory: Path
+    plan: Path
+    overrides: Path | None = None
+    encodings: Path | None = None
+    model: Path | None = None
+    float_model: Path | None = None
+    context: Path | None = None
+    tensors: int = 0  # quantized tensors of the QDQ model, every one covered by the encodings
+
+    @property
+    def files(self) -> list[Path]:
+        return [p for p in (self.plan, self.overrides, self.encodings, self.model, self.float_model, self.context)
+                if p is not None]
+
+
+def export_name(plan: PrecisionPlan) -> str:
+    """A file-name stem for the plan: its name made safe, or its hash."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", plan.name).strip("._")
+    return stem or plan.hash
+
+
+def export_plan(
+    quantizer: Quantizer,
+    plan: PrecisionPlan,
+    out_dir: str | os.PathLike,
+    formats: Iterable[str] = ("ort", "qnn", "model"),
+    *,
+    agent=None,
+    provider_options: Mapping[str, object] | None = None,
+    with_parameters: bool = False,
+    name: str | None = None,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> ExportResult:
+    """Write `plan`'s files to `out_dir`; each JSON file is checked against the model before it is written.
+
+    `<name>.plan.json` always; `<name>.overrides.json` ("ort"), `<name>.encodings.json` ("qnn"),
+    `<name>.qdq.onnx` ("model"), `<name>.float.onnx` ("float": the prepared float model whose tensor names
+    the overrides and encodings use, the input for qnn-onnx-converter), and `<name>.ctx.onnx` ("context",
+    built on `agent`, an AgentClient, with `provider_options`). Files are written whole or not at all.
+    """
+    formats = tuple(dict.fromkeys(formats))
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise MpstudioError(f"unknown export format(s) {unknown}; use any of {', '.join(FORMATS)}")
+    if "context" in formats and agent is None:
+        raise MpstudioError("a context binary is built on an agent: give agent=AgentClient(...) or LocalAgent().client")
+    plan.validate(quantizer.graph)
+    stem = name or export_name(plan)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    total = 2 + len(formats)
+    step = 0
+
+    def advance(message: str) -> None:
+        nonlocal step
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("export cancelled")
+        if progress:
+            progress(step, total, message)
+        step += 1
+
+    advance(f"quantizing {plan.summary()}")
+    qdq_path = quantizer.generate(plan, cancel=cancel)
+    qdq_model = _load_model(qdq_path)
+    tensors = read_quantized_tensors(qdq_model)
+    paths: dict[str, Path] = {"plan": out / f"{stem}.plan.json"}
+    advance("writing the plan")
+    _write_text(paths["plan"], plan.dumps() + "\n")
+
+    if "ort" in formats:
+        advance("writing the ORT overrides")
+        text = json.dumps(ort_overrides(quantizer, plan, with_parameters=with_parameters), indent=2) + "\n"
+        validate_ort_overrides(json.loads(text), quantizer.graph, qdq_model, pinned=with_parameters)
+        paths["overrides"] = out / f"{stem}.overrides.json"
+        _write_text(paths["overrides"], text)
+    if "qnn" in formats:
+        advance("writing the QNN encodings")
+        text = json.dumps(qnn_encodings(qdq_model), indent=2) + "\n"
+        validate_encodings(json.loads(text), qdq_model)
+        paths["encodings"] = out / f"{stem}.encodings.json"
+        _write_text(paths["encodings"], text)
+    if "model" in formats:
+        advance("copying the QDQ model")
+        paths["model"] = out / f"{stem}.qdq.onnx"
+        _copy_atomic(qdq_path, paths["model"])
+    if "float" in formats:
+        advance("copying the float model")
+        paths["float_model"] = out / f"{stem}.float.onnx"
+        _copy_atomic(quantizer.float_path, paths["float_model"])
+    if "context" in formats:
+        advance("building the context binary on the agent")
+        paths["context"] = out / f"{stem}.ctx.onnx"
+        _build_context(agent, qdq_path, paths["context"], provider_options)
+    if progress:
+        progress(total, total, f"exported {plan.summary()} to {out}")
+    return ExportResult(directory=out, tensors=len(tensors), **paths)
+
+
+def _build_context(agent, model: Path, destination: Path, provider_options) -> None:
+    context = agent.build_context(model, provider_options)
+    tmp = _temporary_beside(destination)
+    try:
+        agent.download(context.model_id, tmp)
+        check_context_model(tmp)
+        os.replace(tmp, destination)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_context_model(path: str | os.PathLike) -> None:
+    """Raise unless `path` is an ONNX model made of EPContext nodes with an embedded QNN context binary."""
+    model = _load_model(path)
+    nodes = list(model.graph.node)
+    contexts = [n for n in nodes if n.op_type == "EPContext"]
+    if not contexts:
+        raise MpstudioError(f"{path} has no EPContext node: it is not a context-binary model")
+    for node in contexts:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("embed_mode", 1) != 1 or not attrs.get("ep_cache_context"):
+            raise MpstudioError(f"EPContext node {node.name!r} of {path} does not embed its context binary")
+
+
+def _temporary_beside(path: Path) -> Path:
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    return Path(name)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = _temporary_beside(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _copy_atomic(source: Path, destination: Path) -> None:
+    tmp = _temporary_beside(destination)
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, destination)
+    finally:
+        tmp.unlink(missing_ok=True)
