@@ -119,6 +119,132 @@ def _demo(args) -> int:
     return 0
 
 
+def _runner(args, stack):
+    """None (this process), an AgentPool over `--agent` URLs, or a local agent started for this command."""
+    if getattr(args, "agent", None):
+        from .agent import AgentPool
+
+        return stack.enter_context(AgentPool(args.agent, token=args.token))
+    if getattr(args, "local_agent", False):
+        from .agent import LocalAgent
+
+        return stack.enter_context(LocalAgent()).client
+    return None
+
+
+def _open_study(args, progress):
+    """The study of `--study` (reopened when it exists), else a new one from MODEL and --data, or the demo."""
+    from .study import STUDY_FILE, Study
+
+    if args.demo:
+        return Study.demo(args.study, progress=progress)
+    folder = Path(args.study) if args.study else None
+    if folder is not None and (folder / STUDY_FILE).exists():
+        return Study.open(folder)
+    if not args.model or not args.data:
+        raise MpstudioError("give MODEL and --data to start a study (or --study DIR of an existing one, or --demo)")
+    from .data import NpzFolder
+    from .model import parse_shape_args, prepare_model
+
+    prepared = prepare_model(args.model, parse_shape_args(args.shape))
+    names = [spec.name for spec in prepared.inputs]
+    calibration = NpzFolder(args.data, names)
+    evaluation = NpzFolder(args.eval_data, names) if args.eval_data else calibration
+    folder = folder or Path(f"{Path(args.model).stem}.study")
+    return Study.create(folder, prepared, calibration, evaluation, htp_arch=args.htp_arch, progress=progress)
+
+
+def _search(args) -> int:
+    from contextlib import ExitStack
+
+    from .search import path_frame, search
+
+    with ExitStack() as stack, progress_bar(not args.quiet) as progress:
+        study = stack.enter_context(_open_study(args, progress))
+        runner = _runner(args, stack)
+        print(f"study: {study.folder}")
+        result = search(study, args.target, latency_budget_ms=args.latency_budget,
+                        max_evaluations=args.max_evaluations, backend=args.backend, runner=runner,
+                        weights=args.weights, progress=progress)
+        print(result.describe())
+        print("\nevaluations along the way:")
+        print(path_frame(result).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        print()
+        print(study.summary())
+        print(f"\nexport it: mpstudio export {study.folder} --plan {result.recommended.plan_id} --format all")
+    return 0 if result.reached else 1
+
+
+def _study_show(args) -> int:
+    from .study import Study
+
+    with Study.open(args.folder) as study:
+        if args.json:
+            import json
+
+            frame = study.front(args.latency_source)
+            print(json.dumps(json.loads(frame.to_json(orient="records")), indent=2))
+            return 0
+        print(study.summary(args.latency_source))
+        jobs = study.jobs()
+        pending = int((jobs["status"] == "pending").sum()) if len(jobs) else 0
+        searches = study.searches()
+        unfinished = int((searches["status"] != "done").sum()) if len(searches) else 0
+        if pending or unfinished:
+            print(f"{pending} pending evaluation(s), {unfinished} unfinished search(es): "
+                  f"mpstudio study resume {args.folder}")
+    return 0
+
+
+def _study_resume(args) -> int:
+    from contextlib import ExitStack
+
+    from .study import Study
+
+    with ExitStack() as stack, progress_bar(not args.quiet) as progress:
+        study = stack.enter_context(Study.open(args.folder))
+        done, searches = study.resume(_runner(args, stack), progress=progress)
+        print(f"{len(done)} pending evaluation(s) run, {len(searches)} search(es) continued")
+        for result in searches:
+            print(result.describe())
+        print(study.summary())
+    return 0
+
+
+def _export(args) -> int:
+    from contextlib import ExitStack
+
+    from .export import export_plan
+    from .study import Study
+
+    formats = {"ort": ("ort",), "qnn": ("qnn",), "model": ("model",), "context": ("context",),
+               "all": ("ort", "qnn", "model")}[args.format]
+    with ExitStack() as stack:
+        study = stack.enter_context(Study.open(args.folder))
+        plan = study.plan(args.plan)
+        agent = None
+        if args.format == "context" or args.agent or args.local_agent:
+            runner = _runner(args, stack)
+            if runner is None:
+                raise MpstudioError("a context binary is built on the device: give --agent URL or --local-agent")
+            agent = runner.healthy()[0] if hasattr(runner, "healthy") else runner
+            if args.format == "all":
+                formats = formats + ("context",)
+        out = Path(args.output) if args.output else study.folder / "exports" / f"plan-{study.plan_id(plan)}"
+        result = export_plan(study.quantizer, plan, out, formats, agent=agent,
+                             provider_options={"htp_arch": study.htp_arch})
+    print(f"plan {args.plan} ({plan.summary()}) exported:")
+    for path in result.paths():
+        print(f"  {path}")
+    return 0
+
+
+def _add_runner_args(parser) -> None:
+    parser.add_argument("--agent", action="append", metavar="URL", help="agent URL (repeat for a pool of devices)")
+    parser.add_argument("--token", default=None, help="bearer token of the agents")
+    parser.add_argument("--local-agent", action="store_true", help="start an agent on loopback for this command")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mpstudio", description="Mixed-precision studio for ONNX models on Qualcomm NPUs.")
     parser.add_argument("--version", action="version", version=f"mpstudio {__import__('mpstudio').__version__}")
@@ -151,6 +277,47 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--export-data", metavar="DIR", help="also write the demo's samples as .npz folders")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(func=_demo)
+
+    s = sub.add_parser("search", help="find the cheapest mixed-precision plan that reaches a target accuracy")
+    s.add_argument("model", nargs="?", help="float ONNX model (not needed to continue an existing --study)")
+    s.add_argument("--data", help="calibration samples (.npz per sample, keys = input names)")
+    s.add_argument("--eval-data", help="evaluation samples (default: the calibration samples)")
+    s.add_argument("--study", help="study folder (created when new, continued when it exists; default MODEL.study)")
+    s.add_argument("--demo", action="store_true", help="search the built-in demo (PP-OCRv4 recognizer, CER)")
+    s.add_argument("--target", default="a16w8+10%",
+                   help="metric value to reach, or a baseline within a margin like 'a16w8+10%%' (default)")
+    s.add_argument("--max-evaluations", type=int, default=24, help="evaluation budget, baselines included")
+    s.add_argument("--latency-budget", type=float, metavar="MS", help="largest estimated latency allowed (ms)")
+    s.add_argument("--backend", default="cpu", choices=["cpu", "htp"], help="where accuracy is measured")
+    s.add_argument("--weights", default="auto", choices=["auto", "per-tensor", "per-channel"],
+                   help="weight quantization of the base plan (auto: per-channel int8 when it clearly helps)")
+    s.add_argument("--shape", action="append", metavar="NAME=D1,D2,...", help="fix a dynamic input's shape")
+    s.add_argument("--htp-arch", default="75", help="target HTP architecture (cost model and HTP runs)")
+    _add_runner_args(s)
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(func=_search)
+
+    st = sub.add_parser("study", help="show or resume a study")
+    st_sub = st.add_subparsers(dest="study_command", metavar="COMMAND")
+    st_sub.required = True
+    show = st_sub.add_parser("show", help="every evaluated plan and the accuracy/latency front")
+    show.add_argument("folder", help="study folder")
+    show.add_argument("--latency-source", default="estimate", choices=["estimate", "measured", "emulator"])
+    show.add_argument("--json", action="store_true", help="print the table as JSON")
+    show.set_defaults(func=_study_show)
+    resume = st_sub.add_parser("resume", help="run pending evaluations and continue unfinished searches")
+    resume.add_argument("folder", help="study folder")
+    _add_runner_args(resume)
+    resume.add_argument("--quiet", action="store_true", help="no progress bars")
+    resume.set_defaults(func=_study_resume)
+
+    e = sub.add_parser("export", help="write a plan's ORT overrides, QNN encodings, QDQ model (and context binary)")
+    e.add_argument("folder", help="study folder")
+    e.add_argument("--plan", required=True, help="plan id or hash (see mpstudio study show)")
+    e.add_argument("--format", default="all", choices=["ort", "qnn", "model", "context", "all"])
+    e.add_argument("-o", "--output", help="output folder (default STUDY/exports/plan-ID)")
+    _add_runner_args(e)
+    e.set_defaults(func=_export)
 
     from .sensitivity.cli import add_parser as add_analyze_parser
 

@@ -96,11 +96,14 @@ class PrecisionPlan:
         return cls(activation_type="uint16", weight_type="uint8", name=kw.pop("name", "a16w8"), **kw)
 
     def with_overrides(self, types: Mapping[str, str | TensorOverride], name: str | None = None) -> "PrecisionPlan":
-        """A copy with more overrides (a type name, or a TensorOverride, per tensor)."""
+        """A copy with more overrides (a type name, or a TensorOverride, per tensor).
+
+        The copy is unnamed unless `name` is given: a baseline's name no longer describes it.
+        """
         merged = dict(self.overrides)
         for tensor, value in types.items():
             merged[tensor] = value if isinstance(value, TensorOverride) else TensorOverride(type=value)
-        return replace(self, overrides=merged, name=self.name if name is None else name)
+        return replace(self, overrides=merged, name=(self.name if not types else "") if name is None else name)
 
     def promote(self, tensors, to: str = "uint16", name: str | None = None) -> "PrecisionPlan":
         return self.with_overrides({t: to for t in tensors}, name=name)

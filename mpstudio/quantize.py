@@ -30,7 +30,7 @@ from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
 from .data import CalibrationReader, DataSource, Progress
 from .errors import MpstudioError, brief
-from .graph import WEIGHT, ModelGraph
+from .graph import ACTIVATION, WEIGHT, ModelGraph
 from .model import PreparedModel
 from .plan import PrecisionPlan
 
@@ -275,7 +275,32 @@ def init_overrides(plan: PrecisionPlan, graph: ModelGraph) -> dict[str, list[dic
                 entry["axis"] = weight_axis(graph, tensor)
         if entry:
             overrides[tensor] = [entry]
+    for tensor, entries in list(overrides.items()):
+        upstream = _folded_activation_input(graph, tensor)
+        if upstream is not None and upstream not in plan.overrides:
+            overrides[upstream] = [dict(entries[0])]
     return overrides
+
+
+# Activations ORT's QDQ quantizer folds into the op before them (the op then writes their output directly).
+_FOLDED_ACTIVATIONS = ("Relu", "Clip")
+
+
+def _folded_activation_input(graph: ModelGraph, tensor: str) -> str | None:
+    """The input of the Relu/Clip that produces `tensor`, when ORT folds that activation into its producer.
+
+    ORT removes such an activation only when its input and output share their quantization, so an override
+    on the output alone would leave the producer's output at the default type behind a convert: the
+    promotion would change almost nothing. The override has to cover both.
+    """
+    producer = graph.tensors[tensor].producer
+    node = graph.nodes.get(producer) if producer else None
+    if node is None or node.op_type not in _FOLDED_ACTIVATIONS or not node.inputs:
+        return None
+    upstream = graph.tensors.get(node.inputs[0])
+    if upstream is None or upstream.kind != ACTIVATION or len(upstream.consumers) != 1:
+        return None
+    return upstream.name
 
 
 def weight_axis(graph: ModelGraph, tensor: str) -> int:

@@ -50,6 +50,50 @@ def make_conv_model(dynamic_batch: bool = False, seed: int = 0, with_constant: b
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
 
 
+def make_chain_model(blocks: int = 6, channels: int = 8, size: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """x[1,3,size,size] -> `blocks` x (/blockI/Conv -> /blockI/Relu) -> /head/Conv -> y.
+
+    Every other block's Conv has a bias of 20 on one channel that the next block ignores (zero weights), so
+    those tensors' 8-bit ranges are mostly wasted on an outlier and some tensors matter much more than
+    others: a small model with a real sensitivity ranking. Weights are uniform, which per-tensor uint8 suits.
+    """
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+    current, cin = "x", 3
+    for i in range(blocks):
+        bound = np.sqrt(3.0 / (cin * 9))
+        w = rng.uniform(-bound, bound, (channels, cin, 3, 3)).astype(np.float32)
+        b = rng.uniform(-0.1, 0.1, (channels,)).astype(np.float32)
+        if i % 2 == 1:
+            b[i % channels] = 20.0
+        if i % 2 == 0 and i > 0:
+            w[:, (i - 1) % channels] = 0.0  # the previous block's outlier channel goes nowhere
+        inits += [numpy_helper.from_array(w, f"block{i}.weight"), numpy_helper.from_array(b, f"block{i}.bias")]
+        nodes += [
+            helper.make_node("Conv", [current, f"block{i}.weight", f"block{i}.bias"], [f"block{i}_conv"],
+                             name=f"/block{i}/Conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"block{i}_conv"], [f"block{i}_out"], name=f"/block{i}/Relu"),
+        ]
+        current, cin = f"block{i}_out", channels
+    head = rng.uniform(-0.5, 0.5, (4, channels, 1, 1)).astype(np.float32)
+    if blocks % 2 == 0:
+        head[:, (blocks - 1) % channels] = 0.0
+    inits.append(numpy_helper.from_array(head, "head.weight"))
+    nodes.append(helper.make_node("Conv", [current, "head.weight"], ["y"], name="/head/Conv"))
+    graph = helper.make_graph(
+        nodes, "chain_net",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, size, size])],
+        initializer=inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def chain_feeds(n: int, size: int = 16, seed: int = 1) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.normal(0, 1, (1, 3, size, size)).astype(np.float32)} for _ in range(n)]
+
+
 def conv_feeds(n: int, seed: int = 1) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [{"x": rng.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(n)]

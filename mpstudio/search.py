@@ -1,0 +1,420 @@
+"""Automatic mixed-precision search: the fewest 16-bit tensors that reach a target accuracy.
+
+The walk, from the sensitivity ranking:
+1. Evaluate the baselines (a8w8, a16w8); the target may be relative to them ("a16w8+10%").
+2. Weights first: when the weight scores show that per-channel int8 weights quantize much better than
+   per-tensor uint8 (free on HTP), the per-channel base is evaluated and kept if it is better.
+3. Order the activation tensors by predicted gain (the noise power their isolated promotion removes) per
+   unit of estimated latency cost (`latency.promotion_costs`). Plan k promotes the first k of that order.
+4. Find the smallest k that reaches the target: a first guess from the isolation prediction, then
+   bisection; with several agents, several k per round (multi-section). A latency budget caps k (from
+   the cost model, which needs no evaluation); an evaluation budget caps the rounds.
+Every evaluation lands in the study as it finishes, and a search is recorded by its spec: rerunning an
+interrupted search replays it against the stored results and continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .data import Cancelled, Progress
+from .errors import MpstudioError
+from .plan import PrecisionPlan
+from .study import Evaluation, Study
+
+# Per-channel weights are tried first when they are this much better (median over weights, dB).
+PER_CHANNEL_GAIN_DB = 6.0
+_TARGET = re.compile(r"^\s*(?P<base>a8w8|a16w8)\s*(?:(?P<sign>[+-])\s*(?P<pct>\d+(?:\.\d+)?)\s*%)?\s*$")
+_generate_lock = threading.Lock()  # ORT's quantizer is patched process-wide while it runs: one at a time
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the search must reach: an absolute metric value, or a baseline's value within a relative margin.
+
+    `Target.parse("0.14")`, `Target.parse("a16w8")`, `Target.parse("a16w8+10%")` (10% worse than a16w8
+    at most, whichever direction is worse for the metric).
+    """
+
+    text: str
+    value: float | None = None
+    baseline: str | None = None
+    margin: float = 0.0  # relative, 0.1 = 10%
+
+    @classmethod
+    def parse(cls, text: str | float) -> "Target":
+        if isinstance(text, (int, float)):
+            return cls(str(text), float(text))
+        match = _TARGET.match(str(text))
+        if match:
+            pct = float(match["pct"] or 0.0) / 100
+            if match["sign"] == "-":
+                pct = -pct
+            return cls(str(text), None, match["base"], pct)
+        try:
+            return cls(str(text), float(text))
+        except ValueError:
+            raise MpstudioError(f"target {text!r} is neither a number nor a baseline like 'a16w8' or 'a16w8+10%'")
+
+    def threshold(self, baselines: dict[str, Evaluation], higher_is_better: bool) -> float:
+        if self.value is not None:
+            return self.value
+        base = baselines[self.baseline].value
+        worse = -1.0 if higher_is_better else 1.0
+        return base + worse * self.margin * abs(base)
+
+
+def meets(value: float, threshold: float, higher_is_better: bool) -> bool:
+    return value >= threshold if higher_is_better else value <= threshold
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What a search found. `path` is every evaluation it used, in order (baselines first)."""
+
+    search_id: int
+    target: str
+    threshold: float
+    metric: str
+    higher_is_better: bool
+    reached: bool
+    stop_reason: str
+    recommended: Evaluation
+    baselines: dict
+    path: tuple
+    new_evaluations: int
+    order: tuple = ()  # the promotion order the walk used
+    promoted: int = 0  # how many tensors of the order the recommended plan promotes
+
+    @property
+    def evaluations(self) -> int:
+        return len(self.path)
+
+    @property
+    def gap(self) -> float:
+        """How far the recommended plan is from the threshold (positive = better than needed)."""
+        sign = 1.0 if self.higher_is_better else -1.0
+        return sign * (self.recommended.value - self.threshold)
+
+    def latency_ratio(self, baseline: str = "a16w8", source: str = "estimate") -> float | None:
+        mine, theirs = self.recommended.latency(source), self.baselines[baseline].latency(source)
+        return mine.ms / theirs.ms if mine and theirs and theirs.ms > 0 else None
+
+    def to_json(self) -> dict:
+        return {"search_id": self.search_id, "target": self.target, "threshold": self.threshold,
+                "metric": self.metric, "reached": self.reached, "stop_reason": self.stop_reason,
+                "recommended_plan_id": self.recommended.plan_id, "recommended_value": self.recommended.value,
+                "promoted": self.promoted, "evaluations": self.evaluations, "new_evaluations": self.new_evaluations,
+                "path": [e.plan_id for e in self.path]}
+
+    def describe(self) -> str:
+        r = self.recommended
+        est = r.latency("estimate")
+        lines = [
+            f"target: {self.metric} {'>=' if self.higher_is_better else '<='} {self.threshold:.4f} ({self.target})",
+            "baselines: " + "; ".join(f"{k} {v.value:.4f}" + (f" at {v.latency('estimate').ms:.3f} ms estimated"
+                                                             if v.latency("estimate") else "")
+                                      for k, v in self.baselines.items()),
+            f"{'reached' if self.reached else 'NOT reached'} ({self.stop_reason}) with {self.evaluations} evaluations "
+            f"({self.new_evaluations} new)",
+            f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} "
+            f"({'+' if self.gap >= 0 else ''}{self.gap:.4f} against the threshold)"
+            + (f", {est.ms:.3f} ms ({est.label})" if est else ""),
+        ]
+        ratio = self.latency_ratio()
+        if ratio is not None:
+            lines.append(f"estimated latency {ratio:.2f}x of a16w8's")
+        return "\n".join(lines)
+
+
+def search(
+    study: Study,
+    target: str | float = "a16w8+10%",
+    *,
+    latency_budget_ms: float | None = None,
+    max_evaluations: int = 24,
+    backend: str = "cpu",
+    runner=None,
+    weights: str = "auto",
+    sensitivity_samples: int = 32,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> SearchResult:
+    """Search the study's plans for the cheapest one that reaches `target` (see the module docstring).
+
+    `runner` is None (this process), an AgentClient or an AgentPool (one plan per agent per round).
+    `weights` is "auto" (try per-channel int8 weights first when they help), "per-tensor" or "per-channel".
+    """
+    if weights not in ("auto", "per-tensor", "per-channel"):
+        raise MpstudioError(f"weights must be auto, per-tensor or per-channel, not {weights!r}")
+    if max_evaluations < 3:
+        raise MpstudioError("max_evaluations must be at least 3 (two baselines and one candidate)")
+    goal = Target.parse(target)
+    spec = {"target": goal.text, "latency_budget_ms": latency_budget_ms, "max_evaluations": max_evaluations,
+            "backend": backend, "weights": weights, "sensitivity_samples": sensitivity_samples}
+    search_id = study.start_search(spec)
+    walk = _Walk(study, search_id, backend, runner, max_evaluations, progress, cancel)
+    try:
+        result = walk.run(goal, latency_budget_ms, weights, sensitivity_samples)
+    except Cancelled:
+        study.finish_search(search_id, "cancelled", None)
+        raise
+    except BaseException:
+        study.finish_search(search_id, "failed", None)
+        raise
+    study.finish_search(search_id, "done", result.to_json())
+    return result
+
+
+def resume_searches(study: Study, runner=None, *, progress: Progress | None = None,
+                    cancel: threading.Event | None = None) -> list[SearchResult]:
+    """Continue every search a killed or cancelled process left unfinished."""
+    frame = study.searches()
+    results = []
+    for spec in frame[frame["status"].isin(["interrupted", "running", "cancelled"])]["spec"]:
+        spec = dict(spec)
+        results.append(search(study, spec.pop("target"), runner=runner, progress=progress, cancel=cancel, **spec))
+    return results
+
+
+class _Walk:
+    """One search's state: the evaluations it has used and its budget."""
+
+    def __init__(self, study: Study, search_id: int, backend: str, runner, budget: int, progress, cancel):
+        self.study, self.search_id, self.backend, self.runner = study, search_id, backend, runner
+        self.budget, self.progress, self.cancel = budget, progress, cancel
+        self.path: list[Evaluation] = []
+        self.new = 0
+        self.hib = study.higher_is_better
+        agents = getattr(runner, "healthy", None)
+        self.workers = [runner] if not agents else (runner.healthy() or [runner])
+
+    # ---- evaluations ----
+    def left(self) -> int:
+        return self.budget - len(self.path)
+
+    def evaluate(self, plans: list[PrecisionPlan]) -> list[Evaluation]:
+        """Evaluate `plans` (in parallel over the agents), counted against the budget, stored in the study."""
+        self._check_cancel()
+        with _generate_lock:
+            for plan in plans:
+                self.study.quantizer.generate(plan, None, self.cancel)
+        jobs = [self.study.submit(plan, self.backend, origin=f"search {self.search_id}", search_id=self.search_id)
+                for plan in plans]
+
+        def one(args):
+            job_id, worker = args
+            return self.study.run_job(job_id, worker if self.runner is not None else None, cancel=self.cancel)
+
+        pairs = [(job, self.workers[i % len(self.workers)]) for i, job in enumerate(jobs)]
+        if len(pairs) > 1 and len(self.workers) > 1:
+            with ThreadPoolExecutor(len(self.workers)) as pool:
+                results = list(pool.map(one, pairs))
+        else:
+            results = [one(p) for p in pairs]
+        for evaluation in results:
+            self.path.append(evaluation)
+            self.new += 0 if evaluation.cached else 1
+            if self.progress:
+                self.progress(len(self.path), self.budget, f"search: {evaluation.name} {evaluation.metric} "
+                                                           f"{evaluation.value:.4f}")
+        return results
+
+    def _check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled(f"search cancelled after {len(self.path)} evaluations; rerun it to continue")
+
+    # ---- the walk ----
+    def run(self, goal: Target, latency_budget_ms, weights, sensitivity_samples) -> SearchResult:
+        study = self.study
+        a8, a16 = self.evaluate([PrecisionPlan.a8w8(), PrecisionPlan.a16w8()])
+        baselines = {"a8w8": a8, "a16w8": a16}
+        threshold = goal.threshold(baselines, self.hib)
+        report = study.sensitivity(samples=sensitivity_samples, progress=self.progress, cancel=self.cancel)
+
+        base_plan, base = PrecisionPlan.a8w8(), a8
+        per_channel = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc")
+        gain_db = float(np.nanmedian(report.weights["per_channel_gain_8"])) if len(report.weights) else 0.0
+        if weights == "per-channel" or (weights == "auto" and gain_db >= PER_CHANNEL_GAIN_DB):
+            (pc,) = self.evaluate([per_channel])
+            if weights == "per-channel" or self._better(pc.value, a8.value):
+                base_plan, base = per_channel, pc
+
+        def result(best: Evaluation, k: int, reason: str, order=()) -> SearchResult:
+            return SearchResult(self.search_id, goal.text, threshold, study.metric_name, self.hib,
+                                meets(best.value, threshold, self.hib), reason, best, baselines, tuple(self.path),
+                                self.new, tuple(order), k)
+
+        if meets(base.value, threshold, self.hib):
+            return result(base, 0, "the base plan already reaches the target")
+
+        order, predicted = self._order(report, base_plan)
+        if not order:
+            return result(self._best_meeting(threshold) or base, 0, "no activation tensor is predicted to help")
+        plans = {0: base_plan}
+
+        def plan_k(k: int) -> PrecisionPlan:
+            if k not in plans:
+                plans[k] = base_plan.promote(order[:k], name=f"{base_plan.name}+{k}x16")
+            return plans[k]
+
+        hi = len(order)
+        if latency_budget_ms is not None:
+            hi = self._latency_cap(plan_k, hi, latency_budget_ms)
+            if hi == 0:
+                return result(base, 0, f"no promotion fits the latency budget of {latency_budget_ms} ms")
+        known: dict[int, Evaluation] = {0: base}
+        if base is a8 and hi == len(order) and set(order) >= set(study.graph.activations()):
+            known[hi] = a16  # every activation at 16 bits is the a16w8 baseline, already evaluated
+        guess = self._guess(predicted, known, baselines, threshold, hi)
+        lo_k = 0  # largest k known to miss the target
+        # The smallest k known to reach it.
+        hi_k: int | None = hi if hi in known and meets(known[hi].value, threshold, self.hib) else None
+        candidates = [guess] if guess < hi else []
+        candidates.append(hi)
+        reason = "evaluation budget"
+        while self.left() > 0:
+            batch = sorted({k for k in candidates if k not in known and lo_k < k and (hi_k is None or k < hi_k)})
+            batch = batch[:max(1, min(len(self.workers), self.left()))]
+            if not batch:
+                reason = "target reached" if hi_k is not None else "the cheapest promotion set was narrowed down"
+                break
+            for k, evaluation in zip(batch, self.evaluate([plan_k(k) for k in batch])):
+                known[k] = evaluation
+                if meets(evaluation.value, threshold, self.hib):
+                    hi_k = k if hi_k is None else min(hi_k, k)
+                else:
+                    lo_k = max(lo_k, k)
+            if hi_k is None:
+                if hi in known and not meets(known[hi].value, threshold, self.hib):
+                    reason = "promoting every helpful tensor does not reach the target"
+                    break
+                candidates = [hi]
+                continue
+            if hi_k - lo_k <= 1:
+                reason = "target reached"
+                break
+            candidates = _sections(lo_k, hi_k, len(self.workers))
+        if hi_k is not None:
+            if reason == "evaluation budget":
+                reason = "evaluation budget (target reached, not narrowed down)"
+            best = self._best_meeting(threshold)
+            if best is not None and best.plan_id != known[hi_k].plan_id:
+                # Converts can make a few 16-bit tensors cost more than all of them (small models): a
+                # cheaper plan that also reaches the target wins.
+                return result(best, 0 if best is base else hi_k, reason + "; a cheaper evaluated plan also reaches it",
+                              order)
+            return result(known[hi_k], hi_k, reason, order)
+        best = self._best_meeting(threshold)
+        if best is not None:  # only a baseline reaches the target
+            return result(best, len(order) if best.name == "a16w8" else 0, reason + "; a baseline reaches it", order)
+        best_k = max(known, key=lambda k: known[k].value if self.hib else -known[k].value)
+        return result(known[best_k], best_k, reason, order)
+
+    def _better(self, a: float, b: float) -> bool:
+        return a > b if self.hib else a < b
+
+    def _best_meeting(self, threshold):
+        """The evaluated plan that reaches `threshold` at the lowest estimated latency (then the best value)."""
+        meeting = [e for e in self.path if meets(e.value, threshold, self.hib)]
+        sign = -1.0 if self.hib else 1.0
+        return min(meeting, key=lambda e: (e.latency("estimate").ms if e.latency("estimate") else math.inf,
+                                           sign * e.value), default=None)
+
+    def _order(self, report, base_plan: PrecisionPlan) -> tuple[list[str], list[float]]:
+        """Tensors by predicted gain per estimated latency cost, and the predicted output SNR of each prefix."""
+        from .latency import promotion_costs
+
+        if report.isolation is None:
+            raise MpstudioError("the search needs isolation scores; analyze with isolation enabled")
+        iso = report.isolation
+        per = iso.per_tensor()
+        if iso.metric.startswith("output SNR"):
+            noise_8, noise_16 = 10 ** (-iso.all_8 / 10), 10 ** (-iso.all_16 / 10)
+            # What a tensor's 8 bits cost, seen from both ends: the noise its promotion removes from the
+            # all-8-bit plan, and the noise its demotion adds to the all-16-bit plan. Near a 16-bit-like
+            # target the second is the telling one (isolated promotions hide behind other bottlenecks).
+            removed = noise_8 - 10 ** (-per["promoted"].astype(float) / 10)
+            added = 10 ** (-per["demoted"].astype(float) / 10) - noise_16
+            contribution = np.maximum(removed, added)
+        else:
+            noise_8 = None
+            contribution = np.maximum(per["promoted_gain"].astype(float), per["demoted_loss"].astype(float))
+        contribution = contribution[contribution > 0]
+        if contribution.empty:
+            return [], []
+        with _generate_lock:
+            model = self.study.quantizer.generate(base_plan)
+        costs = promotion_costs(model, list(contribution.index), self.study.htp_arch)
+        costs = costs.reindex(contribution.index).fillna(costs.median() if len(costs) else 1.0)
+        floor = max(float(costs[costs > 0].min()) if (costs > 0).any() else 1e-6, 1e-6)
+        score = contribution / costs.clip(lower=floor)
+        order = list(score.sort_values(ascending=False).index)
+        predicted = []
+        if noise_8 is not None:
+            # Noise powers add: the all-8-bit noise less what each promoted tensor contributes.
+            noise = noise_8
+            for t in order:
+                noise = max(noise - float(contribution[t]), noise_16)
+                predicted.append(-10 * math.log10(noise))
+        return order, predicted
+
+    def _latency_cap(self, plan_k, hi: int, budget: float) -> int:
+        """The largest k whose estimated latency fits `budget` (bisection on the cost model, no evaluation)."""
+        def fits(k):
+            with _generate_lock:
+                latency = self.study.estimate(plan_k(k))
+            return latency is not None and latency.ms <= budget
+        if fits(hi):
+            return hi
+        lo, top = 0, hi
+        while top - lo > 1:
+            mid = (lo + top) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                top = mid
+        return lo
+
+    def _guess(self, predicted: list[float], known, baselines, threshold: float, hi: int) -> int:
+        """A first k from the isolation prediction: the output SNR at which the metric crosses the threshold is
+        interpolated between the base and a16w8 (both measured), then the smallest prefix predicted to get there."""
+        if not predicted:
+            return max(1, hi // 4)
+        base, a16 = known[0], baselines["a16w8"]
+        if base.snr_db is None or a16.snr_db is None or a16.snr_db <= base.snr_db or a16.value == base.value:
+            needed = predicted[-1]
+        else:
+            frac = (threshold - base.value) / (a16.value - base.value)
+            needed = base.snr_db + min(max(frac, 0.0), 1.5) * (a16.snr_db - base.snr_db)
+        for k, snr in enumerate(predicted[:hi], start=1):
+            if snr >= needed:
+                return k
+        return hi
+
+
+def _sections(lo: int, hi: int, parts: int) -> list[int]:
+    """`parts` points splitting (lo, hi) evenly (bisection for one part)."""
+    points = {lo + max(1, round((hi - lo) * (i + 1) / (parts + 1))) for i in range(parts)}
+    return sorted(k for k in points if lo < k < hi) or [(lo + hi) // 2]
+
+
+def path_frame(result: SearchResult) -> pd.DataFrame:
+    """The search's evaluations as a table: plan_id, name, value, estimate_ms, meets."""
+    rows = []
+    for e in result.path:
+        est = e.latency("estimate")
+        rows.append({"plan_id": e.plan_id, "name": e.name, "value": e.value,
+                     "estimate_ms": est.ms if est else np.nan,
+                     "meets": meets(e.value, result.threshold, result.higher_is_better)})
+    return pd.DataFrame(rows)
+
+
+__all__ = ["search", "resume_searches", "Target", "SearchResult", "meets", "path_frame"]

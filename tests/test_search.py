@@ -1,0 +1,166 @@
+"""The automatic search: targets, budgets, cancel, and a real process killed mid-search then resumed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import chain_feeds, make_chain_model
+from mpstudio.data import Cancelled, FeedList
+from mpstudio.errors import MpstudioError
+from mpstudio.search import Target, meets, search
+from mpstudio.study import Study
+
+
+def _make_study(tmp_path, blocks=6, samples=6, size=16):
+    path = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=blocks, size=size), path)
+    return Study.create(tmp_path / "study", path, FeedList(chain_feeds(8, size=size)),
+                        FeedList(chain_feeds(samples, size=size, seed=5)))
+
+
+@pytest.fixture
+def study(tmp_path):
+    s = _make_study(tmp_path, size=48)
+    yield s
+    s.close()
+
+
+def test_targets_parse_and_resolve_in_both_directions():
+    class E:
+        def __init__(self, value):
+            self.value = value
+
+    baselines = {"a8w8": E(0.5), "a16w8": E(0.2)}
+    assert Target.parse("0.14").threshold(baselines, False) == 0.14
+    assert Target.parse("a16w8+10%").threshold(baselines, False) == pytest.approx(0.22)  # an error rate may rise 10%
+    assert Target.parse("a16w8+10%").threshold({"a16w8": E(40.0)}, True) == pytest.approx(36.0)  # SNR may fall 10%
+    assert Target.parse("a16w8").threshold(baselines, False) == pytest.approx(0.2)
+    assert meets(0.21, 0.22, False) and not meets(0.23, 0.22, False) and meets(37, 36, True)
+    with pytest.raises(MpstudioError, match="neither a number"):
+        Target.parse("fast please")
+
+
+def test_search_reaches_a_relative_target_with_few_evaluations(study):
+    seen = []
+    result = search(study, "a16w8+10%", max_evaluations=12, weights="per-tensor",
+                    progress=lambda done, total, message: seen.append(message))
+    a16 = result.baselines["a16w8"]
+    assert result.threshold == pytest.approx(a16.value - 0.1 * abs(a16.value))
+    assert result.reached and meets(result.recommended.value, result.threshold, True)
+    assert result.evaluations <= 12 and result.gap >= 0
+    assert 0 < result.promoted < len(result.order)  # fewer tensors than all: the point of the search
+    # No dearer than a16w8 by the cost model, and every evaluation is in the study.
+    assert result.recommended.latency("estimate").ms <= a16.latency("estimate").ms
+    stored = set(study.evaluations()["plan_id"])
+    assert {e.plan_id for e in result.path} <= stored
+    assert any(m.startswith("search:") for m in seen)
+    searches = study.searches()
+    assert searches["status"].tolist() == ["done"] and searches["result"].iloc[0]["reached"]
+    # The smallest prefix one step below the recommended one misses the target, when it was evaluated.
+    below = [e for e in result.path if e.name.endswith(f"+{result.promoted - 1}x16")]
+    for e in below:
+        assert not meets(e.value, result.threshold, True)
+    assert "recommended" in result.describe()
+
+
+def test_budgets_stop_the_walk(study):
+    result = search(study, 1000.0, max_evaluations=4, weights="per-tensor")  # an SNR no plan reaches
+    assert not result.reached and result.evaluations <= 4
+    a8_estimate = result.baselines["a8w8"].latency("estimate").ms
+    capped = search(study, 1000.0, max_evaluations=8, weights="per-tensor", latency_budget_ms=a8_estimate * 1.0001)
+    assert "latency budget" in capped.stop_reason
+    with pytest.raises(MpstudioError, match="at least 3"):
+        search(study, 30.0, max_evaluations=2)
+
+
+def test_cancel_keeps_what_finished_and_a_rerun_continues(study):
+    cancel = threading.Event()
+
+    def progress(done, total, message):
+        if message.startswith("search:") and done >= 3:
+            cancel.set()
+
+    with pytest.raises(Cancelled):
+        search(study, "a16w8+5%", max_evaluations=12, weights="per-tensor", progress=progress, cancel=cancel)
+    kept = len(study.evaluations())
+    assert kept >= 3 and study.searches()["status"].tolist() == ["cancelled"]
+    result = search(study, "a16w8+5%", max_evaluations=12, weights="per-tensor")
+    assert result.new_evaluations == result.evaluations - kept  # finished evaluations are reused, not rerun
+    assert study.searches()["status"].tolist() == ["done"]  # the same search record, continued
+
+
+def test_a_killed_search_process_resumes_with_nothing_lost(tmp_path):
+    """SIGKILL a real `mpstudio search` process mid-walk; reopen; continue; every finished evaluation stays."""
+    model = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=8, size=48), model)
+    data = tmp_path / "data"
+    FeedList(chain_feeds(24, size=48)).save_npz(data)
+    folder = tmp_path / "study"
+    command = [sys.executable, "-m", "mpstudio", "search", str(model), "--data", str(data), "--study", str(folder),
+               "--target", "a16w8+2%", "--max-evaluations", "14", "--weights", "per-tensor", "--quiet"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    db_path = folder / "study.sqlite"
+    deadline = time.monotonic() + 300
+    count = 0
+    while time.monotonic() < deadline and process.poll() is None:
+        if db_path.exists():
+            try:
+                with sqlite3.connect(db_path, timeout=5) as db:
+                    count = db.execute("SELECT COUNT(*) FROM accuracy").fetchone()[0]
+            except sqlite3.OperationalError:
+                count = 0
+            if count >= 3:
+                break
+        time.sleep(0.05)
+    assert process.poll() is None, f"the search ended before it could be killed:\n{process.stdout.read().decode()}"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+    with Study.open(folder) as study:
+        before = study.evaluations()[["plan_id", "value", "created"]].drop_duplicates()
+        assert len(before) >= 3
+        assert set(study.searches()["status"]) == {"interrupted"}
+        assert not (study.jobs()["status"] == "running").any()  # a job the kill interrupted is pending again
+    resumed = subprocess.run([sys.executable, "-m", "mpstudio", "study", "resume", str(folder), "--quiet"],
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "search(es) continued" in resumed.stdout
+    with Study.open(folder) as study:
+        after = study.evaluations()[["plan_id", "value", "created"]].drop_duplicates()
+        merged = before.merge(after, on="plan_id", suffixes=("_before", "_after"))
+        assert len(merged) == len(before)  # nothing finished was lost
+        assert np.array_equal(merged["created_before"], merged["created_after"])  # nor evaluated again
+        assert np.allclose(merged["value_before"], merged["value_after"])
+        searches = study.searches()
+        assert searches["status"].tolist() == ["done"]
+        assert searches["result"].iloc[0]["evaluations"] <= 14
+        assert len(after) > len(before) or searches["result"].iloc[0]["reached"]
+
+
+def test_search_command_line_prints_the_front_and_how_to_export(tmp_path):
+    model = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=4), model)
+    data = tmp_path / "data"
+    FeedList(chain_feeds(6)).save_npz(data)
+    out = subprocess.run([sys.executable, "-m", "mpstudio", "search", str(model), "--data", str(data), "--study",
+                          str(tmp_path / "s"), "--target", "a16w8+10%", "--weights", "per-tensor", "--quiet"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "recommended: plan" in out.stdout and "on the front" in out.stdout and "mpstudio export" in out.stdout
+    show = subprocess.run([sys.executable, "-m", "mpstudio", "study", "show", str(tmp_path / "s")],
+                          capture_output=True, text=True, timeout=120)
+    assert show.returncode == 0 and "a16w8" in show.stdout and "estimate" in show.stdout
+    missing = subprocess.run([sys.executable, "-m", "mpstudio", "study", "show", str(tmp_path / "none")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "not a study folder" in missing.stderr and "Traceback" not in missing.stderr

@@ -1,0 +1,185 @@
+"""Studies on disk: a real SQLite file, real ORT sessions, reopened as a new process would."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from conftest import chain_feeds, make_chain_model, requires_qnn
+from mpstudio.data import FeedList, TaskMetric
+from mpstudio.errors import MpstudioError
+from mpstudio.plan import PrecisionPlan
+from mpstudio.study import Study, pareto_mask
+
+
+@pytest.fixture
+def chain_study(tmp_path):
+    import onnx
+
+    path = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(), path)
+    study = Study.create(tmp_path / "study", path, FeedList(chain_feeds(8)), FeedList(chain_feeds(6, seed=7)))
+    yield study
+    study.close()
+
+
+def test_create_evaluate_reopen(chain_study, tmp_path):
+    a8 = chain_study.evaluate(PrecisionPlan.a8w8())
+    a16 = chain_study.evaluate(PrecisionPlan.a16w8())
+    assert not a8.cached and a8.metric == "output SNR (dB)" and a8.higher_is_better
+    assert a8.value == pytest.approx(a8.snr_db) and 0.9 < a8.cosine <= 1.0
+    assert a16.value > a8.value + 10  # 16-bit activations are far closer to the float model
+    est = a8.latency("estimate")
+    assert est is not None and est.source == "estimate" and est.ms > 0
+    assert a16.latency("estimate").ms > est.ms
+    again = chain_study.evaluate(PrecisionPlan.a8w8())
+    assert again.cached and again.value == a8.value
+    chain_study.close()
+
+    reopened = Study.open(tmp_path / "study")
+    frame = reopened.evaluations()
+    assert sorted(frame["name"]) == ["a16w8", "a8w8"]
+    assert set(frame["latency_source"]) == {"estimate"}
+    assert frame.set_index("name").loc["a8w8", "value"] == pytest.approx(a8.value)
+    assert reopened.plan(a8.plan_id).hash == PrecisionPlan.a8w8().hash
+    assert reopened.plan(a8.plan_hash[:8]).hash == a8.plan_hash
+    reopened.close()
+
+
+def test_output_agreement_matches_a_direct_computation(chain_study):
+    from mpstudio.evaluate import run_outputs
+
+    evaluation = chain_study.evaluate(PrecisionPlan.a8w8())
+    quant = run_outputs(chain_study.quantizer.generate(PrecisionPlan.a8w8()), chain_study.evaluation_data)
+    ref = run_outputs(chain_study.quantizer.float_path, chain_study.evaluation_data)
+    r = np.concatenate([o["y"].ravel() for o in ref]).astype(np.float64)
+    q = np.concatenate([o["y"].ravel() for o in quant]).astype(np.float64)
+    assert evaluation.snr_db == pytest.approx(10 * np.log10((r @ r) / ((q - r) @ (q - r))), abs=1e-6)
+    assert evaluation.cosine == pytest.approx(r @ q / np.sqrt((r @ r) * (q @ q)), abs=1e-9)
+
+
+def test_python_metric_is_needed_again_to_evaluate_but_not_to_read(tmp_path):
+    import onnx
+
+    path = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=2), path)
+    mean_abs = TaskMetric("mean |y|", lambda outs: float(np.mean([np.abs(o["y"]).mean() for o in outs])), True)
+    study = Study.create(tmp_path / "s", path, FeedList(chain_feeds(4)), metric=mean_abs)
+    first = study.evaluate(PrecisionPlan.a8w8())
+    assert first.metric == "mean |y|"
+    study.close()
+    reopened = Study.open(tmp_path / "s")
+    assert reopened.evaluations()["value"].tolist() == [pytest.approx(first.value)]
+    with pytest.raises(MpstudioError, match="given in Python"):
+        reopened.evaluate(PrecisionPlan.a16w8())
+    reopened.close()
+    with Study.open(tmp_path / "s", metric=mean_abs) as again:
+        assert again.evaluate(PrecisionPlan.a16w8()).metric == "mean |y|"
+
+
+def test_pareto_mask_directions_ties_and_nan():
+    acc = [0.5, 0.3, 0.3, 0.1, 0.2, np.nan, 0.1]
+    lat = [1.0, 2.0, 2.0, 3.0, 4.0, 0.5, 3.0]
+    # Lower is better (an error rate): the 0.3 pair ties and both stay; 0.2 at 4 ms is dominated by 0.1 at 3 ms.
+    assert pareto_mask(acc, lat, higher_is_better=False).tolist() == [True, True, True, True, False, False, True]
+    # Higher is better: only the fastest point with the best accuracy so far.
+    assert pareto_mask(acc, lat, higher_is_better=True).tolist() == [True, False, False, False, False, False, False]
+    # Same latency, different accuracy: only the better one.
+    assert pareto_mask([1.0, 2.0], [1.0, 1.0], True).tolist() == [False, True]
+
+
+def test_front_uses_one_latency_source_and_the_metric_direction(chain_study):
+    plans = [PrecisionPlan.a8w8(), PrecisionPlan.a16w8()]
+    tensors = [t for t in chain_study.graph.activations() if t.startswith("block")]
+    plans += [PrecisionPlan.a8w8().promote(tensors[:k]) for k in (2, 6)]
+    for plan in plans:
+        chain_study.evaluate(plan)
+    front = chain_study.front("estimate")
+    assert len(front) == 4 and front["pareto"].any()
+    a16 = front[front["name"] == "a16w8"].iloc[0]
+    assert a16["pareto"]  # the most accurate plan is always on the front
+    for _, row in front[front["pareto"]].iterrows():
+        better = front[(front["value"] > row["value"]) & (front["latency_ms"] < row["latency_ms"])]
+        assert better.empty
+    assert chain_study.front("measured").empty
+    text = chain_study.summary()
+    assert "a16w8" in text and "estimate" in text and "front" in text
+
+
+def test_jobs_left_running_by_a_dead_process_are_pending_again(chain_study, tmp_path):
+    job = chain_study.submit(PrecisionPlan.a16w8())
+    assert chain_study.submit(PrecisionPlan.a16w8()) == job  # no duplicate queueing
+    chain_study.close()
+    db = sqlite3.connect(tmp_path / "study" / "study.sqlite")
+    with db:  # what a process killed mid-evaluation leaves behind
+        db.execute("UPDATE jobs SET status = 'running', owner = 'elsewhere:999999999' WHERE id = ?", (job,))
+    db.close()
+    study = Study.open(tmp_path / "study")
+    assert study.jobs().set_index("job_id").loc[job, "status"] == "pending"
+    done = study.run_pending()
+    assert [e.name for e in done] == ["a16w8"]
+    assert study.jobs().set_index("job_id").loc[job, "status"] == "done"
+    study.close()
+
+
+def test_bad_input_is_refused_clearly(chain_study, tmp_path):
+    with pytest.raises(MpstudioError, match="not a study folder"):
+        Study.open(tmp_path / "nowhere")
+    with pytest.raises(MpstudioError, match="already holds a study"):
+        Study.create(chain_study.folder, chain_study.quantizer.float_path, chain_study.calibration)
+    with pytest.raises(MpstudioError, match="no plan"):
+        chain_study.plan(999)
+    with pytest.raises(MpstudioError, match="backend"):
+        chain_study.evaluate(PrecisionPlan.a8w8(), backend="gpu")
+    with pytest.raises(MpstudioError, match="no_such_tensor"):
+        chain_study.evaluate(PrecisionPlan.a8w8().promote(["no_such_tensor"]))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "study.json").write_text("{not json")
+    with pytest.raises(MpstudioError, match="not valid JSON"):
+        Study.open(bad)
+    with pytest.raises(MpstudioError, match="shape"):
+        Study.create(tmp_path / "mismatch", chain_study.quantizer.float_path,
+                     FeedList([{"x": np.zeros((1, 3, 8, 8), np.float32)}]))
+    assert not (tmp_path / "mismatch" / "study.json").exists()
+
+
+def test_a_failed_evaluation_keeps_earlier_results(chain_study, tmp_path):
+    first = chain_study.evaluate(PrecisionPlan.a8w8())
+    (chain_study.folder / "data" / "evaluation" / "000002.npz").write_bytes(b"not an npz")
+    with pytest.raises(MpstudioError):
+        chain_study.evaluate(PrecisionPlan.a16w8())
+    frame = chain_study.evaluations()
+    assert frame["name"].tolist() == ["a8w8"] and frame["value"].iloc[0] == pytest.approx(first.value)
+
+
+def test_evaluation_over_a_real_agent_matches_in_process(chain_study, tmp_path):
+    from mpstudio.agent import LocalAgent
+
+    local = chain_study.evaluate(PrecisionPlan.a8w8())
+    other = Study.create(tmp_path / "other", chain_study.quantizer.float_path, chain_study.calibration,
+                         chain_study.evaluation_data)
+    with LocalAgent() as agent:
+        remote = other.evaluate(PrecisionPlan.a8w8(), "cpu", agent.client)
+    assert remote.value == pytest.approx(local.value, abs=1e-6)
+    assert remote.accuracy_source == "ORT CPU QDQ"
+    other.close()
+
+
+@pytest.mark.htp
+@requires_qnn
+def test_htp_evaluation_records_emulator_latency_apart(chain_study):
+    from mpstudio.agent import LocalAgent
+
+    with LocalAgent() as agent:
+        evaluation = chain_study.evaluate(PrecisionPlan.a8w8(), "htp", agent.client)
+    sources = {lat.source for lat in evaluation.latencies}
+    assert sources == {"estimate", "emulator"}
+    assert "emulator" in evaluation.accuracy_source.lower()
+    emulator = evaluation.latency("emulator")
+    assert "not device latency" in emulator.label
+    front = chain_study.front("emulator")
+    assert len(front) == 1 and front["latency_label"].iloc[0] == emulator.label
