@@ -657,8 +657,8 @@ class ExportResult:
     context: Path | None = None
     tensors: int = 0  # quantized tensors of the QDQ model, every one covered by the encodings
 
-    @property
-    def files(self) -> list[Path]:
+    def paths(self) -> list[Path]:
+        """The written files, in the order above."""
         return [p for p in (self.plan, self.overrides, self.encodings, self.model, self.float_model, self.context)
                 if p is not None]
 

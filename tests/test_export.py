@@ -276,9 +276,9 @@ def test_export_plan_writes_validated_files(conv, tmp_path):
     seen = []
     result = export_plan(conv, MIXED, tmp_path / "out", progress=lambda d, t, m: seen.append((d, t, m)))
     assert isinstance(result, ExportResult)
-    assert [p.name for p in result.files] == ["mixed.plan.json", "mixed.overrides.json", "mixed.encodings.json",
+    assert [p.name for p in result.paths()] == ["mixed.plan.json", "mixed.overrides.json", "mixed.encodings.json",
                                               "mixed.qdq.onnx"]
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in result.files)  # no leftovers
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in result.paths())  # no leftovers
     assert PrecisionPlan.load(result.plan) == MIXED
     assert result.model.read_bytes() == conv.generate(MIXED).read_bytes()
     validate_encodings(json.loads(result.encodings.read_text()), result.model)
