@@ -11,8 +11,8 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -772,15 +772,15 @@ def check_context_model(path: str | os.PathLike) -> None:
 
 
 def _temporary_beside(path: Path) -> Path:
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
-    return Path(name)
+    # A fresh name, not a mkstemp file: the final file gets the usual permissions (mkstemp's are 0600).
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
 def _write_text(path: Path, text: str) -> None:
     tmp = _temporary_beside(path)
     try:
-        tmp.write_text(text)
+        with open(tmp, "x") as handle:
+            handle.write(text)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

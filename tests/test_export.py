@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import numpy as np
@@ -279,6 +280,9 @@ def test_export_plan_writes_validated_files(conv, tmp_path):
     assert [p.name for p in result.paths()] == ["mixed.plan.json", "mixed.overrides.json", "mixed.encodings.json",
                                               "mixed.qdq.onnx"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in result.paths())  # no leftovers
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.stat().st_mode & 0o777 for p in result.paths()} == {0o666 & ~umask}  # as any file the user writes
     assert PrecisionPlan.load(result.plan) == MIXED
     assert result.model.read_bytes() == conv.generate(MIXED).read_bytes()
     validate_encodings(json.loads(result.encodings.read_text()), result.model)
