@@ -1,0 +1,19 @@
+"""The studio's views (Panel and Bokeh): the only GUI code of mpstudio.
+
+`Studio(StudioState(study))` in a notebook (after `pn.extension("tabulator")`) or `panel serve app.py`; each
+view (GraphView, SensitivityTable, ParetoPlot, RunPanel, ExportPanel, ModelPanel) also displays on its own over
+the same state.
+"""
+
+from .export_panel import ExportPanel
+from .graph_view import GraphView
+from .jobs import JobsView
+from .model_panel import ModelPanel
+from .pareto import ParetoPlot
+from .run_panel import RunPanel
+from .state import SCORES, Job, StudioState
+from .studio import Studio
+from .table import SensitivityTable
+
+__all__ = ["ExportPanel", "GraphView", "Job", "JobsView", "ModelPanel", "ParetoPlot", "RunPanel", "SCORES",
+           "SensitivityTable", "Studio", "StudioState"]

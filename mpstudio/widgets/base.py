@@ -1,0 +1,17 @@
+"""What every view shares: its layout is built on first display and reused after."""
+
+from __future__ import annotations
+
+import functools
+
+
+def laid_out_once(method):
+    """Wrap a view's `__panel__` so that displaying the view again (a notebook cell run twice, a template)
+    reuses one layout instead of making panes whose watchers outlive them."""
+    @functools.wraps(method)
+    def wrapper(self):
+        view = self.__dict__.get("_laid_out")
+        if view is None:
+            view = self.__dict__["_laid_out"] = method(self)
+        return view
+    return wrapper

@@ -1,0 +1,53 @@
+"""ExportPanel: download the current plan as ORT TensorQuantOverrides JSON, QNN/AIMET encodings JSON, or the
+QDQ model."""
+
+from __future__ import annotations
+
+import param
+import panel as pn
+
+from .base import laid_out_once
+from ..errors import MpstudioError
+from ..export import export_name
+from .state import StudioState
+
+# format -> (button label, file suffix)
+DOWNLOADS = {"ort": ("TensorQuantOverrides JSON", ".overrides.json"), "qnn": ("Encodings JSON", ".encodings.json"),
+             "model": ("QDQ model (.onnx)", ".qdq.onnx")}
+
+
+class ExportPanel(pn.viewable.Viewer):
+    """One download button per format; each writes the current plan's file when clicked."""
+
+    state = param.ClassSelector(class_=StudioState)
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.downloads = {
+            fmt: pn.widgets.FileDownload(callback=self._writer(fmt), label=label, filename=f"plan{suffix}",
+                                         button_type="primary", button_style="outline", sizing_mode="stretch_width",
+                                         name=f"download-{fmt}")
+            for fmt, (label, suffix) in DOWNLOADS.items()
+        }
+        self.state.param.watch(self._on_plan, "plan")
+        self._on_plan()
+
+    @laid_out_once
+    def __panel__(self):
+        return pn.Column(pn.pane.HTML("<b>Export the current plan</b>"), *self.downloads.values(),
+                         sizing_mode="stretch_width")
+
+    def _on_plan(self, *_):
+        stem = export_name(self.state.plan)
+        for fmt, (_, suffix) in DOWNLOADS.items():
+            self.downloads[fmt].filename = stem + suffix
+
+    def _writer(self, fmt: str):
+        def write():
+            try:
+                result = self.state.export((fmt,))
+            except MpstudioError as exc:
+                self.state.show_error(f"export failed: {exc}")
+                return None
+            return str({"ort": result.overrides, "qnn": result.encodings, "model": result.model}[fmt])
+        return write

@@ -1,0 +1,313 @@
+"""GraphView: the model as a top-to-bottom DAG, coloured by a score, 8/16-bit visible, with a minimap.
+
+The figures are built once; a new layout (collapse/expand) replaces the sources' data, anything else patches
+the columns that changed. Selection goes both ways between the figure and StudioState.selection.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import panel as pn
+import param
+from bokeh.models import (BoxSelectTool, ColorBar, ColumnDataSource, HoverTool, LinearColorMapper, Range1d,
+                          RangeTool, TapTool, WheelZoomTool)
+from bokeh.palettes import RdYlGn11, YlOrRd9
+from bokeh.plotting import figure
+
+from .base import laid_out_once
+from .state import SCORE_ATTENTION, SCORES, StudioState
+
+WINDOW_LAYERS = 36  # layers shown at first in a tall graph; the minimap shows them all
+_LABELS = {v: k for k, v in SCORES.items()}
+# How a namespace node summarises its members' scores.
+_AGGREGATE = {"snr_db": np.nanmin, "cosine": np.nanmin, "isolation_gain": np.nanmax, "latency_share": np.nansum,
+              "rank": np.nanmin, "local_snr_8": np.nanmin}
+_MARKERS = {"8": "circle", "16": "square", "8+16": "diamond", "-": "triangle"}
+_HOVER_COLUMNS = ["snr_db", "cosine", "isolation_gain", "latency_share", "rank", "local_snr_8"]
+# Columns that depend on scores and the plan (patched); the rest depend on the layout only (replaced).
+_STYLE_COLUMNS = ["score", "bits", "marker", "line_width", "line_color", "tensor", *_HOVER_COLUMNS]
+
+
+class GraphView(pn.viewable.Viewer):
+    """The graph: tap or box-select nodes, promote/demote them, find by name, collapse namespaces."""
+
+    state = param.ClassSelector(class_=StudioState)
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._syncing = False
+        self._node_tensors: list[list[str]] = []  # per drawn node (source row): its activation tensors
+        self._row_of_tensor: dict[str, int] = {}
+        self.nodes = ColumnDataSource(data=self._empty())
+        self.edges = ColumnDataSource(data={"xs": [], "ys": []})
+        self.mapper = LinearColorMapper(palette=list(RdYlGn11)[::-1], low=0, high=1, nan_color="#d9d9d9")
+        self.figure = self._main_figure()
+        self.minimap = self._minimap()
+        self.nodes.selected.on_change("indices", self._on_figure_selection)
+
+        state = self.state
+        self._promote = pn.widgets.Button(name="Promote to 16-bit", button_type="primary", width=140)
+        self._demote = pn.widgets.Button(name="Demote to 8-bit", button_type="default", width=130)
+        self._expand = pn.widgets.Button(name="Expand all", button_type="light", width=90)
+        self._promote.on_click(self._on_promote)
+        self._demote.on_click(self._on_demote)
+        self._expand.on_click(self._on_expand)
+        self._color = pn.widgets.Select.from_param(state.param.color_by, name="Colour by", width=150)
+        self._find = pn.widgets.TextInput.from_param(state.param.query, name="Find", placeholder="tensor or node name",
+                                                     width=200)
+        self._collapse = pn.widgets.MultiChoice.from_param(state.param.collapsed, name="Collapsed namespaces",
+                                                           width=260, placeholder="collapse a namespace")
+        self._summary = pn.pane.HTML("", margin=(18, 10, 0, 10))
+
+        state.param.watch(self._on_layout, "layout")
+        state.param.watch(self._on_scores, ["tensors", "color_by"])
+        state.param.watch(self._on_selection, "selection")
+        state.param.watch(self._on_focus, "focus")
+        self._draw()
+
+    # ---- layout only ----
+    @laid_out_once
+    def __panel__(self):
+        tools = pn.FlexBox(self._promote, self._demote, self._color, self._find, self._collapse, self._expand,
+                           self._summary, flex_wrap="wrap", align_items="flex-end", sizing_mode="stretch_width")
+        legend = pn.pane.HTML(
+            "<span style='font-size:12px;color:#444'>&#9679; 8-bit &nbsp; &#9632; 16-bit &nbsp; &#9670; mixed "
+            "&nbsp; &#9650; not quantized &nbsp;|&nbsp; drag a box to select, shift-click to add; the minimap "
+            "box pans the view</span>", margin=(0, 10))
+        return pn.Column(
+            tools, legend,
+            pn.Row(pn.pane.Bokeh(self.minimap, sizing_mode="fixed"),
+                   pn.pane.Bokeh(self.figure, sizing_mode="stretch_both"), sizing_mode="stretch_both"),
+            sizing_mode="stretch_both", min_height=520,
+        )
+
+    # ---- figures, built once ----
+    @staticmethod
+    def _empty() -> dict:
+        columns = ["id", "x", "y", "label", "op", "namespace", "kind", "size", "tensors", *_STYLE_COLUMNS]
+        return {c: [] for c in columns}
+
+    def _main_figure(self):
+        fig = figure(x_range=Range1d(-3, 3), y_range=Range1d(-WINDOW_LAYERS, 1), tools="pan,reset",
+                     sizing_mode="stretch_both", min_height=480, min_width=300, output_backend="canvas",
+                     toolbar_location="above", name="graph")
+        fig.axis.visible = False
+        fig.grid.visible = False
+        fig.outline_line_color = None
+        fig.multi_line("xs", "ys", source=self.edges, line_color="#9aa0a6", line_width=1, line_alpha=0.8)
+        nodes = fig.scatter("x", "y", source=self.nodes, marker="marker", size="size",
+                            fill_color={"field": "score", "transform": self.mapper}, line_color="line_color",
+                            line_width="line_width", selection_line_color="#d6008f", selection_line_width=3,
+                            nonselection_fill_alpha=0.35, nonselection_line_alpha=0.5, name="nodes")
+        fig.text("x", "y", text="label", source=self.nodes, x_offset=11, text_font_size="10px",
+                 text_baseline="middle", text_color="#333")
+        hover = HoverTool(renderers=[nodes], tooltips=[
+            ("node", "@id"), ("op", "@op"), ("tensor", "@tensor"), ("bits", "@bits"),
+            ("SNR", "@snr_db{0.00} dB"), ("cosine", "@cosine{0.0000}"), ("local SNR 8-bit", "@local_snr_8{0.0} dB"),
+            ("isolation gain", "@isolation_gain{0.0000}"), ("rank", "@rank"),
+            ("latency share", "@latency_share{0.0%}")])
+        wheel = WheelZoomTool()
+        fig.add_tools(hover, BoxSelectTool(renderers=[nodes]), TapTool(renderers=[nodes]), wheel)
+        fig.toolbar.active_scroll = wheel
+        fig.toolbar.active_drag = fig.select_one(BoxSelectTool)
+        fig.add_layout(ColorBar(color_mapper=self.mapper, width=10, title="SNR (dB)", title_text_font_size="11px",
+                                major_label_text_font_size="10px"), "right")
+        self._hover = hover
+        return fig
+
+    def _minimap(self):
+        mini = figure(width=110, height=560, x_range=Range1d(-3, 3), y_range=Range1d(-10, 1), tools="",
+                      toolbar_location=None, output_backend="canvas", name="minimap")
+        mini.axis.visible = False
+        mini.grid.visible = False
+        mini.min_border = 2
+        mini.multi_line("xs", "ys", source=self.edges, line_color="#c4c7ca", line_width=0.6)
+        mini.scatter("x", "y", source=self.nodes, size=3, line_color=None,
+                     fill_color={"field": "score", "transform": self.mapper}, nonselection_fill_alpha=1.0,
+                     selection_fill_color="#d6008f")
+        self._range_tool = RangeTool(x_range=self.figure.x_range, y_range=self.figure.y_range)
+        self._range_tool.overlay.fill_color = "#1f77b4"
+        self._range_tool.overlay.fill_alpha = 0.15
+        mini.add_tools(self._range_tool)
+        return mini
+
+    # ---- data ----
+    def _draw(self) -> None:
+        """Replace the sources' data for the state's layout (a new model or a collapse/expand)."""
+        layout = self.state.layout
+        if layout is None:
+            return
+        nodes = layout.nodes
+        tensors = self.state.tensors
+        by_node = tensors.groupby("node")["tensor"].agg(list).to_dict() if len(tensors) else {}
+        inputs = set(tensors["tensor"]) if len(tensors) else set()
+        self._node_tensors = []
+        for node_id in nodes["id"]:
+            found: list[str] = []
+            for member in layout.members[node_id]:
+                found += by_node.get(member, [])
+                if node_id.startswith("input:") and member in inputs:
+                    found.append(member)
+            self._node_tensors.append(found)
+        self._row_of_tensor = {t: i for i, ts in enumerate(self._node_tensors) for t in ts}
+        labels = [f"{label} ({size})" if kind == "namespace" else label
+                  for label, kind, size in zip(nodes["label"], nodes["kind"], nodes["size"])]
+        data = {
+            "id": nodes["id"].tolist(), "x": nodes["x"].tolist(), "y": nodes["y"].tolist(), "label": labels,
+            "op": nodes["op"].tolist(), "namespace": nodes["namespace"].tolist(), "kind": nodes["kind"].tolist(),
+            "size": [22 if kind == "namespace" else 13 for kind in nodes["kind"]],
+            "tensors": [", ".join(ts[:6]) + (" ..." if len(ts) > 6 else "") for ts in self._node_tensors],
+        }
+        data.update(self._style_columns())
+        self._syncing = True
+        try:
+            self.nodes.selected.indices = []
+            self.nodes.data = data
+            self.edges.data = {"xs": layout.edges["xs"].tolist(), "ys": layout.edges["ys"].tolist()}
+        finally:
+            self._syncing = False
+        self._fit_ranges()
+        self._style_mapper()
+        self._on_selection()
+
+    def _style_columns(self) -> dict:
+        """Per drawn node: the score, 8/16-bit marker and outline, and the hover values."""
+        tensors = self.state.tensors
+        score = self.state.color_by
+        frame = tensors.set_index("tensor") if len(tensors) else None
+        columns = {c: [] for c in _STYLE_COLUMNS}
+        for ts in self._node_tensors:
+            if frame is None or not ts:
+                bits, values = "-", {c: math.nan for c in _HOVER_COLUMNS}
+                tensor = ""
+            else:
+                rows = frame.loc[ts]
+                kinds = set(rows["bits"].tolist())
+                bits = "16" if kinds == {16} else "8" if kinds == {8} else "8+16"
+                if len(ts) == 1:
+                    values = {c: _float(rows[c].iloc[0]) for c in _HOVER_COLUMNS}
+                    tensor = ts[0]
+                else:
+                    values = {c: _aggregate(c, rows[c].to_numpy(dtype=float)) for c in _HOVER_COLUMNS}
+                    tensor = f"{ts[0]} (+{len(ts) - 1} more)"
+            columns["tensor"].append(tensor)
+            columns["bits"].append(bits)
+            columns["marker"].append(_MARKERS[bits])
+            columns["line_width"].append(2.6 if bits in ("16", "8+16") else 0.8)
+            columns["line_color"].append("#111111" if bits in ("16", "8+16") else "#666666")
+            for c in _HOVER_COLUMNS:
+                columns[c].append(values[c])
+            columns["score"].append(values[score] if score in values else math.nan)
+        return columns
+
+    def _style_mapper(self) -> None:
+        score = self.state.color_by
+        values = np.asarray(self.nodes.data.get("score", []), dtype=float)
+        finite = values[np.isfinite(values)]
+        low, high = (float(np.percentile(finite, 2)), float(np.percentile(finite, 98))) if len(finite) else (0.0, 1.0)
+        if high <= low:
+            high = low + 1e-9
+        palette = list(RdYlGn11)[::-1] if SCORE_ATTENTION[score] == "low" else list(YlOrRd9)[::-1]
+        if score == "rank":
+            palette = palette[::-1]  # rank 1 (promote first) is the one that needs attention
+        self.mapper.update(low=low, high=high, palette=palette)
+        bar = self.figure.select_one(ColorBar)
+        if bar is not None:
+            bar.title = _LABELS.get(score, score)
+
+    def _fit_ranges(self) -> None:
+        data = self.nodes.data
+        if not data["x"]:
+            return
+        xs, ys = np.asarray(data["x"]), np.asarray(data["y"])
+        top = float(ys.max())
+        window = min(WINDOW_LAYERS, float(top - ys.min()) + 1)
+        visible = ys >= top - window
+        x0, x1 = float(xs[visible].min()), float(xs[visible].max())
+        width = max(x1 - x0 + 4, 6)
+        mid = (x0 + x1) / 2
+        self.figure.x_range.update(start=mid - width / 2, end=mid + width / 2 + 1.5)
+        self.figure.y_range.update(start=top - window, end=top + 1)
+        self.minimap.x_range.update(start=float(xs.min()) - 1, end=float(xs.max()) + 1)
+        self.minimap.y_range.update(start=float(ys.min()) - 1, end=top + 1)
+
+    # ---- state -> figure ----
+    def _on_layout(self, *_):
+        self._draw()
+
+    def _on_scores(self, *_):
+        if len(self._node_tensors) != len(self.nodes.data["id"]) or self.state.layout is None:
+            return
+        if len(self.state.tensors) and not self._row_of_tensor:
+            self._draw()  # the tensors arrived after the layout
+            return
+        new = self._style_columns()
+        n = len(self.nodes.data["id"])
+        patch = {c: [(slice(0, n), v)] for c, v in new.items() if not _same(self.nodes.data[c], v)}
+        if patch:
+            self.nodes.patch(patch)
+        self._style_mapper()
+
+    def _on_selection(self, *_):
+        rows = sorted({self._row_of_tensor[t] for t in self.state.selection if t in self._row_of_tensor})
+        if sorted(self.nodes.selected.indices) != rows:
+            self._syncing = True
+            try:
+                self.nodes.selected.indices = rows
+            finally:
+                self._syncing = False
+        count = len(self.state.selection)
+        self._summary.object = f"<b>{count}</b> tensor(s) selected" if count else ""
+
+    def _on_focus(self, event):
+        row = self._row_of_tensor.get(event.new)
+        if row is None:
+            return
+        x, y = self.nodes.data["x"][row], self.nodes.data["y"][row]
+        y_range, x_range = self.figure.y_range, self.figure.x_range
+        half = (y_range.end - y_range.start) / 2
+        y_range.update(start=y - half, end=y + half)
+        if not x_range.start < x < x_range.end:
+            half_x = (x_range.end - x_range.start) / 2
+            x_range.update(start=x - half_x, end=x + half_x)
+
+    # ---- figure -> state ----
+    def _on_figure_selection(self, attr, old, new):
+        if self._syncing:
+            return
+        tensors = [t for i in new if i < len(self._node_tensors) for t in self._node_tensors[i]]
+        self.state.select(tensors)
+
+    def _on_promote(self, event):
+        self.state.promote_selected()
+
+    def _on_demote(self, event):
+        self.state.demote_selected()
+
+    def _on_expand(self, event):
+        self.state.expand()
+
+
+def _float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _aggregate(column: str, values: np.ndarray) -> float:
+    if not np.isfinite(values).any():
+        return math.nan
+    return float(_AGGREGATE[column](values))
+
+
+def _same(a, b) -> bool:
+    """Equal lists where NaN equals NaN."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x != y and not (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)):
+            return False
+    return True

@@ -1,0 +1,135 @@
+"""ParetoPlot: accuracy against latency of every evaluated plan; the front highlighted, baselines marked, the
+latency source in the axis label; a click on a point loads that plan."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import panel as pn
+import param
+from bokeh.models import ColumnDataSource, HoverTool, LabelSet, TapTool
+from bokeh.plotting import figure
+
+from .base import laid_out_once
+from .state import StudioState
+
+_EMPTY = {"plan_id": [], "name": [], "origin": [], "value": [], "latency_ms": [], "sixteen_bit": [], "front": [],
+          "color": [], "marker": [], "size": [], "accuracy_source": [], "latency_label": []}
+
+
+class ParetoPlot(pn.viewable.Viewer):
+    """Every evaluation of the study as a point; tap one to load its plan into the graph."""
+
+    state = param.ClassSelector(class_=StudioState)
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._syncing = False
+        self.points = ColumnDataSource(data=dict(_EMPTY))
+        self.front = ColumnDataSource(data={"x": [], "y": []})
+        self.current = ColumnDataSource(data={"x": [], "y": []})
+        self.labels = ColumnDataSource(data={"x": [], "y": [], "text": []})
+        self.figure = self._figure()
+        self.points.selected.on_change("indices", self._on_tap)
+        self._source = pn.widgets.RadioButtonGroup.from_param(self.state.param.latency_source, button_type="light",
+                                                              name="latency")
+        self._note = pn.pane.HTML("", margin=(8, 10))
+        self.state.param.watch(self._update, ["evaluations"])
+        self.state.param.watch(self._update_current, ["plan", "plan_id"])
+        self._update()
+
+    @laid_out_once
+    def __panel__(self):
+        return pn.Column(pn.Row(pn.pane.HTML("<b>Accuracy vs latency</b>", margin=(8, 10)), self._source, self._note),
+                         pn.pane.Bokeh(self.figure, sizing_mode="stretch_both"), sizing_mode="stretch_both")
+
+    def _figure(self):
+        fig = figure(tools="pan,wheel_zoom,box_zoom,reset", sizing_mode="stretch_both", min_height=260,
+                     min_width=300, toolbar_location="above", name="pareto")
+        fig.step("x", "y", source=self.front, mode="after", line_color="#d62728", line_width=2, line_alpha=0.7)
+        points = fig.scatter("latency_ms", "value", source=self.points, marker="marker", size="size",
+                             fill_color="color", line_color="#222", selection_line_color="#d6008f",
+                             selection_line_width=3, nonselection_fill_alpha=0.9, nonselection_line_alpha=0.9,
+                             name="points")
+        fig.scatter("x", "y", source=self.current, marker="circle", size=24, fill_color=None, line_color="#d6008f",
+                    line_width=2.5)
+        fig.add_layout(LabelSet(x="x", y="y", text="text", source=self.labels, x_offset=8, y_offset=4,
+                                text_font_size="11px", text_color="#333"))
+        fig.add_tools(HoverTool(renderers=[points], tooltips=[
+            ("plan", "@plan_id: @name (@origin)"), ("accuracy", "@value{0.0000}"),
+            ("latency", "@latency_ms{0.000} ms"), ("16-bit tensors", "@sixteen_bit"),
+            ("on the front", "@front"), ("accuracy from", "@accuracy_source"), ("latency", "@latency_label")]),
+            TapTool(renderers=[points]))
+        fig.xaxis.axis_label = "latency (ms)"
+        fig.yaxis.axis_label = "accuracy"
+        return fig
+
+    # ---- state -> figure ----
+    def _update(self, *_):
+        frame: pd.DataFrame = self.state.evaluations
+        study = self.state.study
+        if frame is None or frame.empty or study is None:
+            data, front = dict(_EMPTY), {"x": [], "y": []}
+            self._note.object = ("<span style='color:#666'>no evaluations with this latency yet: evaluate a plan"
+                                 "</span>") if study is not None else ""
+            labels = {"x": [], "y": [], "text": []}
+        else:
+            frame = frame.reset_index(drop=True)
+            baseline = frame["origin"] == "baseline"
+            on_front = frame["pareto"].astype(bool)
+            data = {
+                "plan_id": frame["plan_id"].astype(int).tolist(), "name": frame["name"].tolist(),
+                "origin": frame["origin"].tolist(), "value": frame["value"].astype(float).tolist(),
+                "latency_ms": frame["latency_ms"].astype(float).tolist(),
+                "sixteen_bit": frame["sixteen_bit"].astype(int).tolist(),
+                "front": ["yes" if f else "no" for f in on_front],
+                "color": ["#d62728" if f else "#9aa0a6" for f in on_front],
+                "marker": ["square" if b else "circle" for b in baseline],
+                "size": [13 if b else 10 for b in baseline],
+                "accuracy_source": frame["accuracy_source"].tolist(),
+                "latency_label": frame["latency_label"].tolist(),
+            }
+            pts = frame[on_front].sort_values("latency_ms")
+            front = {"x": pts["latency_ms"].astype(float).tolist(), "y": pts["value"].astype(float).tolist()}
+            labels = {"x": frame.loc[baseline, "latency_ms"].astype(float).tolist(),
+                      "y": frame.loc[baseline, "value"].astype(float).tolist(),
+                      "text": frame.loc[baseline, "name"].tolist()}
+            self._note.object = (f"<span style='color:#666;font-size:12px'>{len(frame)} plan(s), "
+                                 f"{int(on_front.sum())} on the front; accuracy from "
+                                 f"{frame['accuracy_source'].iloc[0]}</span>")
+        self._syncing = True
+        try:
+            self.points.selected.indices = []
+            self.points.data = data
+            self.front.data = front
+            self.labels.data = labels
+        finally:
+            self._syncing = False
+        self._axis_labels(frame)
+        self._update_current()
+
+    def _axis_labels(self, frame) -> None:
+        study = self.state.study
+        if study is None:
+            return
+        direction = "higher" if study.higher_is_better else "lower"
+        self.figure.yaxis.axis_label = f"{study.metric_name} ({direction} is better)"
+        labels = sorted(set(frame["latency_label"])) if frame is not None and len(frame) else []
+        source = "; ".join(labels) if labels else self.state.latency_source
+        self.figure.xaxis.axis_label = f"latency (ms, {source})"
+
+    def _update_current(self, *_):
+        plan_id = self.state.plan_id
+        data = self.points.data
+        xs = [x for pid, x in zip(data["plan_id"], data["latency_ms"]) if pid == plan_id]
+        ys = [y for pid, y in zip(data["plan_id"], data["value"]) if pid == plan_id]
+        self.current.data = {"x": xs[:1], "y": ys[:1]}
+
+    # ---- figure -> state ----
+    def _on_tap(self, attr, old, new):
+        if self._syncing or not new:
+            return
+        plan_id = self.points.data["plan_id"][new[-1]]
+        if plan_id is not None and not (isinstance(plan_id, float) and math.isnan(plan_id)):
+            self.state.load_plan(int(plan_id))

@@ -1,0 +1,57 @@
+"""RunPanel: where plans run (this process, the local HTP emulator agent, or a remote agent), on which
+backend; evaluate the current plan, or search for a plan that reaches a target."""
+
+from __future__ import annotations
+
+import panel as pn
+import param
+
+from .base import laid_out_once
+from .jobs import JobsView
+from .state import StudioState
+
+
+class RunPanel(pn.viewable.Viewer):
+    """Evaluate and search, with a progress bar and a cancel button for each job and errors as messages."""
+
+    state = param.ClassSelector(class_=StudioState)
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        state = self.state
+        self._runner = pn.widgets.RadioButtonGroup.from_param(state.param.runner, button_type="light",
+                                                              sizing_mode="stretch_width")
+        self._url = pn.widgets.TextInput.from_param(state.param.agent_url, name="Agent URL",
+                                                    placeholder="http://device:8765", sizing_mode="stretch_width")
+        self._token = pn.widgets.PasswordInput.from_param(state.param.agent_token, name="Agent token",
+                                                          sizing_mode="stretch_width")
+        self._backend = pn.widgets.RadioButtonGroup.from_param(state.param.backend, button_type="light")
+        self._evaluate = pn.widgets.Button(name="Evaluate current plan", button_type="primary",
+                                           sizing_mode="stretch_width")
+        self._target = pn.widgets.TextInput.from_param(state.param.target, name="Search target",
+                                                       placeholder="a16w8+10% or a metric value",
+                                                       sizing_mode="stretch_width")
+        self._search = pn.widgets.Button(name="Search", button_type="success", sizing_mode="stretch_width")
+        self._evaluate.on_click(self._on_evaluate)
+        self._search.on_click(self._on_search)
+        self._jobs = JobsView(state=state)
+
+    @laid_out_once
+    def __panel__(self):
+        remote = pn.Column(self._url, self._token, visible=self.state.param.runner.rx() == "remote",
+                           sizing_mode="stretch_width")
+        plan = pn.bind(lambda plan, plan_id: (f"<div style='font-size:12px'>current plan: <b>{plan.summary()}</b>"
+                                              f"{'' if plan_id is None else f' (plan {plan_id})'}</div>"),
+                       self.state.param.plan, self.state.param.plan_id)
+        return pn.Column(
+            pn.pane.HTML("<b>Run</b>"), self._runner, remote,
+            pn.Row(pn.pane.HTML("backend", margin=(12, 5)), self._backend),
+            pn.pane.HTML(plan, sizing_mode="stretch_width"), self._evaluate, self._target, self._search,
+            pn.pane.HTML("<b>Jobs</b>"), self._jobs, sizing_mode="stretch_width",
+        )
+
+    def _on_evaluate(self, event):
+        self.state.evaluate_plan()
+
+    def _on_search(self, event):
+        self.state.start_search()

@@ -1,0 +1,539 @@
+"""StudioState: the one state object of a studio session (study, plan, selection, jobs, results), shared by
+every view. Views render it and call its actions; long work runs in a worker thread, one job at a time."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import panel as pn
+import param
+
+from ..cache import cache_root
+from ..data import Cancelled, NpzFolder
+from ..errors import MpstudioError, brief
+from ..graph import ModelGraph
+from ..layout import GraphLayout, collapsible_namespaces, layout_graph
+from ..model import parse_shape_args
+from ..plan import PrecisionPlan
+from ..sensitivity import SensitivityReport
+from ..study import Study
+
+log = logging.getLogger(__name__)
+
+# What the graph can be coloured by: label -> column of StudioState.tensors. Each has a direction: for
+# "low" scores low values need attention (drawn red), for "high" scores high values do.
+SCORES = {"SNR (dB)": "snr_db", "cosine": "cosine", "isolation gain": "isolation_gain",
+          "latency share": "latency_share", "rank": "rank"}
+SCORE_ATTENTION = {"snr_db": "low", "cosine": "low", "isolation_gain": "high", "latency_share": "high", "rank": "low"}
+RUNNERS = {"this process": "local", "local agent": "agent", "remote agent": "remote"}
+LATENCY_SOURCES = ("estimate", "emulator", "measured")
+
+# Columns of StudioState.tensors (one row per activation tensor, in topological order):
+#   tensor, node (its producer; "" for a graph input), op, namespace, kind, bits (8 or 16 in the current plan),
+#   rank, snr_db, cosine, local_snr_8, local_snr_16, isolation_gain (NaN until the sensitivity analysis ran),
+#   latency_share (share of the estimated latency of the current plan spent in its producer; NaN if unknown).
+TENSOR_COLUMNS = ["tensor", "node", "op", "namespace", "kind", "bits", "rank", "snr_db", "cosine", "local_snr_8",
+                  "local_snr_16", "isolation_gain", "latency_share"]
+_SCORE_COLUMNS = ["rank", "snr_db", "cosine", "local_snr_8", "local_snr_16", "isolation_gain"]
+
+
+class Job(param.Parameterized):
+    """One piece of long work: its progress, its outcome, and a cancel event the core checks."""
+
+    kind = param.String(constant=True)
+    title = param.String(constant=True)
+    status = param.Selector(objects=["queued", "running", "done", "failed", "cancelled"], default="queued",
+                            constant=True)
+    done = param.Integer(0, constant=True)
+    total = param.Integer(0, constant=True, doc="0 while the amount of work is unknown")
+    message = param.String("", constant=True)
+    error = param.String("", constant=True)
+    seconds = param.Number(0.0, constant=True)
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.cancel_event = threading.Event()
+        self.finished = threading.Event()
+        self.result = None
+        self._started = time.perf_counter()
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("queued", "running")
+
+    @property
+    def percent(self) -> int:
+        """0-100, or -1 (indeterminate) while the total is unknown."""
+        return int(100 * self.done / self.total) if self.total else (-1 if self.status == "running" else 0)
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the job has finished and its result is applied to the state (tests, scripts)."""
+        return self.finished.wait(timeout)
+
+    def _set(self, **values) -> None:
+        with param.edit_constant(self):
+            self.param.update(**values)
+
+
+class StudioState(param.Parameterized):
+    """The study and what the user is doing with it: the current plan, the selection, jobs and results."""
+
+    # ---- what the user chooses ----
+    selection = param.List(default=[], item_type=str, doc="Selected activation tensors (graph and table)")
+    color_by = param.Selector(objects=SCORES, default="snr_db", doc="Score the graph is coloured by")
+    collapsed = param.ListSelector(default=[], objects=[], doc="Namespaces drawn as one node")
+    query = param.String("", doc="Find tensors and nodes by name")
+    backend = param.Selector(objects=["cpu", "htp"], default="cpu", doc="Where plans are evaluated")
+    runner = param.Selector(objects=RUNNERS, default="local", doc="Who runs the evaluations")
+    agent_url = param.String("", doc="URL of a remote agent (mpstudio agent serve)")
+    agent_token = param.String("", doc="Token of the remote agent")
+    target = param.String("a16w8+10%", doc="Search target: a metric value, or a baseline with a margin")
+    latency_source = param.Selector(objects=list(LATENCY_SOURCES), default="estimate",
+                                    doc="Which latency the Pareto plot uses")
+    model_path = param.String("", doc="An ONNX model file to open")
+    data_path = param.String("", doc="A folder of .npz samples (keys: the model's input names)")
+    input_shapes = param.String("", doc="Static shapes for dynamic inputs, such as x=1,3,224,224")
+    study_path = param.String("", doc="A study folder to open")
+
+    # ---- what the studio shows (read-only; set by actions) ----
+    study = param.ClassSelector(class_=Study, allow_None=True, constant=True)
+    plan = param.ClassSelector(class_=PrecisionPlan, default=PrecisionPlan.a8w8(), constant=True, instantiate=False)
+    plan_id = param.Integer(None, allow_None=True, constant=True, doc="The current plan's id in the study, if stored")
+    report = param.ClassSelector(class_=SensitivityReport, allow_None=True, constant=True)
+    layout = param.ClassSelector(class_=GraphLayout, allow_None=True, constant=True)
+    tensors = param.DataFrame(default=pd.DataFrame(columns=TENSOR_COLUMNS), constant=True)
+    evaluations = param.DataFrame(default=pd.DataFrame(), constant=True,
+                                  doc="study.front(latency_source): every evaluation with a `pareto` column")
+    focus = param.String("", constant=True, doc="A tensor the graph should scroll to")
+    jobs = param.List(default=[], item_type=Job, constant=True)
+    message = param.String("", constant=True)
+    error = param.String("", constant=True)
+    latency_ops = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1)
+
+    def __init__(self, study: Study | None = None, *, study_folder: str | Path | None = None,
+                 auto_analyze: bool = True, **params):
+        super().__init__(**params)
+        self.study_folder = Path(study_folder) if study_folder else None
+        self.auto_analyze = auto_analyze
+        self._doc = pn.state.curdoc
+        self._queue: queue.Queue[tuple[Job, Callable, Callable | None]] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._agent = None  # LocalAgent, started on first use
+        self._remote = None
+        self._lock = threading.RLock()
+        self.param.watch(self._on_collapsed, "collapsed")
+        self.param.watch(self._on_latency_source, "latency_source")
+        self.param.watch(self._on_query, "query")
+        if study is not None:
+            self.set_study(study)
+
+    # ---- opening ----------------------------------------------------------------------------------------
+    @classmethod
+    def from_arguments(cls, study: str | None = None, model: str | None = None, data: str | None = None,
+                       shapes: str = "", **params) -> "StudioState":
+        """The state of `panel serve app.py --args ...`: a study folder, a model + data, or the demo."""
+        state = cls(study_folder=study if (study and model) else None, **params)
+        if model or data:
+            if not (model and data):
+                state.show_error("give both --model and --data (a folder of .npz samples), or --study, or nothing for the demo")
+            else:
+                state.open_model(model, data, shapes)
+        elif study:
+            state.open_study(study)
+        else:
+            state.open_demo()
+        return state
+
+    def set_study(self, study: Study) -> None:
+        """Show `study`: its graph, its stored results, the all-8-bit plan; then its sensitivity (a job)."""
+        graph = study.graph
+        layout = self._layout(graph, [], study.prepared.sha256)
+        self.param.collapsed.objects = collapsible_namespaces(graph)
+        with param.edit_constant(self):
+            self.param.update(study=study, layout=layout, plan=PrecisionPlan.a8w8(), plan_id=study.plan_id(
+                PrecisionPlan.a8w8()), report=None, focus="", error="", message=f"opened {study.name}")
+            self.param.update(selection=[], collapsed=[], query="")
+        self._refresh_tensors()
+        self.refresh_evaluations()
+        if self.auto_analyze:
+            self.analyze()
+
+    def open_study(self, folder: str | Path | None = None) -> Job:
+        folder = Path(str(folder or self.study_path).strip()).expanduser()
+        return self._submit("open", f"opening the study in {folder}", lambda progress, cancel: Study.open(folder),
+                            self.set_study)
+
+    def open_demo(self) -> Job:
+        def work(progress, cancel):
+            return Study.demo(self.study_folder, progress=progress)
+        return self._submit("open", "opening the demo (PP-OCRv4 text-line recognizer)", work, self.set_study)
+
+    def open_model(self, model: str | Path | None = None, data: str | Path | None = None,
+                   shapes: str | None = None) -> Job:
+        """A new study of `model` calibrated and evaluated on the `.npz` samples in `data` (or the study
+        already made from the same files). Arguments default to the model_path, data_path and input_shapes."""
+        model = model or self.model_path
+        data = data or self.data_path
+        shapes = self.input_shapes if shapes is None else shapes
+
+        def work(progress, cancel):
+            if not str(model).strip() or not str(data).strip():
+                raise MpstudioError("give a model file (.onnx) and a data folder of .npz samples")
+            model_path, data_path = Path(str(model).strip()).expanduser(), Path(str(data).strip()).expanduser()
+            if not model_path.is_file():
+                raise MpstudioError(f"model file not found: {model_path}")
+            input_shapes = parse_shape_args(shapes.split()) if shapes.strip() else None
+            digest = hashlib.sha256(model_path.read_bytes())
+            digest.update(str(data_path.resolve()).encode())
+            folder = self.study_folder or cache_root() / "studies" / f"{model_path.stem}-{digest.hexdigest()[:12]}"
+            if (folder / "study.json").exists():
+                return Study.open(folder)
+            from ..model import prepare_model
+
+            prepared = prepare_model(model_path, input_shapes)
+            calibration = NpzFolder(data_path, [spec.name for spec in prepared.inputs])
+            return Study.create(folder, prepared, calibration, progress=progress)
+        return self._submit("open", f"opening {Path(str(model)).name}", work, self.set_study)
+
+    # ---- selection and plan ---------------------------------------------------------------------------
+    def select(self, tensors) -> None:
+        """Select activation tensors (unknown or non-activation names are ignored)."""
+        known = self._activation_set()
+        chosen = [t for t in dict.fromkeys(tensors) if t in known]
+        if chosen != self.selection:
+            self.selection = chosen
+
+    def find(self, text: str) -> list[str]:
+        """Select the tensors whose name, or whose producer's name, contains `text` (case-insensitive)."""
+        text = text.strip().lower()
+        frame = self.tensors
+        if not text or frame.empty:
+            return []
+        hits = frame[frame["tensor"].str.lower().str.contains(text, regex=False)
+                     | frame["node"].str.lower().str.contains(text, regex=False)]["tensor"].tolist()
+        self.select(hits)
+        with param.edit_constant(self):
+            self.param.update(focus=hits[0] if hits else "",
+                              message=f"{len(hits)} tensor(s) match {text!r}" if hits else f"nothing matches {text!r}")
+        return hits
+
+    def promote_selected(self) -> PrecisionPlan:
+        """The current plan with the selected activation tensors at 16 bits."""
+        return self._edit_plan(self.selection, "uint16")
+
+    def demote_selected(self) -> PrecisionPlan:
+        """The current plan with the selected activation tensors back at the plan's default (or 8 bits)."""
+        return self._edit_plan(self.selection, "uint8")
+
+    def set_plan(self, plan: PrecisionPlan) -> None:
+        if self.study is not None:
+            plan.validate(self.study.graph, self.study.htp_arch)
+        plan_id = self.study.plan_id(plan) if self.study is not None else None
+        with param.edit_constant(self):
+            self.param.update(plan=plan, plan_id=plan_id)
+        self._refresh_tensors()
+
+    def load_plan(self, plan_id: int) -> PrecisionPlan:
+        """Make a stored plan the current one (a click on the Pareto plot)."""
+        try:
+            plan = self._require_study().plan(int(plan_id))
+        except MpstudioError as exc:
+            self.show_error(str(exc))
+            raise
+        self.set_plan(plan)
+        with param.edit_constant(self):
+            self.param.update(message=f"loaded plan {plan_id}: {plan.summary()}", error="")
+        return plan
+
+    def sixteen_bit(self) -> list[str]:
+        """Activation tensors at 16 bits in the current plan."""
+        frame = self.tensors
+        return frame.loc[frame["bits"] == 16, "tensor"].tolist() if len(frame) else []
+
+    def collapse(self, namespace: str) -> None:
+        if namespace not in self.collapsed:
+            self.collapsed = [*self.collapsed, namespace]
+
+    def expand(self, namespace: str | None = None) -> None:
+        """Expand one namespace, or all of them."""
+        self.collapsed = [] if namespace is None else [n for n in self.collapsed if n != namespace]
+
+    # ---- long work --------------------------------------------------------------------------------------
+    def analyze(self) -> Job:
+        """The sensitivity analysis of the all-8-bit plan (read back from the study when it was done before)."""
+        study = self._require_study()
+        return self._submit("analyze", "sensitivity analysis",
+                            lambda progress, cancel: study.sensitivity(progress=progress, cancel=cancel),
+                            self._on_report)
+
+    def evaluate_plan(self, plan: PrecisionPlan | None = None) -> Job:
+        """Evaluate the current plan (accuracy and latency) on the chosen backend and runner."""
+        study = self._require_study()
+        plan = plan or self.plan
+        backend = self.backend
+
+        def work(progress, cancel):
+            runner = self._runner()
+            study.baselines(backend, runner, progress=progress, cancel=cancel)  # stored ones are not run again
+            return study.evaluate(plan, backend, runner, progress=progress, cancel=cancel)
+
+        def done(evaluation):
+            if evaluation.plan_hash == self.plan.hash:
+                with param.edit_constant(self):
+                    self.plan_id = evaluation.plan_id
+            self.refresh_evaluations()
+            with param.edit_constant(self):
+                self.message = evaluation.describe()
+        return self._submit("evaluate", f"evaluating {plan.name or plan.summary()} on {backend}", work, done)
+
+    def start_search(self, target: str | None = None, max_evaluations: int = 16) -> Job:
+        """Search for the cheapest plan that reaches `target`; its recommendation becomes the current plan."""
+        from ..search import search
+
+        study = self._require_study()
+        target = target or self.target
+        backend = self.backend
+
+        def work(progress, cancel):
+            return search(study, target, backend=backend, runner=self._runner(), max_evaluations=max_evaluations,
+                          progress=progress, cancel=cancel)
+
+        def done(result):
+            self.refresh_evaluations()
+            self.set_plan(study.plan(result.recommended.plan_id))
+            with param.edit_constant(self):
+                self.message = result.describe()
+        return self._submit("search", f"searching for {target} on {backend}", work, done)
+
+    def cancel_jobs(self) -> None:
+        for job in self.jobs:
+            if job.active:
+                job.cancel()
+
+    @property
+    def active_job(self) -> Job | None:
+        return next((job for job in self.jobs if job.status == "running"), None)
+
+    def refresh_evaluations(self) -> None:
+        frame = self.study.front(self.latency_source) if self.study is not None else pd.DataFrame()
+        with param.edit_constant(self):
+            self.evaluations = frame
+
+    def export(self, formats: tuple[str, ...], out_dir: str | Path | None = None):
+        """Write the current plan in `formats` (see mpstudio.export.FORMATS) -> mpstudio.export.ExportResult."""
+        from ..export import export_plan
+
+        study = self._require_study()
+        out_dir = Path(out_dir) if out_dir else study.folder / "exports"
+        return export_plan(study.quantizer, self.plan, out_dir, formats)
+
+    def close(self) -> None:
+        """Cancel the jobs and stop the local agent (the session ended)."""
+        self.cancel_jobs()
+        self._queue.put(None)  # type: ignore[arg-type]
+        if self._agent is not None:
+            self._agent.stop()
+            self._agent = None
+        if self._remote is not None:
+            self._remote.close()
+            self._remote = None
+
+    # ---- internals --------------------------------------------------------------------------------------
+    def _require_study(self) -> Study:
+        if self.study is None:
+            message = "no study is open yet; open a model and data folder, a study, or the demo"
+            self.show_error(message)
+            raise MpstudioError(message)
+        return self.study
+
+    def show_error(self, message: str) -> None:
+        """Show a readable error message (and no traceback)."""
+        with param.edit_constant(self):
+            self.param.update(error=message, message="")
+
+    def _activation_set(self) -> set[str]:
+        return set(self.tensors["tensor"]) if len(self.tensors) else set()
+
+    def _edit_plan(self, tensors, to: str) -> PrecisionPlan:
+        study = self._require_study()
+        if not tensors:
+            self.show_error("select tensors first (box-select in the graph, or rows in the table)")
+            return self.plan
+        graph = study.graph
+        chosen = [t for t in tensors if graph.tensors[t].quantizable]
+        base = self.plan
+        default = base.activation_type
+        if to == default:
+            plan = base.without(chosen)
+        else:
+            plan = base.with_overrides({t: to for t in chosen}, name="")
+        self.set_plan(plan)
+        verb = "promoted" if to == "uint16" else "demoted"
+        with param.edit_constant(self):
+            self.param.update(message=f"{verb} {len(chosen)} tensor(s); plan {plan.summary()}", error="")
+        return plan
+
+    def _layout(self, graph: ModelGraph, collapsed, sha256: str | None) -> GraphLayout:
+        return layout_graph(graph, collapsed, model_sha256=sha256)
+
+    def _refresh_tensors(self) -> None:
+        study = self.study
+        if study is None:
+            return
+        graph = study.graph
+        rows = []
+        for name in graph.activations():
+            info = graph.tensors[name]
+            node = graph.nodes[info.producer] if info.producer else None
+            rows.append((name, info.producer or "", node.op_type if node else "Input", node.namespace if node else "",
+                         info.kind))
+        frame = pd.DataFrame(rows, columns=["tensor", "node", "op", "namespace", "kind"])
+        sixteen = set(self.plan.sixteen_bit_activations(graph))
+        frame["bits"] = np.where(frame["tensor"].isin(sixteen), 16, 8)
+        if self.report is not None:
+            scores = self.report.ranking.set_index("tensor")
+            for column in _SCORE_COLUMNS:
+                frame[column] = frame["tensor"].map(scores[column]) if column in scores else np.nan
+        else:
+            for column in _SCORE_COLUMNS:
+                frame[column] = np.nan
+        frame["latency_share"] = np.nan
+        if self.latency_ops is not None and "share" in self.latency_ops:
+            share = self.latency_ops.groupby("node")["share"].sum()
+            frame["latency_share"] = frame["node"].map(share)
+        frame = frame[TENSOR_COLUMNS]
+        with param.edit_constant(self):
+            self.tensors = frame
+
+    def _on_report(self, report: SensitivityReport) -> None:
+        with param.edit_constant(self):
+            self.report = report
+        self._refresh_tensors()
+
+    def _on_collapsed(self, event) -> None:
+        if self.study is None:
+            return
+        try:
+            layout = self._layout(self.study.graph, event.new, self.study.prepared.sha256)
+        except MpstudioError as exc:
+            self.show_error(str(exc))
+            return
+        with param.edit_constant(self):
+            self.layout = layout
+
+    def _on_latency_source(self, event) -> None:
+        self.refresh_evaluations()
+
+    def _on_query(self, event) -> None:
+        if event.new.strip():
+            self.find(event.new)
+
+    # ---- the job queue ----
+    def _submit(self, kind: str, title: str, work: Callable, on_done: Callable | None = None) -> Job:
+        job = Job(kind=kind, title=title)
+        with param.edit_constant(self):
+            self.jobs = [job, *[j for j in self.jobs if j.active or j.status == "failed"][:7]]
+        with self._lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._doc = pn.state.curdoc or self._doc
+                self._worker = threading.Thread(target=self._work, name="mpstudio-studio-jobs", daemon=True)
+                self._worker.start()
+        self._queue.put((job, work, on_done))
+        return job
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            job, work, on_done = item
+            if job.cancel_event.is_set():
+                self._post(lambda job=job: self._finish(job, "cancelled", "cancelled before it started"))
+                continue
+            self._post(lambda job=job: job._set(status="running", message="starting"))
+            last = [0.0]
+
+            def progress(done, total, message, job=job):
+                now = time.perf_counter()
+                if now - last[0] < 0.1 and done < total:
+                    return  # at most ten updates a second reach the browser
+                last[0] = now
+                self._post(lambda: job._set(done=int(done), total=int(total), message=str(message)))
+
+            try:
+                result = work(progress, job.cancel_event)
+            except Cancelled:
+                self._post(lambda job=job: self._finish(job, "cancelled", "cancelled"))
+            except MpstudioError as exc:
+                self._post(lambda job=job, text=str(exc): self._finish(job, "failed", text))
+            except Exception as exc:  # a bug or an ORT failure: a readable line here, the traceback in the log
+                log.exception("%s failed", job.title)
+                text = f"{job.title} failed: {type(exc).__name__}: {brief(exc)}"
+                self._post(lambda job=job, text=text: self._finish(job, "failed", text))
+            else:
+                def apply(job=job, result=result):
+                    job.result = result
+                    try:
+                        if on_done is not None:
+                            on_done(result)
+                    except MpstudioError as exc:
+                        self._finish(job, "failed", str(exc))
+                        return
+                    self._finish(job, "done", "done")
+                self._post(apply)
+
+    def _finish(self, job: Job, status: str, message: str) -> None:
+        job._set(status=status, message=message if status != "failed" else "failed",
+                 error=message if status == "failed" else "", seconds=time.perf_counter() - job._started,
+                 done=job.total if status == "done" else job.done)
+        with param.edit_constant(self):
+            if status == "failed":
+                self.param.update(error=message, jobs=list(self.jobs))
+            else:
+                self.jobs = list(self.jobs)
+        job.finished.set()
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        """Run `fn` where Bokeh models may be touched: the session's event loop when served, else here."""
+        doc = self._doc
+        if doc is not None and doc.session_context is not None:
+            from panel.io.state import set_curdoc
+
+            def run():
+                with set_curdoc(doc), pn.io.hold(doc):
+                    fn()
+            doc.add_next_tick_callback(run)
+        else:
+            with self._lock:
+                fn()
+
+    def _runner(self):
+        """None (ORT in this process), the local agent (started on first use) or the remote agent."""
+        if self.runner == "local":
+            return None
+        if self.runner == "agent":
+            from ..agent import LocalAgent
+
+            with self._lock:
+                if self._agent is None:
+                    self._agent = LocalAgent().start()
+            return self._agent.client
+        from ..agent import AgentClient
+
+        url = self.agent_url.strip()
+        if not url.startswith(("http://", "https://")):
+            raise MpstudioError("give the remote agent's URL, such as http://192.168.1.20:8765, and its token")
+        if self._remote is None or getattr(self._remote, "url", None) != url:
+            self._remote = AgentClient(url, self.agent_token.strip() or None)
+        return self._remote

@@ -1,0 +1,94 @@
+"""SensitivityTable: the ranking of activation tensors (Tabulator: sort, filter), selection shared with the graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import panel as pn
+import param
+from bokeh.models.widgets.tables import NumberFormatter
+
+from .base import laid_out_once
+from .state import StudioState
+
+# Shown columns, in order, with their titles.
+COLUMNS = {"rank": "rank", "tensor": "tensor", "op": "op", "bits": "bits", "snr_db": "SNR dB", "cosine": "cosine",
+           "local_snr_8": "local SNR 8b", "local_snr_16": "local SNR 16b", "isolation_gain": "isolation gain",
+           "latency_share": "latency share", "namespace": "namespace"}
+
+
+def ranking_frame(tensors: pd.DataFrame) -> pd.DataFrame:
+    """The table's rows: ranked tensors first (rank 1 on top), then the unranked in graph order."""
+    frame = tensors.copy()
+    frame["_order"] = np.arange(len(frame))
+    frame = frame.sort_values(["rank", "_order"], na_position="last", kind="stable")
+    frame = frame[list(COLUMNS)].reset_index(drop=True)
+    frame["rank"] = frame["rank"].astype("Int64")
+    return frame
+
+
+class SensitivityTable(pn.viewable.Viewer):
+    """Click, shift-click or ctrl-click rows to select tensors; the graph selects them too, and back."""
+
+    state = param.ClassSelector(class_=StudioState)
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._syncing = False
+        number = NumberFormatter(format="0.00")
+        self.table = pn.widgets.Tabulator(
+            ranking_frame(self.state.tensors), show_index=False, selectable=True, disabled=True,
+            sizing_mode="stretch_both", min_height=260, layout="fit_data_table", titles=COLUMNS,
+            header_filters={"tensor": {"type": "input", "func": "like", "placeholder": "filter"},
+                            "op": {"type": "input", "func": "like", "placeholder": "op"},
+                            "bits": {"type": "number", "func": "=", "placeholder": "bits"},
+                            "namespace": {"type": "input", "func": "like", "placeholder": "namespace"}},
+            formatters={"snr_db": number, "cosine": NumberFormatter(format="0.0000"), "local_snr_8": number,
+                        "local_snr_16": number, "isolation_gain": NumberFormatter(format="0.0000"),
+                        "latency_share": NumberFormatter(format="0.0%")},
+            frozen_columns=["rank", "tensor"], name="sensitivity-table",
+        )
+        self.table.param.watch(self._on_table_selection, "selection")
+        self.state.param.watch(self._on_tensors, "tensors")
+        self.state.param.watch(self._on_selection, "selection")
+
+    @laid_out_once
+    def __panel__(self):
+        return pn.Column(pn.pane.HTML("<b>Sensitivity ranking</b> <span style='color:#666;font-size:12px'>"
+                                      "(promote from the top; click a header to sort, type in it to filter)</span>",
+                                      margin=(0, 10)),
+                         self.table, sizing_mode="stretch_both")
+
+    # ---- state -> table ----
+    def _on_tensors(self, *_):
+        new = ranking_frame(self.state.tensors)
+        old = self.table.value
+        if len(old) == len(new) and old["tensor"].tolist() == new["tensor"].tolist():
+            changed = [c for c in new.columns if not new[c].equals(old[c])]
+            if changed:  # same rows (a new plan): patch the columns that moved, keep sort, filters and scroll
+                self.table.patch(new[changed].astype(object).where(new[changed].notna(), None))
+        else:
+            self._syncing = True
+            try:
+                self.table.value = new
+            finally:
+                self._syncing = False
+        self._on_selection()
+
+    def _on_selection(self, *_):
+        frame = self.table.value
+        wanted = set(self.state.selection)
+        rows = [i for i, t in enumerate(frame["tensor"]) if t in wanted] if wanted else []
+        if sorted(self.table.selection) != rows:
+            self._syncing = True
+            try:
+                self.table.selection = rows
+            finally:
+                self._syncing = False
+
+    # ---- table -> state ----
+    def _on_table_selection(self, event):
+        if self._syncing:
+            return
+        frame = self.table.value
+        self.state.select([frame["tensor"].iat[i] for i in event.new if i < len(frame)])

@@ -1,0 +1,148 @@
+"""What the studio's tests share: a small prepared study, a Chromium to drive, a Panel server on a free port,
+and BokehJS look-ups from the page (screen positions of data points, data of a named renderer's source)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from gui_models import make_residual_model
+
+SMALL_NODES = 60
+SMALL_SIZE = 8
+
+
+def chromium_path() -> str | None:
+    """Debian's chromium (what scripts/install-browser installs), or MPSTUDIO_CHROMIUM."""
+    override = os.environ.get("MPSTUDIO_CHROMIUM")
+    if override and Path(override).is_file():
+        return override
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def small_feeds(n: int = 12, seed: int = 0):
+    from mpstudio.data import FeedList
+
+    rng = np.random.default_rng(seed)
+    return FeedList([{"x": rng.normal(0, 1, (1, 3, SMALL_SIZE, SMALL_SIZE)).astype(np.float32)} for _ in range(n)],
+                    name="random")
+
+
+def make_small_study(folder: Path, analyzed: bool = True, baselines: bool = True):
+    """A study of a 60-node residual model on 12 random samples (output SNR metric): seconds to analyse."""
+    from mpstudio.study import Study
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    model = folder.parent / f"{folder.name}.onnx"
+    onnx.save(make_residual_model(SMALL_NODES, size=SMALL_SIZE), model)
+    study = Study.create(folder, model, small_feeds(), name="small residual net")
+    if analyzed:
+        study.sensitivity()
+    if baselines:
+        study.baselines()
+    return study
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(condition, timeout: float = 30.0, interval: float = 0.05, message: str = ""):
+    """Poll `condition` until it returns something truthy; its value, or AssertionError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(message or f"condition not met within {timeout} s")
+        time.sleep(interval)
+
+
+class PanelServer:
+    """`pn.serve` of `factory` (called once per session) in a thread, on a free port of 127.0.0.1."""
+
+    def __init__(self, factory, path: str = "studio"):
+        import panel as pn
+
+        self.port = free_port()
+        self.path = path
+        self.thread = pn.serve({path: factory}, port=self.port, address="127.0.0.1", threaded=True, show=False,
+                               verbose=False, websocket_origin=[f"127.0.0.1:{self.port}", f"localhost:{self.port}"])
+        wait_until(self._alive, 30, message="the Panel server did not start")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{self.path}"
+
+    def _alive(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.thread.stop()
+
+
+def wait_for_bokeh(page, timeout_ms: int = 60000) -> None:
+    """Wait until the page's Bokeh document exists and has rendered (its idle signal fired)."""
+    page.wait_for_function("() => window.Bokeh !== undefined && Bokeh.documents.length > 0 && "
+                           "Bokeh.documents[0].is_idle", timeout=timeout_ms)
+
+
+# ---- BokehJS look-ups --------------------------------------------------------------------------------------
+SCREEN_POINTS = """
+([figure, xs, ys]) => {
+  const model = Bokeh.documents[0].get_model_by_name(figure);
+  const view = model == null ? null : Bokeh.index.find_one(model);
+  if (view == null) return null;
+  const rect = view.canvas_view.el.getBoundingClientRect();
+  const sx = view.frame.x_scale, sy = view.frame.y_scale;
+  return xs.map((x, i) => [rect.left + sx.compute(x), rect.top + sy.compute(ys[i])]);
+}
+"""
+
+SOURCE_DATA = """
+([renderer, column]) => {
+  const doc = Bokeh.documents[0];
+  const model = doc.get_model_by_name(renderer);
+  if (model == null) return null;
+  const data = model.data_source.data;
+  const value = data instanceof Map ? data.get(column) : data[column];
+  return value == null ? null : Array.from(value);
+}
+"""
+
+SELECTED = """
+(renderer) => {
+  const model = Bokeh.documents[0].get_model_by_name(renderer);
+  return model == null ? null : Array.from(model.data_source.selected.indices);
+}
+"""
+
+
+def screen_points(page, figure: str, xs, ys):
+    return page.evaluate(SCREEN_POINTS, [figure, list(map(float, xs)), list(map(float, ys))])
+
+
+def source_column(page, renderer: str, column: str):
+    return page.evaluate(SOURCE_DATA, [renderer, column])
+
+
+def selected_rows(page, renderer: str):
+    return page.evaluate(SELECTED, renderer)

@@ -1,0 +1,216 @@
+"""The studio's state and views without a browser: a real study on disk, real ORT runs, real Bokeh models."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import onnx
+import pytest
+from bokeh.document import Document
+from bokeh.models import ColorBar
+from bokeh.document.events import ColumnDataChangedEvent, ColumnsPatchedEvent
+
+from gui_support import make_small_study
+from mpstudio.plan import PrecisionPlan
+from mpstudio.widgets import ExportPanel, GraphView, ParetoPlot, SensitivityTable, Studio, StudioState
+
+pytestmark = pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    return make_small_study(tmp_path_factory.mktemp("widgets") / "study")
+
+
+@pytest.fixture
+def state(study):
+    state = StudioState(study)
+    job = state.jobs[0]
+    assert job.kind == "analyze" and job.wait(120) and job.status == "done", job.error
+    yield state
+    state.close()
+
+
+def activations(state):
+    return state.tensors["tensor"].tolist()
+
+
+def test_opening_a_study_lays_out_its_graph_and_reads_its_ranking(state, study):
+    graph = study.graph
+    assert state.layout is not None and len(state.layout) == len(graph.nodes) + len(graph.inputs)
+    assert activations(state) == graph.activations()
+    assert (state.tensors["bits"] == 8).all()
+    ranked = state.tensors.dropna(subset=["rank"])
+    assert len(ranked) == len(state.report.ranking)  # every ranked tensor has its scores in the table
+    top = state.report.ranking.iloc[0]
+    row = state.tensors.set_index("tensor").loc[top["tensor"]]
+    assert row["rank"] == 1 and row["snr_db"] == pytest.approx(top["snr_db"])
+    assert state.plan.hash == PrecisionPlan.a8w8().hash and state.plan_id is not None  # a8w8 is stored
+    assert set(state.evaluations["name"]) >= {"a8w8", "a16w8"}
+
+
+def test_promote_and_demote_the_selection(state):
+    chosen = activations(state)[3:7]
+    state.select(chosen + ["no such tensor"])
+    assert state.selection == chosen
+    plan = state.promote_selected()
+    assert set(plan.overrides) == set(chosen) and state.plan is plan and state.plan_id is None
+    assert set(state.sixteen_bit()) >= set(chosen)
+    state.select(chosen[:2])
+    state.demote_selected()
+    assert set(state.plan.overrides) == set(chosen[2:])
+    state.select([])
+    before = state.plan
+    state.promote_selected()
+    assert state.plan is before and "select tensors first" in state.error
+
+
+def test_graph_selection_goes_both_ways_and_promotion_patches_the_figure(state):
+    view = GraphView(state=state)
+    doc = Document()
+    doc.add_root(view.figure)
+    doc.add_root(view.minimap)
+    events = []
+    doc.on_change(lambda event: events.append(event))
+    source = view.nodes
+    ids = source.data["id"]
+    # Box/tap select in the figure -> the tensors those nodes produce are the state's selection.
+    rows = [ids.index(state.tensors.set_index("tensor").loc[t, "node"]) for t in activations(state)[5:8]]
+    source.selected.indices = rows
+    assert state.selection == activations(state)[5:8]
+    # The state's selection -> the figure.
+    state.select(activations(state)[10:12])
+    assert sorted(source.selected.indices) == sorted(ids.index(state.tensors.set_index("tensor").loc[t, "node"])
+                                                     for t in activations(state)[10:12])
+    # Promote: the figure is not rebuilt; the style columns are patched and the nodes turn to squares.
+    events.clear()
+    state.promote_selected()
+    assert any(isinstance(e, ColumnsPatchedEvent) for e in events)
+    assert not any(isinstance(e, ColumnDataChangedEvent) for e in events)
+    for row in source.selected.indices:
+        assert source.data["marker"][row] == "square" and source.data["bits"][row] == "16"
+    assert source.data["marker"][0] == "circle"
+
+
+def test_colour_by_a_score(state):
+    view = GraphView(state=state)
+    frame = state.tensors.set_index("tensor")
+    for label, column in (("isolation gain", "isolation_gain"), ("SNR (dB)", "snr_db")):
+        state.color_by = column
+        row = next(i for i, t in enumerate(view._node_tensors) if len(t) == 1 and math.isfinite(frame.loc[t[0], column]))
+        assert view.nodes.data["score"][row] == pytest.approx(frame.loc[view._node_tensors[row][0], column])
+        assert view.figure.select_one(ColorBar).title == label
+    state.color_by = "isolation_gain"
+    assert view.mapper.palette[-1] != view.mapper.palette[0]
+
+
+def test_table_selection_is_shared_with_the_graph(state):
+    table = SensitivityTable(state=state)
+    graph = GraphView(state=state)
+    value = table.table.value
+    assert value["rank"].iloc[0] == 1 and value["tensor"].iloc[0] == state.report.ranking["tensor"].iloc[0]
+    table.table.selection = [0, 2]
+    assert state.selection == [value["tensor"].iloc[0], value["tensor"].iloc[2]]
+    assert len(graph.nodes.selected.indices) == 2
+    graph.nodes.selected.indices = [graph._row_of_tensor[value["tensor"].iloc[1]]]
+    assert table.table.selection == [1]
+    state.promote_selected()  # a new plan patches the bits column in place
+    assert table.table.value["bits"].iloc[1] == 16 and table.table.value["bits"].iloc[0] == 8
+
+
+def test_collapse_and_expand_namespaces(state):
+    view = GraphView(state=state)
+    full = len(view.nodes.data["id"])
+    assert "stage0" in state.param.collapsed.objects
+    state.collapse("stage0")
+    ids = view.nodes.data["id"]
+    assert len(ids) < full and "ns:stage0" in ids
+    row = ids.index("ns:stage0")
+    view.nodes.selected.indices = [row]  # selecting the namespace node selects all of its tensors
+    members = set(state.tensors.loc[state.tensors["namespace"].str.startswith("stage0"), "tensor"])
+    assert set(state.selection) == members
+    state.promote_selected()
+    assert view.nodes.data["bits"][row] in ("16", "8+16")
+    state.expand()
+    assert len(view.nodes.data["id"]) == full
+
+
+def test_find_selects_and_scrolls_to_a_tensor(state):
+    view = GraphView(state=state)
+    last = activations(state)[-2]
+    state.query = last.split("/")[-2] + "/" + last.split("/")[-1]
+    assert last in state.selection and state.focus == state.selection[0]
+    row = view._row_of_tensor[state.focus]
+    y_range = view.figure.y_range
+    assert y_range.start < view.nodes.data["y"][row] < y_range.end
+    state.query = "definitely-not-a-name"
+    assert "nothing matches" in state.message
+
+
+def test_evaluate_adds_a_point_and_a_click_on_a_point_loads_its_plan(state):
+    plot = ParetoPlot(state=state)
+    before = len(plot.points.data["plan_id"])
+    state.select(activations(state)[4:9])
+    plan = state.promote_selected()
+    job = state.evaluate_plan()
+    assert job.wait(120) and job.status == "done", job.error
+    assert state.plan_id is not None and state.plan_id in plot.points.data["plan_id"]
+    assert len(plot.points.data["plan_id"]) == before + 1
+    assert "estimate" in plot.figure.xaxis[0].axis_label and "higher is better" in plot.figure.yaxis[0].axis_label
+    assert plot.current.data["x"] and set(plot.labels.data["text"]) == {"a8w8", "a16w8"}
+    # A click on the a16w8 baseline loads that plan into the graph.
+    graph = GraphView(state=state)
+    row = plot.points.data["name"].index("a16w8")
+    plot.points.selected.indices = [row]
+    assert state.plan.activation_type == "uint16" and state.plan_id == plot.points.data["plan_id"][row]
+    assert set(graph.nodes.data["bits"]) <= {"16", "-"}
+    assert state.plan.hash != plan.hash
+
+
+def test_a_failing_job_shows_a_readable_error(state):
+    state.runner = "remote"
+    state.agent_url = "not a url"
+    job = state.evaluate_plan()
+    assert job.wait(60) and job.status == "failed"
+    assert "remote agent's URL" in job.error and job.error == state.error and "Traceback" not in state.error
+
+
+def test_cancel_a_search(state):
+    job = state.start_search("60")  # an output SNR no plan reaches: the search keeps going until cancelled
+    state.cancel_jobs()
+    assert job.wait(120) and job.status == "cancelled"
+
+
+def test_a_bad_model_shows_an_error(tmp_path, study):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"this is not an onnx file")
+    state = StudioState(auto_analyze=False)
+    job = state.open_model(bad, study.folder / "data" / "calibration")
+    assert job.wait(60) and job.status == "failed"
+    assert "bad.onnx" in state.error and "Traceback" not in state.error and state.study is None
+    state = StudioState.from_arguments(model=str(bad))
+    assert "--data" in state.error
+
+
+def test_export_writes_valid_json(state, tmp_path):
+    state.select(activations(state)[2:4])
+    state.promote_selected()
+    panel = ExportPanel(state=state)
+    path = panel.downloads["ort"].callback()
+    overrides = json.loads(open(path).read())
+    assert set(activations(state)[2:4]) <= set(overrides)
+    assert panel.downloads["ort"].filename.endswith(".overrides.json")
+    encodings = json.loads(open(panel.downloads["qnn"].callback()).read())
+    assert "activation_encodings" in encodings and "param_encodings" in encodings
+    onnx.checker.check_model(onnx.load(panel.downloads["model"].callback()))
+
+
+def test_the_studio_lays_out_every_view(state):
+    studio = Studio(state)
+    layout = studio.__panel__()
+    assert studio.__panel__() is layout  # displayed twice, built once
+    names = {type(v).__name__ for v in (studio.graph, studio.table, studio.pareto, studio.run, studio.export,
+                                        studio.model)}
+    assert names == {"GraphView", "SensitivityTable", "ParetoPlot", "RunPanel", "ExportPanel", "ModelPanel"}
+    assert studio.model._report(state.study).count("QNN") >= 1
