@@ -218,7 +218,7 @@ def _export(args) -> int:
     from .study import Study
 
     formats = {"ort": ("ort",), "qnn": ("qnn",), "model": ("model",), "context": ("context",),
-               "all": ("ort", "qnn", "model")}[args.format]
+               "float": ("float",), "all": ("ort", "qnn", "model", "float")}[args.format]
     with ExitStack() as stack:
         study = stack.enter_context(Study.open(args.folder))
         plan = study.plan(args.plan)
@@ -232,7 +232,7 @@ def _export(args) -> int:
                 formats = formats + ("context",)
         out = Path(args.output) if args.output else study.folder / "exports" / f"plan-{study.plan_id(plan)}"
         result = export_plan(study.quantizer, plan, out, formats, agent=agent,
-                             provider_options={"htp_arch": study.htp_arch})
+                             provider_options={"htp_arch": study.htp_arch}, with_parameters=args.pin_parameters)
     print(f"plan {args.plan} ({plan.summary()}) exported:")
     for path in result.paths():
         print(f"  {path}")
@@ -314,7 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write a plan's ORT overrides, QNN encodings, QDQ model (and context binary)")
     e.add_argument("folder", help="study folder")
     e.add_argument("--plan", required=True, help="plan id or hash (see mpstudio study show)")
-    e.add_argument("--format", default="all", choices=["ort", "qnn", "model", "context", "all"])
+    e.add_argument("--format", default="all", choices=["ort", "qnn", "model", "float", "context", "all"],
+                   help="ort: TensorQuantOverrides JSON; qnn: QNN/AIMET encodings JSON; model: the QDQ model; "
+                        "float: the prepared float model the encodings name; context: the QNN context binary "
+                        "(needs an agent); all: ort, qnn, model and float (and context with an agent)")
+    e.add_argument("--pin-parameters", action="store_true",
+                   help="pin each activation's scale and zero point in the ORT overrides (reproduces the model "
+                        "exactly without the same calibration data)")
     e.add_argument("-o", "--output", help="output folder (default STUDY/exports/plan-ID)")
     _add_runner_args(e)
     e.set_defaults(func=_export)

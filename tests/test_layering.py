@@ -5,7 +5,8 @@ import sys
 
 CORE = ["mpstudio", "mpstudio.model", "mpstudio.graph", "mpstudio.data", "mpstudio.plan", "mpstudio.quantize",
         "mpstudio.runtime", "mpstudio.evaluate", "mpstudio.demos", "mpstudio.cli", "mpstudio.qnn_support",
-        "mpstudio.sensitivity", "mpstudio.agent"]
+        "mpstudio.sensitivity", "mpstudio.agent", "mpstudio.latency", "mpstudio.study", "mpstudio.search",
+        "mpstudio.export", "mpstudio.layout"]
 
 
 def test_core_imports_no_gui_modules():
