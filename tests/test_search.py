@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -158,6 +159,16 @@ def test_search_command_line_prints_the_front_and_how_to_export(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "recommended: plan" in out.stdout and "on the front" in out.stdout and "mpstudio export" in out.stdout
+    plan_id = out.stdout.split("--plan ")[1].split()[0]
+    export = subprocess.run([sys.executable, "-m", "mpstudio", "export", str(tmp_path / "s"), "--plan", plan_id,
+                             "--format", "all", "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert export.returncode == 0, export.stderr
+    from mpstudio.export import validate_encodings
+
+    encodings = next((tmp_path / "out").glob("*.encodings.json"))
+    qdq = next((tmp_path / "out").glob("*.qdq.onnx"))
+    validate_encodings(json.loads(encodings.read_text()), qdq)
+    assert next((tmp_path / "out").glob("*.overrides.json")).exists()
     show = subprocess.run([sys.executable, "-m", "mpstudio", "study", "show", str(tmp_path / "s")],
                           capture_output=True, text=True, timeout=120)
     assert show.returncode == 0 and "a16w8" in show.stdout and "estimate" in show.stdout
