@@ -146,3 +146,20 @@ def source_column(page, renderer: str, column: str):
 
 def selected_rows(page, renderer: str):
     return page.evaluate(SELECTED, renderer)
+
+TABLE_SELECTION = """
+() => {
+  for (const model of Bokeh.documents[0].all_models) {
+    if (model.type === "DataTabulator" || model.constructor.__name__ === "DataTabulator") {
+      const names = model.source.data instanceof Map ? model.source.data.get("tensor") : model.source.data.tensor;
+      return Array.from(model.source.selected.indices).map((i) => names[i]);
+    }
+  }
+  return null;
+}
+"""
+
+
+def table_selection(page):
+    """The tensors selected in the page's Tabulator (its Bokeh model, so rows scrolled out of view count)."""
+    return page.evaluate(TABLE_SELECTION)

@@ -64,10 +64,13 @@ class Studio(pn.viewable.Viewer):
         """In `panel serve`: the studio in a template (and the session's jobs stopped when it closes)."""
         if served():
             pn.state.on_session_destroyed(lambda context: self.state.close())
-            template = pn.template.FastListTemplate(title=title, sidebar=self.sidebar(), main=[self.main()],
-                                                    sidebar_width=340, accent="#0b6e99", main_layout=None)
-            template.servable(title=title, **kwargs)
+            self.template(title).servable(title=title, **kwargs)
         return self
+
+    def template(self, title: str = TITLE):
+        """The studio as a page: panels in the sidebar, the views in the main area."""
+        return pn.template.FastListTemplate(title=title, sidebar=self.sidebar(), main=[self.main()], sidebar_width=340,
+                                            accent="#0b6e99", main_layout=None)
 
 
 def served() -> bool:
