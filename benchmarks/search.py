@@ -80,6 +80,8 @@ def main() -> int:
     parser.add_argument("--target", default="a16w8+10%")
     parser.add_argument("--samples", type=int, default=100, help="evaluation lines per evaluation")
     parser.add_argument("--max-groups", type=int, help="limit phase 1 to the first N groups (quick runs)")
+    parser.add_argument("--weights", default="per-tensor", choices=["per-tensor", "auto"],
+                        help="mpstudio's weight handling; per-tensor (default) searches the same space as AMP")
     parser.add_argument("--keep", help="keep the study folders here")
     args = parser.parse_args()
 
@@ -94,7 +96,7 @@ def main() -> int:
     ours_study = make_study(root / "mpstudio", demo)
     ours_study.quantizer.calibrate()  # calibration is shared set-up, not search work, for both
     started = time.perf_counter()
-    ours = search(ours_study, args.target, max_evaluations=24)
+    ours = search(ours_study, args.target, max_evaluations=24, weights=args.weights)
     ours_seconds = time.perf_counter() - started
     print(f"\nmpstudio search: {ours.evaluations} evaluations, {ours_seconds:.1f} s (sensitivity analysis included)")
     print("  " + ours.describe().replace("\n", "\n  "))

@@ -352,7 +352,7 @@ class _Walk:
             return [], []
         with _generate_lock:
             model = self.study.quantizer.generate(base_plan)
-        costs = promotion_costs(model, list(contribution.index), self.study.htp_arch)
+        costs = promotion_costs(model, list(contribution.index), self.study.htp_arch, graph=self.study.graph)
         costs = costs.reindex(contribution.index).fillna(costs.median() if len(costs) else 1.0)
         floor = max(float(costs[costs > 0].min()) if (costs > 0).any() else 1e-6, 1e-6)
         score = contribution / costs.clip(lower=floor)
