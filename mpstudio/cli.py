@@ -167,6 +167,11 @@ def _search(args) -> int:
                         max_evaluations=args.max_evaluations, backend=args.backend, runner=runner,
                         weights=args.weights, progress=progress)
         print(result.describe())
+        if args.confirm and args.backend != "htp":
+            # The search ran on ORT's CPU QDQ reference for speed; HTP numerics confirm the choice.
+            confirmed = study.evaluate(study.plan(result.recommended.plan_id), "htp", runner, progress=progress)
+            print(f"confirmed on {confirmed.accuracy_source}: {confirmed.metric} {confirmed.value:.4f} "
+                  f"(CPU QDQ {result.recommended.value:.4f})")
         print("\nevaluations along the way:")
         print(path_frame(result).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()
@@ -289,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-evaluations", type=int, default=24, help="evaluation budget, baselines included")
     s.add_argument("--latency-budget", type=float, metavar="MS", help="largest estimated latency allowed (ms)")
     s.add_argument("--backend", default="cpu", choices=["cpu", "htp"], help="where accuracy is measured")
+    s.add_argument("--confirm", action="store_true",
+                   help="evaluate the recommended plan on the HTP backend too (the search itself runs on CPU)")
     s.add_argument("--weights", default="auto", choices=["auto", "per-tensor", "per-channel"],
                    help="weight quantization of the base plan (auto: per-channel int8 when it clearly helps)")
     s.add_argument("--shape", action="append", metavar="NAME=D1,D2,...", help="fix a dynamic input's shape")

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import chain_feeds, make_chain_model
+from conftest import chain_feeds, make_chain_model, requires_qnn
 from mpstudio.data import Cancelled, FeedList
 from mpstudio.errors import MpstudioError
 from mpstudio.search import Target, meets, search
@@ -175,3 +175,40 @@ def test_search_command_line_prints_the_front_and_how_to_export(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "mpstudio", "study", "show", str(tmp_path / "none")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "not a study folder" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_search_spreads_over_an_agent_pool(tmp_path):
+    """Two real agents on loopback: each round evaluates one plan per agent, and every result is stored."""
+    from mpstudio.agent import AgentPool, LocalAgent
+
+    study = _make_study(tmp_path, size=32)
+    with LocalAgent() as first, LocalAgent() as second:
+        with AgentPool([first.client, second.client]) as pool:
+            assert len(pool.healthy()) == 2
+            result = search(study, "a16w8+10%", runner=pool, weights="per-tensor", max_evaluations=12)
+    assert result.reached
+    in_process = Study.create(tmp_path / "again", study.quantizer.float_path, study.calibration, study.evaluation_data)
+    same = in_process.evaluate(study.plan(result.recommended.plan_id))
+    assert same.value == pytest.approx(result.recommended.value, abs=1e-6)  # agents score as this process does
+    assert set(study.jobs()["status"]) == {"done"}
+    study.close()
+    in_process.close()
+
+
+@pytest.mark.htp
+@requires_qnn
+def test_search_confirms_its_choice_on_htp(tmp_path):
+    model = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=4), model)
+    data = tmp_path / "data"
+    FeedList(chain_feeds(4)).save_npz(data)
+    out = subprocess.run([sys.executable, "-m", "mpstudio", "search", str(model), "--data", str(data), "--study",
+                          str(tmp_path / "s"), "--weights", "per-tensor", "--confirm", "--quiet"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode in (0, 1), out.stderr
+    assert "confirmed on HTP" in out.stdout
+    with Study.open(tmp_path / "s") as study:
+        frame = study.evaluations()
+        assert {"ORT CPU QDQ"} < set(frame["accuracy_source"])
+        htp = frame[frame["accuracy_source"].str.startswith("HTP")]
+        assert len(htp) == 1 and htp["backend"].iloc[0] == "htp"
