@@ -244,7 +244,10 @@ class Study:
             "created": time.time(),
         }
         for item in tmp.iterdir():
-            os.replace(item, folder / item.name)
+            target = folder / item.name
+            if target.is_dir():  # left by a creation that was killed before study.json was written
+                shutil.rmtree(target)
+            os.replace(item, target)
         tmp.rmdir()
         _atomic_write(folder / STUDY_FILE, json.dumps(config, indent=2) + "\n")
         if progress:
