@@ -26,6 +26,7 @@ _AGGREGATE = {"snr_db": np.nanmin, "cosine": np.nanmin, "isolation_gain": np.nan
               "rank": np.nanmin, "local_snr_8": np.nanmin}
 _MARKERS = {"8": "circle", "16": "square", "8+16": "diamond", "-": "triangle"}
 _HOVER_COLUMNS = ["snr_db", "cosine", "isolation_gain", "latency_share", "rank", "local_snr_8"]
+_NUMERIC = {"score", "line_width", *_HOVER_COLUMNS}
 # Columns that depend on scores and the plan (patched); the rest depend on the layout only (replaced).
 _STYLE_COLUMNS = ["score", "bits", "marker", "line_width", "line_color", "tensor", *_HOVER_COLUMNS]
 
@@ -41,7 +42,10 @@ class GraphView(pn.viewable.Viewer):
         self._node_tensors: list[list[str]] = []  # per drawn node (source row): its activation tensors
         self._row_of_tensor: dict[str, int] = {}
         self.nodes = ColumnDataSource(data=self._empty())
-        self.edges = ColumnDataSource(data={"xs": [], "ys": []})
+        self.labels = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0), "label": []})
+        self._label_band = (0.0, 0.0)
+        # All edges as one polyline broken by NaNs: one binary array each way instead of thousands of lists.
+        self.edges = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0)})
         self.mapper = LinearColorMapper(palette=list(RdYlGn11)[::-1], low=0, high=1, nan_color="#d9d9d9")
         self.figure = self._main_figure()
         self.minimap = self._minimap()
@@ -96,24 +100,31 @@ class GraphView(pn.viewable.Viewer):
         fig.axis.visible = False
         fig.grid.visible = False
         fig.outline_line_color = None
-        fig.multi_line("xs", "ys", source=self.edges, line_color="#9aa0a6", line_width=1, line_alpha=0.8)
+        fig.line("x", "y", source=self.edges, line_color="#9aa0a6", line_width=1, line_alpha=0.8)
         nodes = fig.scatter("x", "y", source=self.nodes, marker="marker", size="size",
                             fill_color={"field": "score", "transform": self.mapper}, line_color="line_color",
                             line_width="line_width", selection_line_color="#d6008f", selection_line_width=3,
                             nonselection_fill_alpha=0.35, nonselection_line_alpha=0.5, name="nodes")
-        fig.text("x", "y", text="label", source=self.nodes, x_offset=11, text_font_size="10px",
+        # Labels of the nodes near the visible window only: laying out thousands of texts would dominate the
+        # first render. The band is refilled when the view leaves it (see _on_range).
+        fig.text("x", "y", text="label", source=self.labels, x_offset=11, text_font_size="10px",
                  text_baseline="middle", text_color="#333")
+        fig.y_range.on_change("start", self._on_range)
+        fig.y_range.on_change("end", self._on_range)
         hover = HoverTool(renderers=[nodes], tooltips=[
             ("node", "@id"), ("op", "@op"), ("tensor", "@tensor"), ("bits", "@bits"),
             ("SNR", "@snr_db{0.00} dB"), ("cosine", "@cosine{0.0000}"), ("local SNR 8-bit", "@local_snr_8{0.0} dB"),
             ("isolation gain", "@isolation_gain{0.0000}"), ("rank", "@rank"),
             ("latency share", "@latency_share{0.0%}")])
         wheel = WheelZoomTool()
-        fig.add_tools(hover, BoxSelectTool(renderers=[nodes]), TapTool(renderers=[nodes]), wheel)
+        fig.add_tools(hover, TapTool(renderers=[nodes]), wheel)
         fig.toolbar.active_scroll = wheel
-        fig.toolbar.active_drag = fig.select_one(BoxSelectTool)
-        fig.add_layout(ColorBar(color_mapper=self.mapper, width=10, title="SNR (dB)", title_text_font_size="11px",
-                                major_label_text_font_size="10px"), "right")
+        box = BoxSelectTool(renderers=[nodes])
+        fig.add_tools(box)
+        fig.toolbar.active_drag = box
+        self.color_bar = ColorBar(color_mapper=self.mapper, width=10, title="SNR (dB)", title_text_font_size="11px",
+                                  major_label_text_font_size="10px")
+        fig.add_layout(self.color_bar, "right")
         self._hover = hover
         return fig
 
@@ -123,7 +134,7 @@ class GraphView(pn.viewable.Viewer):
         mini.axis.visible = False
         mini.grid.visible = False
         mini.min_border = 2
-        mini.multi_line("xs", "ys", source=self.edges, line_color="#c4c7ca", line_width=0.6)
+        mini.line("x", "y", source=self.edges, line_color="#c4c7ca", line_width=0.6)
         mini.scatter("x", "y", source=self.nodes, size=3, line_color=None,
                      fill_color={"field": "score", "transform": self.mapper}, nonselection_fill_alpha=1.0,
                      selection_fill_color="#d6008f")
@@ -141,7 +152,9 @@ class GraphView(pn.viewable.Viewer):
             return
         nodes = layout.nodes
         tensors = self.state.tensors
-        by_node = tensors.groupby("node")["tensor"].agg(list).to_dict() if len(tensors) else {}
+        by_node: dict[str, list[str]] = {}
+        for tensor, node in zip(tensors["tensor"], tensors["node"]):
+            by_node.setdefault(node, []).append(tensor)
         inputs = set(tensors["tensor"]) if len(tensors) else set()
         self._node_tensors = []
         for node_id in nodes["id"]:
@@ -155,42 +168,64 @@ class GraphView(pn.viewable.Viewer):
         labels = [f"{label} ({size})" if kind == "namespace" else label
                   for label, kind, size in zip(nodes["label"], nodes["kind"], nodes["size"])]
         data = {
-            "id": nodes["id"].tolist(), "x": nodes["x"].tolist(), "y": nodes["y"].tolist(), "label": labels,
+            "id": nodes["id"].tolist(), "x": nodes["x"].to_numpy(float), "y": nodes["y"].to_numpy(float), "label": labels,
             "op": nodes["op"].tolist(), "namespace": nodes["namespace"].tolist(), "kind": nodes["kind"].tolist(),
-            "size": [22 if kind == "namespace" else 13 for kind in nodes["kind"]],
+            "size": np.where(nodes["kind"] == "namespace", 22.0, 13.0),
             "tensors": [", ".join(ts[:6]) + (" ..." if len(ts) > 6 else "") for ts in self._node_tensors],
         }
-        data.update(self._style_columns())
+        # Numbers travel as binary arrays, not JSON lists.
+        data.update({c: np.asarray(v, dtype=float) if c in _NUMERIC else v for c, v in self._style_columns().items()})
         self._syncing = True
         try:
             self.nodes.selected.indices = []
             self.nodes.data = data
-            self.edges.data = {"xs": layout.edges["xs"].tolist(), "ys": layout.edges["ys"].tolist()}
+            self.edges.data = _polyline(layout.edges)
         finally:
             self._syncing = False
         self._fit_ranges()
+        self._fill_labels(force=True)
         self._style_mapper()
         self._on_selection()
+
+    def _fill_labels(self, force: bool = False) -> None:
+        """Labels for the nodes within one window's height above and below the visible window."""
+        y_range = self.figure.y_range
+        start, end = y_range.start, y_range.end
+        low, high = self._label_band
+        if not force and low <= start and end <= high:
+            return
+        height = end - start
+        low, high = start - height, end + height
+        ys = np.asarray(self.nodes.data["y"], dtype=float)
+        rows = np.flatnonzero((ys >= low) & (ys <= high))
+        self._label_band = (low, high)
+        self.labels.data = {"x": np.asarray(self.nodes.data["x"], dtype=float)[rows], "y": ys[rows],
+                            "label": [self.nodes.data["label"][i] for i in rows]}
+
+    def _on_range(self, attr, old, new):
+        self._fill_labels()
 
     def _style_columns(self) -> dict:
         """Per drawn node: the score, 8/16-bit marker and outline, and the hover values."""
         tensors = self.state.tensors
         score = self.state.color_by
-        frame = tensors.set_index("tensor") if len(tensors) else None
+        # Plain dicts: a per-row DataFrame lookup is far too slow for thousands of nodes.
+        bits_of = dict(zip(tensors["tensor"], tensors["bits"])) if len(tensors) else {}
+        values_of = {c: dict(zip(tensors["tensor"], tensors[c].astype(float))) for c in _HOVER_COLUMNS} \
+            if len(tensors) else {}
         columns = {c: [] for c in _STYLE_COLUMNS}
         for ts in self._node_tensors:
-            if frame is None or not ts:
-                bits, values = "-", {c: math.nan for c in _HOVER_COLUMNS}
-                tensor = ""
+            ts = [t for t in ts if t in bits_of]
+            if not ts:
+                bits, values, tensor = "-", {c: math.nan for c in _HOVER_COLUMNS}, ""
             else:
-                rows = frame.loc[ts]
-                kinds = set(rows["bits"].tolist())
+                kinds = {bits_of[t] for t in ts}
                 bits = "16" if kinds == {16} else "8" if kinds == {8} else "8+16"
                 if len(ts) == 1:
-                    values = {c: _float(rows[c].iloc[0]) for c in _HOVER_COLUMNS}
+                    values = {c: values_of[c][ts[0]] for c in _HOVER_COLUMNS}
                     tensor = ts[0]
                 else:
-                    values = {c: _aggregate(c, rows[c].to_numpy(dtype=float)) for c in _HOVER_COLUMNS}
+                    values = {c: _aggregate(c, np.array([values_of[c][t] for t in ts])) for c in _HOVER_COLUMNS}
                     tensor = f"{ts[0]} (+{len(ts) - 1} more)"
             columns["tensor"].append(tensor)
             columns["bits"].append(bits)
@@ -213,13 +248,11 @@ class GraphView(pn.viewable.Viewer):
         if score == "rank":
             palette = palette[::-1]  # rank 1 (promote first) is the one that needs attention
         self.mapper.update(low=low, high=high, palette=palette)
-        bar = self.figure.select_one(ColorBar)
-        if bar is not None:
-            bar.title = _LABELS.get(score, score)
+        self.color_bar.title = _LABELS.get(score, score)
 
     def _fit_ranges(self) -> None:
         data = self.nodes.data
-        if not data["x"]:
+        if not len(data["x"]):
             return
         xs, ys = np.asarray(data["x"]), np.asarray(data["y"])
         top = float(ys.max())
@@ -288,6 +321,15 @@ class GraphView(pn.viewable.Viewer):
 
     def _on_expand(self, event):
         self.state.expand()
+
+
+def _polyline(edges) -> dict:
+    """Every edge's points, edges separated by NaN (a gap in a Bokeh line)."""
+    xs, ys = [], []
+    for ex, ey in zip(edges["xs"], edges["ys"]):
+        xs += [*ex, math.nan]
+        ys += [*ey, math.nan]
+    return {"x": np.asarray(xs, dtype=float), "y": np.asarray(ys, dtype=float)}
 
 
 def _float(value) -> float:
