@@ -22,6 +22,7 @@ import pandas as pd
 from onnx import TensorProto, helper
 
 from .errors import MpstudioError, brief
+from .model import load_model
 
 LATENCY_SOURCES = ("measured", "estimate", "emulator")
 
@@ -270,37 +271,18 @@ class _Parsed:
     graph_outputs: tuple[str, ...]
 
 
-def _load(model) -> onnx.ModelProto:
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, (bytes, bytearray)):
-        try:
-            return onnx.load_from_string(bytes(model))
-        except Exception as exc:
-            raise MpstudioError(f"the bytes given are not an ONNX model ({brief(exc)})") from exc
-    if not isinstance(model, (str, os.PathLike)):
-        raise MpstudioError(f"give a QDQ model as a path or an onnx.ModelProto, not {type(model).__name__}")
-    path = Path(model)
-    if not path.is_file():
-        raise MpstudioError(f"model file {str(path)!r} does not exist")
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:
-        raise MpstudioError(f"{path.name} is not a readable ONNX model ({brief(exc)}); check the file") from exc
-
-
 def _parsed(model) -> _Parsed:
     """The ops of `model`, cached for a path while the file is unchanged."""
     if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
         path = Path(model).resolve()
         stat = path.stat()
         return _parsed_file(str(path), stat.st_mtime_ns, stat.st_size)
-    return _parse(_load(model))
+    return _parse(load_model(model))
 
 
 @lru_cache(maxsize=16)
 def _parsed_file(path: str, mtime_ns: int, size: int) -> _Parsed:
-    return _parse(_load(path))
+    return _parse(load_model(path))
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:

@@ -94,6 +94,8 @@ def load_model(source: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.Mode
             return onnx.load_from_string(bytes(source))
         except Exception as exc:
             raise MpstudioError(f"the given bytes are not an ONNX model ({brief(exc)})") from exc
+    if not isinstance(source, (str, os.PathLike)):
+        raise MpstudioError(f"give a model as a path, bytes or an onnx.ModelProto, not {type(source).__name__}")
     path = Path(source)
     if not path.exists():
         raise MpstudioError(f"model file not found: {path}")
