@@ -19,7 +19,7 @@ from ..quantize import Quantizer
 from ..runtime import create_session
 from . import qdq
 from .isolation import (ISOLATION_COLUMNS, IsolationResult, OutputScorer, Region, SwitchableModel, float_references,
-                        isolation_scores, tensor_regions)
+                        isolation_scores, own_params, tensor_regions)
 from .ranking import PredictionCheck, Prediction, namespace_regions, predict, rank_tensors, selection_region
 from .scores import tensor_scores, weight_scores
 from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB
@@ -166,7 +166,8 @@ def analyze(
     if isolation:
         iso_data = isolation_data if isolation_data is not None else data.head(isolation_samples)
         switchable = SwitchableModel(model_8, params_16, threads=threads or _cores(),
-                                     float_model=quantizer.prepared.model, graph=graph)
+                                     float_model=quantizer.prepared.model, graph=graph,
+                                     own_params=own_params(quantizer), qdq_model_16=model_16)
         references = float_references(quantizer.float_path, iso_data, switchable.output_names)
         scorer = OutputScorer(references, switchable.output_names, metric)
         regions: list[Region] = tensor_regions(switchable.tensors)
@@ -184,10 +185,11 @@ def analyze(
 def check_prediction(quantizer: Quantizer, report: SensitivityReport, tensors: Sequence[str],
                      isolation_data: DataSource, metric: TaskMetric | None = None,
                      progress: Progress | None = None, cancel: threading.Event | None = None) -> PredictionCheck:
-    """Predict, then regenerate the real QDQ model promoting `tensors` and measure it on the same samples."""
+    """Predict, then regenerate the real QDQ model promoting `tensors` and measure it on the same samples, with
+    the isolation scores' numerics (quantization simulated in float, not ORT's fused CPU integer kernels)."""
     prediction = report.predict(tensors)
     path = quantizer.generate(PrecisionPlan.a8w8().promote(tensors), progress, cancel)
-    session = create_session(path)
+    session = create_session(path, session_config={"session.disable_quant_qdq": "1"})
     names = [o.name for o in session.get_outputs()]
     references = float_references(quantizer.float_path, isolation_data, names)
     scorer = OutputScorer(references, names, metric)

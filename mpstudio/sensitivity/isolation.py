@@ -3,14 +3,24 @@ all-8-bit plan, and when it alone stays at 8 bits in the all-16-bit plan.
 
 Regenerating a QDQ model and opening a session per candidate costs about a second each. Instead, the
 all-8-bit QDQ model is turned once into a *switchable* model: every activation QuantizeLinear/
-DequantizeLinear pair becomes, for each node that reads the tensor, Clip -> QuantizeLinear(uint16) ->
-DequantizeLinear whose range, scale and zero point are overridable initializers (8-bit by default).
-Feeding an edge's 16-bit parameters promotes what that node reads; element-wise constants are overridable
-the same way. A promotion is resolved as the real plan would make it: ORT's `get_qnn_qdq_config` (through
-`quantize.qnn_config`) lists what it converts with the tensor, and a node reads 16-bit values only where
-the tensor is produced at 16 bits and not converted back to 8 for that node. Runs reuse the all-8-bit
-activations up to the first node a promotion changes (suffix models cut at a few points). What the
-switchable model leaves out: integer kernel rounding, and 16-bit constants are fed at float precision.
+DequantizeLinear pair becomes, for each node that reads the tensor, a Clip and two QuantizeLinear(uint16) ->
+DequantizeLinear pairs (a convert rounds twice) whose range, scales and zero points are overridable inputs
+(the all-8-bit values by default); element-wise constants and Conv/Gemm biases are overridable the same way.
+A configuration is resolved into those inputs as ORT would quantize the real plan: `get_qnn_qdq_config`
+(through `quantize.qnn_config`) gives each tensor's produced type and its converts; a tensor written with
+its input's parameters (Reshape, Transpose, Slice, AveragePool ...) takes them as its input arrives at its
+producer; a convert uses the parameters ORT computes from the tensor's own range (`qdq.ort_tensor_params`);
+a Relu/Clip that ORT folds into the op before it in the all-8-bit model stays in the graph when a convert
+touches it, so the value also passes its input's quantization; a bias is requantized to the scale its
+node's input arrives with; 16-bit constants take the all-16-bit model's values. Runs reuse the all-8-bit
+activations up to the first node a configuration changes (suffix models cut at a few points).
+
+The switchable model simulates quantization in float, as ONNX Runtime's CPU EP runs a QDQ model with
+`session.disable_quant_qdq=1`, and matches that run of the regenerated model to within a 16-bit step. It
+leaves out integer kernel rounding: its numerics are neither the CPU EP's fused integer kernels nor HTP's.
+A value that meets more than two quantizations on its way (only where a folded activation stays in the
+graph) is rounded on the first coarsest grid and the finest before it; the others move it by less than a
+16-bit step.
 """
 
 from __future__ import annotations
@@ -31,35 +41,96 @@ from ..errors import MpstudioError
 from ..evaluate import run_outputs
 from ..graph import node_display_name
 from ..plan import PrecisionPlan
-from ..quantize import QUANT_TYPES, SIXTEEN_BIT, ResolvedTypes, qnn_config
+from ..quantize import CALIBRATION_METHODS, QUANT_TYPES, SIXTEEN_BIT, ResolvedTypes, qnn_config
 from . import qdq
 from .stats import ErrorAccumulator
 
 _MS_DOMAIN = "com.microsoft"  # ORT's contrib QuantizeLinear takes uint16 at any opset
 _GRAPH_OUTPUT = ""  # the receiver name of an edge into a graph output
 _WEIGHT_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}  # their weights keep the plan's weight type
+_BIAS_OPS = {"Conv", "ConvTranspose", "Gemm"}  # ORT quantizes their bias to int32 at input scale x weight scale
+_FOLDABLE = {"Relu", "Clip"}  # ORT's QDQ quantizer folds these into the op before them
 _DQ_SUFFIX = "_DequantizeLinear_Output"
+_INT32 = np.iinfo(np.int32)
 OUTPUT_SNR = "output SNR (dB)"  # the default metric: SNR of all model outputs against the float model's
+
+Edge = tuple[str, str]  # (tensor, receiving node; "" for a graph output)
+
+
+@dataclass(frozen=True)
+class EdgeQuant:
+    """How a value is quantized between its producer and one receiver: clipped to [lo, hi], rounded on the
+    grid of `first`, then on that of `second` if given (a 16-bit value converted to 8 bits is rounded
+    twice). `scale` is the last quantizer's step, the one the receiver's DequantizeLinear carries (and so the
+    one a Conv bias is quantized with)."""
+
+    first: qdq.QuantParams
+    lo: float
+    hi: float
+    scale: float
+    second: qdq.QuantParams | None = None
+
+    @classmethod
+    def of(cls, steps: Sequence[qdq.QuantParams]) -> "EdgeQuant":
+        """The value quantized by each of `steps` in turn. Two roundings are kept exactly; of a longer chain
+        (a folded activation kept in the graph), the first coarsest one and the finest before it."""
+        distinct = [p for i, p in enumerate(steps) if i == 0 or p != steps[i - 1]]
+        lo = max(p.clip_range[0] for p in distinct)
+        hi = min(p.clip_range[1] for p in distinct)
+        if len(distinct) > 2:
+            index = max(range(len(distinct)), key=lambda i: (distinct[i].scale, -i))
+            finer = [p for p in distinct[:index] if p.scale < distinct[index].scale]
+            distinct = ([min(finer, key=lambda p: p.scale)] if finer else []) + [distinct[index]]
+        return cls(distinct[0], lo, hi, steps[-1].scale, distinct[1] if len(distinct) > 1 else None)
+
+    @property
+    def params(self) -> qdq.QuantParams:
+        """The coarsest quantization on the way: the precision the receiver gets."""
+        return self.first if self.second is None or self.first.scale >= self.second.scale else self.second
+
+    @property
+    def bits(self) -> int:
+        return self.params.bits
 
 
 @dataclass(frozen=True)
 class Setting:
-    """What one configuration quantizes at 16 bits: activation edges (tensor, receiving node; "" for a graph
-    output) and element-wise constants."""
+    """What one configuration changes from the all-8-bit model: the activation edges (tensor, receiving
+    node; "" for a graph output) quantized at 16 bits, the element-wise constants at 16 bits, and every edge
+    whose quantization differs from the all-8-bit one (`quant`; when empty, the 16-bit edges take the
+    all-16-bit model's parameters)."""
 
-    edges: frozenset[tuple[str, str]]
+    edges: frozenset[Edge]
     constants: frozenset[str] = frozenset()
+    quant: tuple[tuple[Edge, EdgeQuant], ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class _Bias:
+    """A Conv/Gemm bias the switchable model can requantize: ORT stores round(bias / (input scale x weight
+    scale)) as int32."""
+
+    input: str  # the switch input that replaces its DequantizeLinear
+    edge: Edge  # the node's data input
+    value: np.ndarray  # float64
+    weight_scale: np.ndarray  # float32, per channel or a scalar
+    beta: float
 
 
 class SwitchableModel:
-    """The all-8-bit QDQ model with every activation edge's bit width chosen at run time (see module docstring).
+    """The all-8-bit QDQ model with every activation edge's quantization chosen at run time (see module docstring).
 
     `float_model` and `graph` (the prepared float model) let promotions be resolved as the real plan would
     make them; without them a promoted tensor is 16-bit for every node that reads it, and nothing else is.
+    `own_params` (ORT's parameters from each tensor's own range, `own_params(quantizer)`) let converts and
+    shared parameters follow ORT; `qdq_model_16` (the all-16-bit model) gives 16-bit constants their exact
+    values. `from_quantizer` supplies all of them.
     """
 
     def __init__(self, qdq_model_8, params_16: Mapping[str, qdq.QuantParams], threads: int | None = None,
-                 float_model: onnx.ModelProto | None = None, graph=None, cuts: int = 6):
+                 float_model: onnx.ModelProto | None = None, graph=None, cuts: int = 6, *,
+                 own_params: qdq.TensorParams | None = None,
+                 qdq_model_16=None):
         model = qdq.load(qdq_model_8)
         self.float_model, self.graph = float_model, graph
         self.quantized = qdq.quantized_tensors(model)
@@ -71,13 +142,25 @@ class SwitchableModel:
             if params.qmin != 0:
                 raise MpstudioError(f"{t!r} is quantized to signed {params.dtype}; HTP activations are unsigned")
         self.receivers = self._receivers(model)
+        self._default = {(t, r): EdgeQuant.of([self.params_8[t]]) for t in self.tensors for r in self.receivers[t]}
+        self._shared, self._folded = self._structure(model)
+        # Without ORT's own parameters: a folded activation's input has the activation's range, and the
+        # all-8/16-bit models' parameters stand in for the rest.
+        inputs_of_folded = {source: t for t, (source, _) in self._folded.items()}
+        own = own_params or qdq.TensorParams({}, {}, {}, {})
+        self._own = {
+            (kind, bits): {**{source: base[t] for source, t in inputs_of_folded.items()}, **base, **table}
+            for kind, bits, base, table in (
+                ("written", 8, self.params_8, own.written_8), ("written", 16, self.params_16, own.written_16),
+                ("convert", 8, self.params_8, own.convert_8), ("convert", 16, self.params_16, own.convert_16))}
         self._constants_8: dict[str, np.ndarray] = {}
         self._constants_16: dict[str, np.ndarray] = {}
-        self.model = self._rewrite(model)
+        self._biases: list[_Bias] = []
+        self._bias_values: dict[tuple[str, float], np.ndarray] = {}
+        self._feeds: dict[tuple[Edge, EdgeQuant], dict[str, np.ndarray]] = {}
+        self.model = self._rewrite(model, qdq.load(qdq_model_16) if qdq_model_16 is not None else None)
         self.threads = threads or 1
         self.output_names = [o.name for o in self.model.graph.output]
-        self._feeds_16 = {(t, r): self._edge_feed((t, r), self.params_16[t]) for t in self.tensors
-                          for r in self.receivers[t]}
         self._first_use = self._first_uses()
         nodes = len(self.model.graph.node)
         cut_points = {nodes * k // (cuts + 1) for k in range(1, cuts + 1)}
@@ -92,6 +175,15 @@ class SwitchableModel:
         self._probe = self._open(probe) if frontier else self.session
         self._settings: dict[frozenset[str], Setting] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_quantizer(cls, quantizer, threads: int | None = None, cuts: int = 6) -> "SwitchableModel":
+        """The switchable model of `quantizer`'s all-8-bit plan, resolving configurations as its real plans."""
+        model_8 = qdq.load(quantizer.generate(PrecisionPlan.a8w8()))
+        model_16 = quantizer.generate(PrecisionPlan.a16w8())
+        params_16 = {t: q.params for t, q in qdq.quantized_tensors(model_16).items()}
+        return cls(model_8, params_16, threads, quantizer.prepared.model, quantizer.graph, cuts,
+                   own_params=own_params(quantizer), qdq_model_16=model_16)
 
     # ---- building ---------------------------------------------------------------------------------------
     @staticmethod
@@ -113,14 +205,39 @@ class SwitchableModel:
                 receivers[by_post[output.name]].append(_GRAPH_OUTPUT)
         return receivers
 
-    def _rewrite(self, model: onnx.ModelProto) -> onnx.ModelProto:
+    def _structure(self, model: onnx.ModelProto) -> tuple[dict[str, tuple[str, str]], dict[str, tuple[str, str]]]:
+        """What the all-8-bit model shows of ORT's choices that hold in every plan:
+        shared: tensor -> (input, producer) when ORT writes the tensor with its producer's input's parameters
+        (the two Quantize nodes read the same scale initializer);
+        folded: tensor -> (input, Relu/Clip node) when ORT folded the Relu/Clip producing it into the op before."""
+        if self.graph is None:
+            return {}, {}
+        scales = {node_display_name(n, i): n.input[1] for i, n in enumerate(model.graph.node)
+                  if n.op_type == "QuantizeLinear"}
+        scale_of = {t: scales.get(q.quantize_node) for t, q in self.quantized.items()}
+        present = {n.name for n in model.graph.node if n.name}
+        shared, folded = {}, {}
+        for t in self.tensors:
+            info = self.graph.tensors.get(t)
+            node = self.graph.nodes.get(info.producer) if info is not None and info.producer else None
+            if node is None or not node.inputs or not node.inputs[0]:
+                continue
+            source = node.inputs[0]
+            if node.op_type in _FOLDABLE and node.name not in present:
+                folded[t] = (source, node.name)
+            elif source in scale_of and scale_of[source] is not None and scale_of[source] == scale_of[t]:
+                shared[t] = (source, node.name)
+        return shared, folded
+
+    def _rewrite(self, model: onnx.ModelProto, model_16: onnx.ModelProto | None) -> onnx.ModelProto:
         out = onnx.ModelProto()
         out.CopyFrom(model)
         graph = out.graph
         inits = {i.name: i for i in graph.initializer}
         by_q = {q.quantize_node: q for q in self.quantized.values()}
         posts = {q.post: t for t, q in self.quantized.items()}
-        switchable_constants = self._switchable_constants(graph, inits)
+        switchable_constants = self._switchable_constants(graph, inits, model_16)
+        switchable_biases = self._switchable_biases(graph, inits, posts)
         nodes, switches = [], []
         for index, node in enumerate(graph.node):
             t = by_q.get(node_display_name(node, index)) if node.op_type == "QuantizeLinear" else None
@@ -132,22 +249,32 @@ class SwitchableModel:
                         helper.make_node("Clip", [t.pre, p["lo"], p["hi"]], [p["clipped"]], name=f"{p['prefix']}Clip"),
                         helper.make_node("QuantizeLinear", [p["clipped"], p["scale"], p["zp"]], [p["q"]],
                                          name=f"{p['prefix']}Quantize", domain=_MS_DOMAIN),
-                        helper.make_node("DequantizeLinear", [p["q"], p["scale"], p["zp"]], [value],
+                        helper.make_node("DequantizeLinear", [p["q"], p["scale"], p["zp"]], [p["first"]],
                                          name=f"{p['prefix']}Dequantize", domain=_MS_DOMAIN),
+                        helper.make_node("QuantizeLinear", [p["first"], p["scale_2"], p["zp_2"]], [p["q_2"]],
+                                         name=f"{p['prefix']}Quantize2", domain=_MS_DOMAIN),
+                        helper.make_node("DequantizeLinear", [p["q_2"], p["scale_2"], p["zp_2"]], [value],
+                                         name=f"{p['prefix']}Dequantize2", domain=_MS_DOMAIN),
                     ]
-                    switches.append(self._edge_feed((t.name, receiver), self.params_8[t.name]))
+                    edge = (t.name, receiver)
+                    switches.append(self._edge_feed(edge, self._default[edge]))
                 continue
-            if node.op_type == "DequantizeLinear" and (node.output[0] in posts or node.output[0] in switchable_constants):
+            if node.op_type == "DequantizeLinear" and (node.output[0] in posts or node.output[0] in switchable_constants
+                                                       or node.output[0] in switchable_biases):
                 continue
             key = self._node_key(node, index)
             for i, name in enumerate(node.input):
                 if name in posts:
                     node.input[i] = _input_names((posts[name], key))["value"]
+                elif name in switchable_biases:
+                    node.input[i] = switchable_biases[name]
             nodes.append(node)
         del graph.node[:]
         graph.node.extend(nodes)
         for name, value in self._constants_8.items():
             switches.append({_constant_input(name): value})
+        for bias in self._biases:
+            switches.append({bias.input: self._bias_value(bias, self._default[bias.edge].scale)})
         for feed in switches:
             for name, value in feed.items():
                 graph.initializer.append(numpy_helper.from_array(value, name))
@@ -157,12 +284,13 @@ class SwitchableModel:
             out.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
         return out
 
-    def _switchable_constants(self, graph: onnx.GraphProto, inits) -> set[str]:
+    def _switchable_constants(self, graph: onnx.GraphProto, inits, model_16: onnx.ModelProto | None) -> set[str]:
         """DequantizeLinear outputs of per-tensor constants read by element-wise ops; each becomes an
         overridable float initializer (its 8-bit value), renamed for `_constant_input`."""
         if self.float_model is None:
             return set()
         floats = {i.name: i for i in self.float_model.graph.initializer}
+        values_16 = _dequantized_constants(model_16) if model_16 is not None else {}
         readers: dict[str, set[str]] = {}
         for node in graph.node:
             for name in node.input:
@@ -182,13 +310,14 @@ class SwitchableModel:
                 continue
             q = numpy_helper.to_array(inits[node.input[0]]).astype(np.int64)
             zero = numpy_helper.to_array(inits[node.input[2]]).astype(np.int64).reshape(())
-            value_8 = ((q - zero).astype(np.float32) * scale.astype(np.float32).reshape(())).astype(np.float32)
+            value_8 = np.asarray((q - zero).astype(np.float32) * scale.astype(np.float32).reshape(()), np.float32)
             value_f = numpy_helper.to_array(floats[name]).astype(np.float32)
             if value_f.shape != value_8.shape:
                 continue
             self._constants_8[name] = value_8
-            # 16-bit steps are 1/257 of the 8-bit ones: the float value stands in for them.
-            self._constants_16[name] = value_f
+            value_16 = values_16.get(name)
+            # Without the all-16-bit model the float value stands in (16-bit steps are 1/257 of the 8-bit ones).
+            self._constants_16[name] = value_16 if value_16 is not None and value_16.shape == value_8.shape else value_f
             chosen[out] = name
         for node in graph.node:
             for i, input_name in enumerate(node.input):
@@ -196,13 +325,52 @@ class SwitchableModel:
                     node.input[i] = _constant_input(chosen[input_name])
         return set(chosen)
 
+    def _switchable_biases(self, graph: onnx.GraphProto, inits, posts: Mapping[str, str]) -> dict[str, str]:
+        """int32 biases of Conv/Gemm nodes that read a quantized activation: DequantizeLinear output -> the
+        switch input that replaces it (the bias at the node's input scale)."""
+        if self.float_model is None:
+            return {}
+        floats = {i.name: i for i in self.float_model.graph.initializer}
+        producers = {o: n for n in graph.node for o in n.output}
+        chosen: dict[str, str] = {}
+        for index, node in enumerate(graph.node):
+            if node.op_type not in _BIAS_OPS or len(node.input) < 3 or node.input[0] not in posts:
+                continue
+            bias_dq, weight_dq = producers.get(node.input[2]), producers.get(node.input[1])
+            if (bias_dq is None or weight_dq is None or bias_dq.op_type != "DequantizeLinear"
+                    or weight_dq.op_type != "DequantizeLinear" or bias_dq.input[0] not in inits
+                    or weight_dq.input[1] not in inits or node.input[2] not in floats):
+                continue
+            if inits[bias_dq.input[0]].data_type != onnx.TensorProto.INT32:
+                continue
+            beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0) if node.op_type == "Gemm" else 1.0
+            bias = _Bias(input=f"mpstudio_switch/bias/{node.input[2]}",
+                         edge=(posts[node.input[0]], self._node_key(node, index)),
+                         value=numpy_helper.to_array(floats[node.input[2]]).astype(np.float64),
+                         weight_scale=numpy_helper.to_array(inits[weight_dq.input[1]]).astype(np.float32), beta=beta)
+            self._biases.append(bias)
+            chosen[node.input[2]] = bias.input
+        return chosen
+
+    def _bias_value(self, bias: _Bias, input_scale: float) -> np.ndarray:
+        """The dequantized bias as ORT quantizes it for `input_scale`."""
+        key = (bias.input, input_scale)
+        value = self._bias_values.get(key)
+        if value is None:
+            scale = np.float32(input_scale) * bias.weight_scale * np.float32(bias.beta)
+            q = np.clip(np.round(bias.value / scale.astype(np.float64)), _INT32.min, _INT32.max)
+            value = self._bias_values[key] = (q.astype(np.float32) * scale).astype(np.float32)
+        return value
+
     @staticmethod
-    def _edge_feed(edge: tuple[str, str], params: qdq.QuantParams) -> dict[str, np.ndarray]:
+    def _edge_feed(edge: Edge, quant: EdgeQuant) -> dict[str, np.ndarray]:
         p = _input_names(edge)
-        lo, hi = params.clip_range
-        return {p["lo"]: np.array(lo, np.float32), p["hi"]: np.array(hi, np.float32),
-                p["scale"]: np.array(params.scale, np.float32),
-                p["zp"]: np.array(params.zero_point - params.qmin, np.uint16)}
+        first, second = quant.first, quant.second or quant.first  # rounding twice on one grid is rounding once
+        return {p["lo"]: np.array(quant.lo, np.float32), p["hi"]: np.array(quant.hi, np.float32),
+                p["scale"]: np.array(first.scale, np.float32),
+                p["zp"]: np.array(first.zero_point - first.qmin, np.uint16),
+                p["scale_2"]: np.array(second.scale, np.float32),
+                p["zp_2"]: np.array(second.zero_point - second.qmin, np.uint16)}
 
     def _first_uses(self) -> dict[str, int]:
         """Switch input -> index of the first node that reads it."""
@@ -259,27 +427,38 @@ class SwitchableModel:
             demoted = [t for t in everything - sixteen if t in self.graph.tensors]
             plan = PrecisionPlan.a16w8().promote(demoted, to="uint8")
         overrides = qnn_config(self.float_model, self.graph, plan).extra_options.get("TensorQuantOverrides", {})
-        types = ResolvedTypes(overrides, QUANT_TYPES[plan.activation_type])
-        edges = set()
+        plan_quant = _PlanQuant(self, overrides, QUANT_TYPES[plan.activation_type])
+        quant, edges = [], set()
         for t in self.tensors:
-            if types.produced(t) not in SIXTEEN_BIT:
-                continue
             for receiver in self.receivers[t]:
-                # A graph output reads the tensor as produced: converts go to nodes only.
-                received = types.produced(t) if receiver == _GRAPH_OUTPUT else types.received(t, receiver)
-                if received in SIXTEEN_BIT:
-                    edges.add((t, receiver))
-        constants = {name for name, entries in overrides.items()
-                     if name in self._constants_16 and entries and entries[0].get("quant_type") in SIXTEEN_BIT}
-        return Setting(frozenset(edges), frozenset(constants))
+                edge = (t, receiver)
+                value = plan_quant.edge(t, receiver)
+                if value.bits == 16:
+                    edges.add(edge)
+                if value != self._default[edge]:
+                    quant.append((edge, value))
+        constants = {name for name in self._constants_16 if plan_quant.types.produced(name) in SIXTEEN_BIT}
+        return Setting(frozenset(edges), frozenset(constants), tuple(sorted(quant, key=lambda item: item[0])))
 
     def parameter_feed(self, setting: Setting) -> Feed:
-        """The switch inputs `setting` changes from their 8-bit defaults."""
+        """The switch inputs `setting` changes from their all-8-bit defaults."""
+        if setting.quant:
+            quant = dict(setting.quant)
+        else:
+            quant = {edge: EdgeQuant.of([self.params_16[edge[0]]]) for edge in setting.edges if edge in self._default}
         feed: Feed = {}
-        for edge in setting.edges:
-            feed.update(self._feeds_16[edge])
+        for edge, value in quant.items():
+            key = (edge, value)
+            cached = self._feeds.get(key)
+            if cached is None:
+                cached = self._feeds[key] = self._edge_feed(edge, value)
+            feed.update(cached)
         for name in setting.constants:
             feed[_constant_input(name)] = self._constants_16[name]
+        for bias in self._biases:
+            value = quant.get(bias.edge)
+            if value is not None and value.scale != self._default[bias.edge].scale:
+                feed[bias.input] = self._bias_value(bias, value.scale)
         return feed
 
     def first_change(self, feed: Feed) -> int:
@@ -309,10 +488,99 @@ class SwitchableModel:
         # Configurations run concurrently, one thread each: better use of the cores than intra-op threads
         # on the small tensors of a mobile model.
         options.intra_op_num_threads = 1
+        # Quantization simulated in float, as written: ORT's QDQ transformations (fusing into integer kernels,
+        # moving or dropping Q/DQ pairs) would change the numbers the switches set.
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
         try:
             return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise MpstudioError(f"ONNX Runtime could not open the switchable model: {exc}") from exc
+
+
+class _PlanQuant:
+    """How one plan quantizes each edge of a switchable model (see the module docstring)."""
+
+    def __init__(self, model: SwitchableModel, overrides: Mapping, default):
+        self.model, self.overrides = model, overrides
+        self.types = ResolvedTypes(dict(overrides), default)
+        self._written: dict[str, qdq.QuantParams] = {}
+
+    def own(self, tensor: str, quant_type, kind: str = "written") -> qdq.QuantParams:
+        return self.model._own[kind, 16 if quant_type in SIXTEEN_BIT else 8][tensor]
+
+    def converted(self, tensor: str, node: str):
+        """The type `node` receives `tensor` in through a convert, or None."""
+        entries = self.overrides.get(tensor)
+        convert = entries[0].get("convert") if entries else None
+        if convert and (not convert.get("recv_nodes") or node in convert["recv_nodes"]):
+            return convert.get("quant_type", self.types.default)
+        return None
+
+    def _has_convert(self, tensor: str) -> bool:
+        entries = self.overrides.get(tensor)
+        return bool(entries and entries[0].get("convert"))
+
+    def written(self, tensor: str) -> qdq.QuantParams:
+        """The parameters `tensor`'s producer writes it with."""
+        known = self._written.get(tensor)
+        if known is None:
+            shared = self.model._shared.get(tensor)
+            if shared is not None:
+                known = self.received(*shared)[-1]
+            else:
+                known = self.own(tensor, self.types.produced(tensor))
+            self._written[tensor] = known
+        return known
+
+    def received(self, tensor: str, node: str) -> list[qdq.QuantParams]:
+        """The quantizations `tensor` passes on its way to `node`, in order."""
+        steps = [self.written(tensor)]
+        convert = self.converted(tensor, node) if node != _GRAPH_OUTPUT else None
+        if convert is not None:
+            steps.append(self.own(tensor, convert, "convert"))
+        return steps
+
+    def edge(self, tensor: str, node: str) -> EdgeQuant:
+        steps = self.received(tensor, node)
+        folded = self.model._folded.get(tensor)
+        # ORT folds the Relu/Clip again unless a convert touches its input or output; then the value also
+        # passes the input's quantization before the activation.
+        if folded is not None and (self._has_convert(folded[0]) or self._has_convert(tensor)):
+            steps = self.received(*folded) + steps
+        return EdgeQuant.of(steps)
+
+
+def own_params(quantizer) -> qdq.TensorParams:
+    """The parameters ORT computes for every tensor of `quantizer`'s model from its own range."""
+    cache = quantizer.calibrate()
+    method = CALIBRATION_METHODS[quantizer.method]
+    model, graph = quantizer.prepared.model, quantizer.graph
+    config_8 = qnn_config(model, graph, PrecisionPlan.a8w8(), method)
+    config_16 = qnn_config(model, graph, PrecisionPlan.a16w8(), method)
+    def table(config, range_only):
+        return qdq.ort_tensor_params(model, cache.path, config, range_only)
+
+    return qdq.TensorParams(written_8=table(config_8, False), written_16=table(config_16, False),
+                            convert_8=table(config_8, True), convert_16=table(config_16, True))
+
+
+def _dequantized_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Float constant name -> its dequantized value in `model`, for per-tensor quantized initializers."""
+    inits = {i.name: i for i in model.graph.initializer}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type != "DequantizeLinear" or len(node.input) < 3:
+            continue
+        if not all(name in inits for name in node.input[:3]):
+            continue
+        name = node.output[0].removesuffix(_DQ_SUFFIX)
+        scale = numpy_helper.to_array(inits[node.input[1]])
+        if name == node.output[0] or scale.size != 1:
+            continue
+        q = numpy_helper.to_array(inits[node.input[0]]).astype(np.int64)
+        zero = numpy_helper.to_array(inits[node.input[2]]).astype(np.int64).reshape(())
+        out[name] = np.asarray((q - zero).astype(np.float32) * scale.astype(np.float32).reshape(()), np.float32)
+    return out
 
 
 class CachedSamples:
@@ -353,7 +621,8 @@ def _input_names(edge: tuple[str, str]) -> dict[str, str]:
     prefix = f"mpstudio_switch/{tensor}/{receiver or 'output'}/"
     return {"prefix": prefix, "lo": prefix + "lo", "hi": prefix + "hi", "scale": prefix + "scale",
             "zp": prefix + "zero_point", "clipped": prefix + "clipped", "q": prefix + "quantized",
-            "value": prefix + "value"}
+            "value": prefix + "value", "first": prefix + "first", "scale_2": prefix + "scale_2",
+            "zp_2": prefix + "zero_point_2", "q_2": prefix + "quantized_2"}
 
 
 def _constant_input(name: str) -> str:
