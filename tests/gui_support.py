@@ -163,3 +163,18 @@ TABLE_SELECTION = """
 def table_selection(page):
     """The tensors selected in the page's Tabulator (its Bokeh model, so rows scrolled out of view count)."""
     return page.evaluate(TABLE_SELECTION)
+
+FIGURE_BOX = """
+(name) => {
+  const model = Bokeh.documents[0].get_model_by_name(name);
+  const view = model == null ? null : Bokeh.index.find_one(model);
+  if (view == null) return null;
+  const r = view.el.getBoundingClientRect();
+  return {x: r.left, y: r.top, width: r.width, height: r.height};
+}
+"""
+
+
+def figure_box(page, name: str):
+    """The page rectangle of the figure called `name`."""
+    return page.evaluate(FIGURE_BOX, name)

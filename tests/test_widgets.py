@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import onnx
 import pytest
 from bokeh.document import Document
@@ -103,6 +104,22 @@ def test_colour_by_a_score(state):
         assert view.figure.select_one(ColorBar).title == label
     state.color_by = "isolation_gain"
     assert view.mapper.palette[-1] != view.mapper.palette[0]
+
+
+def test_colour_by_latency_share_estimates_the_current_plan(state):
+    view = GraphView(state=state)
+    state.color_by = "latency_share"
+    job = state.jobs[0]
+    assert job.kind == "latency" and job.wait(120) and job.status == "done", job.error
+    shares = state.tensors["latency_share"]
+    assert shares.notna().sum() > len(shares) / 2 and 0 < shares.sum() <= 1.0
+    assert np.nansum(view.nodes.data["score"]) == pytest.approx(shares.sum(), rel=1e-6)
+    # A new plan drops the old estimate and makes its own.
+    state.select(activations(state)[3:5])
+    state.promote_selected()
+    job = state.jobs[0]
+    assert job.kind == "latency" and job.wait(120) and job.status == "done"
+    assert state.tensors["latency_share"].notna().any()
 
 
 def test_table_selection_is_shared_with_the_graph(state):

@@ -58,12 +58,14 @@ class GraphView(pn.viewable.Viewer):
         self._promote.on_click(self._on_promote)
         self._demote.on_click(self._on_demote)
         self._expand.on_click(self._on_expand)
-        self._color = pn.widgets.Select.from_param(state.param.color_by, name="Colour by", width=150)
-        self._find = pn.widgets.TextInput.from_param(state.param.query, name="Find", placeholder="tensor or node name",
-                                                     width=200)
-        self._collapse = pn.widgets.MultiChoice.from_param(state.param.collapsed, name="Collapsed namespaces",
-                                                           width=260, placeholder="collapse a namespace")
-        self._summary = pn.pane.HTML("", margin=(18, 10, 0, 10))
+        # Labels are left out to keep the bar compact: placeholders and the colour bar's title say what each is.
+        self._color = pn.widgets.Select.from_param(state.param.color_by, name="", width=140,
+                                                   description="Colour the nodes by this score")
+        self._find = pn.widgets.TextInput.from_param(state.param.query, name="", placeholder="find tensor or node",
+                                                     width=180)
+        self._collapse = pn.widgets.MultiChoice.from_param(state.param.collapsed, name="", width=240,
+                                                           placeholder="collapse namespaces")
+        self._summary = pn.pane.HTML("", margin=(12, 10, 0, 10))
 
         state.param.watch(self._on_layout, "layout")
         state.param.watch(self._on_scores, ["tensors", "color_by"])
@@ -74,8 +76,9 @@ class GraphView(pn.viewable.Viewer):
     # ---- layout only ----
     @laid_out_once
     def __panel__(self):
-        tools = pn.FlexBox(self._promote, self._demote, self._color, self._find, self._collapse, self._expand,
-                           self._summary, flex_wrap="wrap", align_items="flex-end", sizing_mode="stretch_width")
+        tools = pn.FlexBox(self._promote, self._demote, self._summary, pn.layout.HSpacer(), self._color, self._find,
+                           self._collapse, self._expand, flex_wrap="wrap", align_items="center",
+                           sizing_mode="stretch_width")
         legend = pn.pane.HTML(
             "<span style='font-size:12px;color:#444'>&#9679; 8-bit &nbsp; &#9632; 16-bit &nbsp; &#9670; mixed "
             "&nbsp; &#9650; not quantized &nbsp;|&nbsp; drag a box to select, shift-click to add; the minimap "
@@ -104,7 +107,7 @@ class GraphView(pn.viewable.Viewer):
         nodes = fig.scatter("x", "y", source=self.nodes, marker="marker", size="size",
                             fill_color={"field": "score", "transform": self.mapper}, line_color="line_color",
                             line_width="line_width", selection_line_color="#d6008f", selection_line_width=3,
-                            nonselection_fill_alpha=0.35, nonselection_line_alpha=0.5, name="nodes")
+                            nonselection_fill_alpha=0.6, nonselection_line_alpha=0.7, name="nodes")
         # Labels of the nodes near the visible window only: laying out thousands of texts would dominate the
         # first render. The band is refilled when the view leaves it (see _on_range).
         fig.text("x", "y", text="label", source=self.labels, x_offset=11, text_font_size="10px",

@@ -34,15 +34,15 @@ class ParetoPlot(pn.viewable.Viewer):
         self.points.selected.on_change("indices", self._on_tap)
         self._source = pn.widgets.RadioButtonGroup.from_param(self.state.param.latency_source, button_type="light",
                                                               name="latency")
-        self._note = pn.pane.HTML("", margin=(8, 10))
+        self._note = pn.pane.HTML("", margin=(0, 10))
         self.state.param.watch(self._update, ["evaluations"])
         self.state.param.watch(self._update_current, ["plan", "plan_id"])
         self._update()
 
     @laid_out_once
     def __panel__(self):
-        return pn.Column(pn.Row(pn.pane.HTML("<b>Accuracy vs latency</b>", margin=(8, 10)), self._source, self._note),
-                         pn.pane.Bokeh(self.figure, sizing_mode="stretch_both"), sizing_mode="stretch_both")
+        return pn.Column(pn.Row(pn.pane.HTML("<b>Accuracy vs latency</b>", margin=(8, 10)), self._source),
+                         self._note, pn.pane.Bokeh(self.figure, sizing_mode="stretch_both"), sizing_mode="stretch_both")
 
     def _figure(self):
         fig = figure(tools="pan,wheel_zoom,box_zoom,reset", sizing_mode="stretch_both", min_height=260,
@@ -54,13 +54,14 @@ class ParetoPlot(pn.viewable.Viewer):
                              name="points")
         fig.scatter("x", "y", source=self.current, marker="circle", size=24, fill_color=None, line_color="#d6008f",
                     line_width=2.5)
-        fig.add_layout(LabelSet(x="x", y="y", text="text", source=self.labels, x_offset=8, y_offset=4,
+        fig.add_layout(LabelSet(x="x", y="y", text="text", source=self.labels, y_offset=9, text_align="center",
                                 text_font_size="11px", text_color="#333"))
         fig.add_tools(HoverTool(renderers=[points], tooltips=[
             ("plan", "@plan_id: @name (@origin)"), ("accuracy", "@value{0.0000}"),
             ("latency", "@latency_ms{0.000} ms"), ("16-bit tensors", "@sixteen_bit"),
             ("on the front", "@front"), ("accuracy from", "@accuracy_source"), ("latency", "@latency_label")]),
             TapTool(renderers=[points]))
+        fig.x_range.range_padding = fig.y_range.range_padding = 0.25  # room for the baselines' labels
         fig.xaxis.axis_label = "latency (ms)"
         fig.yaxis.axis_label = "accuracy"
         return fig

@@ -135,6 +135,7 @@ class StudioState(param.Parameterized):
         self.param.watch(self._on_collapsed, "collapsed")
         self.param.watch(self._on_latency_source, "latency_source")
         self.param.watch(self._on_query, "query")
+        self.param.watch(self._on_color_by, "color_by")
         if study is not None:
             self.set_study(study)
 
@@ -162,7 +163,8 @@ class StudioState(param.Parameterized):
         self.param.collapsed.objects = collapsible_namespaces(graph)
         with param.edit_constant(self):
             self.param.update(study=study, layout=layout, plan=PrecisionPlan.a8w8(), plan_id=study.plan_id(
-                PrecisionPlan.a8w8()), report=None, focus="", error="", message=f"opened {study.name}")
+                PrecisionPlan.a8w8()), report=None, latency_ops=None, focus="", error="",
+                message=f"opened {study.name}")
             self.param.update(selection=[], collapsed=[], query="")
         self._refresh_tensors()
         self.refresh_evaluations()
@@ -241,8 +243,10 @@ class StudioState(param.Parameterized):
             plan.validate(self.study.graph, self.study.htp_arch)
         plan_id = self.study.plan_id(plan) if self.study is not None else None
         with param.edit_constant(self):
-            self.param.update(plan=plan, plan_id=plan_id)
+            self.param.update(plan=plan, plan_id=plan_id, latency_ops=None)  # the old plan's latency
         self._refresh_tensors()
+        if self.color_by == "latency_share" and self.study is not None:
+            self.estimate_latency()
 
     def load_plan(self, plan_id: int) -> PrecisionPlan:
         """Make a stored plan the current one (a click on the Pareto plot)."""
@@ -296,6 +300,25 @@ class StudioState(param.Parameterized):
             with param.edit_constant(self):
                 self.message = evaluation.describe()
         return self._submit("evaluate", f"evaluating {plan.name or plan.summary()} on {backend}", work, done)
+
+    def estimate_latency(self) -> Job:
+        """The HTP cost model's per-op latency of the current plan (for colouring by latency share)."""
+        from ..latency import estimate_latency
+
+        study = self._require_study()
+        plan = self.plan
+
+        def work(progress, cancel):
+            return estimate_latency(study.quantizer.generate(plan, progress, cancel), study.htp_arch)
+
+        def done(estimate):
+            if plan.hash != self.plan.hash:
+                return  # the plan changed meanwhile; its own estimate is on its way
+            with param.edit_constant(self):
+                self.param.update(latency_ops=estimate.ops,
+                                  message=f"estimated latency {estimate.ms:.3f} ms ({estimate.latency.label})")
+            self._refresh_tensors()
+        return self._submit("latency", f"estimating the latency of {plan.name or plan.summary()}", work, done)
 
     def start_search(self, target: str | None = None, max_evaluations: int = 16) -> Job:
         """Search for the cheapest plan that reaches `target`; its recommendation becomes the current plan."""
@@ -431,6 +454,10 @@ class StudioState(param.Parameterized):
             return
         with param.edit_constant(self):
             self.layout = layout
+
+    def _on_color_by(self, event) -> None:
+        if event.new == "latency_share" and self.latency_ops is None and self.study is not None:
+            self.estimate_latency()
 
     def _on_latency_source(self, event) -> None:
         self.refresh_evaluations()

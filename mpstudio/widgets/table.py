@@ -46,7 +46,7 @@ class SensitivityTable(pn.viewable.Viewer):
             formatters={"snr_db": number, "cosine": NumberFormatter(format="0.0000"), "local_snr_8": number,
                         "local_snr_16": number, "isolation_gain": NumberFormatter(format="0.0000"),
                         "latency_share": NumberFormatter(format="0.0%")},
-            frozen_columns=["rank", "tensor"], name="sensitivity-table",
+            frozen_columns=["rank", "tensor"], pagination="local", page_size=20, name="sensitivity-table",
         )
         self.table.param.watch(self._on_table_selection, "selection")
         self.state.param.watch(self._on_tensors, "tensors")
