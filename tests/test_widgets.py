@@ -12,6 +12,7 @@ from bokeh.document import Document
 from bokeh.models import ColorBar
 from bokeh.document.events import ColumnDataChangedEvent, ColumnsPatchedEvent
 
+from agent_fixtures import needs_qnn
 from gui_support import make_small_study
 from mpstudio.plan import PrecisionPlan
 from mpstudio.widgets import ExportPanel, GraphView, ParetoPlot, SensitivityTable, Studio, StudioState
@@ -231,3 +232,40 @@ def test_the_studio_lays_out_every_view(state):
                                         studio.model)}
     assert names == {"GraphView", "SensitivityTable", "ParetoPlot", "RunPanel", "ExportPanel", "ModelPanel"}
     assert studio.model._report(state.study).count("QNN") >= 1
+
+
+def test_a_search_loads_its_recommended_plan(state):
+    plot = ParetoPlot(state=state)
+    job = state.start_search("a16w8+50%", max_evaluations=6)
+    assert job.wait(300) and job.status == "done", job.error
+    result = job.result
+    assert state.plan_id == result.recommended.plan_id and state.plan.hash == result.recommended.plan_hash
+    assert "recommended" in state.message
+    assert set(plot.points.data["plan_id"]) >= {e.plan_id for e in result.path}
+
+
+@pytest.mark.slow
+@needs_qnn
+def test_evaluate_on_the_local_agent_and_on_a_remote_agent_by_url(state):
+    from mpstudio.agent import LocalAgent
+
+    state.select(activations(state)[6:9])
+    state.promote_selected()
+    state.runner, state.backend = "agent", "htp"
+    job = state.evaluate_plan()
+    assert job.wait(300) and job.status == "done", job.error
+    assert "HTP emulator" in job.result.accuracy_source
+    assert {lat.source for lat in job.result.latencies} >= {"estimate", "emulator"}
+    assert state._agent is not None and state._agent.pid is not None  # started once, kept for the session
+    # The same plan through an agent given by URL and token (what a device would be).
+    with LocalAgent() as device:
+        state.runner, state.backend = "remote", "cpu"
+        state.agent_url, state.agent_token = device.url, "wrong token"
+        job = state.evaluate_plan(PrecisionPlan.a8w8().promote(activations(state)[9:11]))
+        assert job.wait(120) and job.status == "failed" and "token" in job.error.lower()
+        state.agent_token = device.token
+        job = state.evaluate_plan(PrecisionPlan.a8w8().promote(activations(state)[9:11]))
+        assert job.wait(300) and job.status == "done", job.error
+    agent = state._agent
+    state.close()
+    assert agent.pid is None or agent._process is None or agent._process.poll() is not None

@@ -15,3 +15,17 @@ def laid_out_once(method):
             view = self.__dict__["_laid_out"] = method(self)
         return view
     return wrapper
+
+
+def shows_errors(handler):
+    """Wrap a view's `_on_*` handler: a user error becomes the studio's error message, not a traceback in
+    the server log."""
+    from ..errors import MpstudioError
+
+    @functools.wraps(handler)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return handler(self, *args, **kwargs)
+        except MpstudioError as exc:
+            self.state.show_error(str(exc))
+    return wrapper

@@ -16,7 +16,7 @@ from bokeh.models import (BoxSelectTool, ColorBar, ColumnDataSource, HoverTool, 
 from bokeh.palettes import RdYlGn11, YlOrRd9
 from bokeh.plotting import figure
 
-from .base import laid_out_once
+from .base import laid_out_once, shows_errors
 from .state import SCORE_ATTENTION, SCORES, StudioState
 
 WINDOW_LAYERS = 36  # layers shown at first in a tall graph; the minimap shows them all
@@ -310,18 +310,22 @@ class GraphView(pn.viewable.Viewer):
             x_range.update(start=x - half_x, end=x + half_x)
 
     # ---- figure -> state ----
+    @shows_errors
     def _on_figure_selection(self, attr, old, new):
         if self._syncing:
             return
         tensors = [t for i in new if i < len(self._node_tensors) for t in self._node_tensors[i]]
         self.state.select(tensors)
 
+    @shows_errors
     def _on_promote(self, event):
         self.state.promote_selected()
 
+    @shows_errors
     def _on_demote(self, event):
         self.state.demote_selected()
 
+    @shows_errors
     def _on_expand(self, event):
         self.state.expand()
 

@@ -7,7 +7,7 @@ import html
 import panel as pn
 import param
 
-from .base import laid_out_once
+from .base import laid_out_once, shows_errors
 from .state import StudioState
 
 
@@ -62,11 +62,14 @@ class ModelPanel(pn.viewable.Viewer):
         return (f"<pre class='qnn-report' style='font-size:11px;white-space:pre-wrap'>"
                 f"{html.escape(study.prepared.report())}</pre>")
 
+    @shows_errors
     def _on_open_model(self, event):
         self.state.open_model()
 
+    @shows_errors
     def _on_open_study(self, event):
         self.state.open_study()
 
+    @shows_errors
     def _on_open_demo(self, event):
         self.state.open_demo()

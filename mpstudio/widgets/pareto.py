@@ -11,7 +11,7 @@ import param
 from bokeh.models import ColumnDataSource, HoverTool, LabelSet, TapTool
 from bokeh.plotting import figure
 
-from .base import laid_out_once
+from .base import laid_out_once, shows_errors
 from .state import StudioState
 
 _EMPTY = {"plan_id": [], "name": [], "origin": [], "value": [], "latency_ms": [], "sixteen_bit": [], "front": [],
@@ -128,6 +128,7 @@ class ParetoPlot(pn.viewable.Viewer):
         self.current.data = {"x": xs[:1], "y": ys[:1]}
 
     # ---- figure -> state ----
+    @shows_errors
     def _on_tap(self, attr, old, new):
         if self._syncing or not new:
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 import panel as pn
 import param
 
-from .base import laid_out_once
+from .base import laid_out_once, shows_errors
 from .jobs import JobsView
 from .state import StudioState
 
@@ -50,8 +50,10 @@ class RunPanel(pn.viewable.Viewer):
             pn.pane.HTML("<b>Jobs</b>"), self._jobs, sizing_mode="stretch_width",
         )
 
+    @shows_errors
     def _on_evaluate(self, event):
         self.state.evaluate_plan()
 
+    @shows_errors
     def _on_search(self, event):
         self.state.start_search()

@@ -250,11 +250,7 @@ class StudioState(param.Parameterized):
 
     def load_plan(self, plan_id: int) -> PrecisionPlan:
         """Make a stored plan the current one (a click on the Pareto plot)."""
-        try:
-            plan = self._require_study().plan(int(plan_id))
-        except MpstudioError as exc:
-            self.show_error(str(exc))
-            raise
+        plan = self._require_study().plan(int(plan_id))
         self.set_plan(plan)
         with param.edit_constant(self):
             self.param.update(message=f"loaded plan {plan_id}: {plan.summary()}", error="")
@@ -369,7 +365,7 @@ class StudioState(param.Parameterized):
             self._agent.stop()
             self._agent = None
         if self._remote is not None:
-            self._remote.close()
+            self._remote[1].close()
             self._remote = None
 
     # ---- internals --------------------------------------------------------------------------------------
@@ -561,6 +557,9 @@ class StudioState(param.Parameterized):
         url = self.agent_url.strip()
         if not url.startswith(("http://", "https://")):
             raise MpstudioError("give the remote agent's URL, such as http://192.168.1.20:8765, and its token")
-        if self._remote is None or getattr(self._remote, "url", None) != url:
-            self._remote = AgentClient(url, self.agent_token.strip() or None)
-        return self._remote
+        key = (url, self.agent_token.strip())
+        if self._remote is None or self._remote[0] != key:
+            if self._remote is not None:
+                self._remote[1].close()
+            self._remote = (key, AgentClient(url, key[1] or None))
+        return self._remote[1]

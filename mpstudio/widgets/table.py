@@ -8,7 +8,7 @@ import panel as pn
 import param
 from bokeh.models.widgets.tables import NumberFormatter
 
-from .base import laid_out_once
+from .base import laid_out_once, shows_errors
 from .state import StudioState
 
 # Shown columns, in order, with their titles.
@@ -87,6 +87,7 @@ class SensitivityTable(pn.viewable.Viewer):
                 self._syncing = False
 
     # ---- table -> state ----
+    @shows_errors
     def _on_table_selection(self, event):
         if self._syncing:
             return
