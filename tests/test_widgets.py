@@ -232,6 +232,8 @@ def test_the_studio_lays_out_every_view(state):
                                         studio.model)}
     assert names == {"GraphView", "SensitivityTable", "ParetoPlot", "RunPanel", "ExportPanel", "ModelPanel"}
     assert studio.model._report(state.study).count("QNN") >= 1
+    layout.get_root(Document())  # every pane and binding renders
+    assert "plan" in studio.run._plan_text(state.plan, state.plan_id)
 
 
 def test_a_search_loads_its_recommended_plan(state):

@@ -3,6 +3,8 @@ backend; evaluate the current plan, or search for a plan that reaches a target."
 
 from __future__ import annotations
 
+import html
+
 import panel as pn
 import param
 
@@ -40,15 +42,22 @@ class RunPanel(pn.viewable.Viewer):
     def __panel__(self):
         remote = pn.Column(self._url, self._token, visible=self.state.param.runner.rx() == "remote",
                            sizing_mode="stretch_width")
-        plan = pn.bind(lambda plan, plan_id: (f"<div style='font-size:12px'>current plan: <b>{plan.summary()}</b>"
-                                              f"{'' if plan_id is None else f' (plan {plan_id})'}</div>"),
-                       self.state.param.plan, self.state.param.plan_id)
+        plan = pn.bind(self._plan_text, self.state.param.plan, self.state.param.plan_id)
         return pn.Column(
             pn.pane.HTML("<b>Run</b>"), self._runner, remote,
             pn.Row(pn.pane.HTML("backend", margin=(12, 5)), self._backend),
             pn.pane.HTML(plan, sizing_mode="stretch_width"), self._evaluate, self._target, self._search,
             pn.pane.HTML("<b>Jobs</b>"), self._jobs, sizing_mode="stretch_width",
         )
+
+    def _plan_text(self, plan, plan_id) -> str:
+        """The current plan: its id and stored name when the study has it, else what it changes."""
+        study = self.state.study
+        if plan_id is not None and study is not None:
+            text = f"plan {plan_id}: {html.escape(study.plan(plan_id).name)}"
+        else:
+            text = f"{html.escape(plan.summary())} (not evaluated yet)"
+        return f"<div style='font-size:12px'>current plan: <b>{text}</b></div>"
 
     @shows_errors
     def _on_evaluate(self, event):
