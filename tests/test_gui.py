@@ -98,8 +98,8 @@ def test_box_select_promote_evaluate_and_see_the_new_point(page, studio):
 
     page.get_by_role("button", name="Promote to 16-bit").click()
     wait_until(lambda: set(state.plan.overrides) == set(expected), 10)
-    wait_until(lambda: all((source_column(page, "nodes", "marker") or [""] * len(ids))[i] == "square"
-                           for i in inside if state.tensors is not None), 10, message="promoted nodes are not squares")
+    wait_until(lambda: all((source_column(page, "nodes", "bits") or [""] * len(ids))[i] == "16"
+                           for i in inside if state.tensors is not None), 10, message="promoted nodes are not drawn as 16-bit")
 
     before = source_column(page, "points", "plan_id") or []
     page.get_by_role("button", name="Evaluate current plan").click()
@@ -117,7 +117,7 @@ def test_click_a_pareto_point_loads_its_plan_into_the_graph(page, studio):
     ((sx, sy),) = screen_points(page, "pareto", [x], [y])
     page.mouse.click(sx, sy)
     wait_until(lambda: state.plan.activation_type == "uint16", 10, message="the click did not load the plan")
-    wait_until(lambda: set(source_column(page, "nodes", "marker")) <= {"square", "triangle"}, 10,
+    wait_until(lambda: set(source_column(page, "nodes", "bits")) <= {"16", "-"}, 10,
                message="the graph does not show the 16-bit plan")
     assert page.get_by_text("loaded plan").count() >= 1
 

@@ -91,8 +91,8 @@ def test_graph_selection_goes_both_ways_and_promotion_patches_the_figure(state):
     assert any(isinstance(e, ColumnsPatchedEvent) for e in events)
     assert not any(isinstance(e, ColumnDataChangedEvent) for e in events)
     for row in source.selected.indices:
-        assert source.data["marker"][row] == "square" and source.data["bits"][row] == "16"
-    assert source.data["marker"][0] == "circle"
+        assert source.data["bits"][row] == "16"
+    assert source.data["bits"][0] == "8"
 
 
 def test_colour_by_a_score(state):

@@ -15,6 +15,7 @@ from bokeh.models import (BoxSelectTool, ColorBar, ColumnDataSource, HoverTool, 
                           RangeTool, TapTool, WheelZoomTool)
 from bokeh.palettes import RdYlGn11, YlOrRd9
 from bokeh.plotting import figure
+from bokeh.transform import factor_cmap, factor_mark
 
 from .base import laid_out_once, shows_errors
 from .state import SCORE_ATTENTION, SCORES, StudioState
@@ -28,7 +29,8 @@ _MARKERS = {"8": "circle", "16": "square", "8+16": "diamond", "-": "triangle"}
 _HOVER_COLUMNS = ["snr_db", "cosine", "isolation_gain", "latency_share", "rank", "local_snr_8"]
 _NUMERIC = {"score", "line_width", *_HOVER_COLUMNS}
 # Columns that depend on scores and the plan (patched); the rest depend on the layout only (replaced).
-_STYLE_COLUMNS = ["score", "bits", "marker", "line_width", "line_color", "tensor", *_HOVER_COLUMNS]
+_STYLE_COLUMNS = ["score", "bits", "line_width", "tensor", *_HOVER_COLUMNS]
+_BITS = list(_MARKERS)
 
 
 class GraphView(pn.viewable.Viewer):
@@ -41,6 +43,7 @@ class GraphView(pn.viewable.Viewer):
         self._syncing = False
         self._node_tensors: list[list[str]] = []  # per drawn node (source row): its activation tensors
         self._row_of_tensor: dict[str, int] = {}
+        self._labels: list[str] = []
         self.nodes = ColumnDataSource(data=self._empty())
         self.labels = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0), "label": []})
         self._label_band = (0.0, 0.0)
@@ -93,7 +96,7 @@ class GraphView(pn.viewable.Viewer):
     # ---- figures, built once ----
     @staticmethod
     def _empty() -> dict:
-        columns = ["id", "x", "y", "label", "op", "namespace", "kind", "size", "tensors", *_STYLE_COLUMNS]
+        columns = ["id", "x", "y", "op", "size", *_STYLE_COLUMNS]
         return {c: [] for c in columns}
 
     def _main_figure(self):
@@ -104,8 +107,11 @@ class GraphView(pn.viewable.Viewer):
         fig.grid.visible = False
         fig.outline_line_color = None
         fig.line("x", "y", source=self.edges, line_color="#9aa0a6", line_width=1, line_alpha=0.8)
-        nodes = fig.scatter("x", "y", source=self.nodes, marker="marker", size="size",
-                            fill_color={"field": "score", "transform": self.mapper}, line_color="line_color",
+        # Marker and outline follow the precision through transforms run in the browser: one short string
+        # column travels instead of three.
+        nodes = fig.scatter("x", "y", source=self.nodes, marker=factor_mark("bits", list(_MARKERS.values()), _BITS),
+                            size="size", fill_color={"field": "score", "transform": self.mapper},
+                            line_color=factor_cmap("bits", ["#666666", "#111111", "#111111", "#666666"], _BITS),
                             line_width="line_width", selection_line_color="#d6008f", selection_line_width=3,
                             nonselection_fill_alpha=0.6, nonselection_line_alpha=0.7, name="nodes")
         # Labels of the nodes near the visible window only: laying out thousands of texts would dominate the
@@ -168,13 +174,11 @@ class GraphView(pn.viewable.Viewer):
                     found.append(member)
             self._node_tensors.append(found)
         self._row_of_tensor = {t: i for i, ts in enumerate(self._node_tensors) for t in ts}
-        labels = [f"{label} ({size})" if kind == "namespace" else label
-                  for label, kind, size in zip(nodes["label"], nodes["kind"], nodes["size"])]
+        self._labels = [f"{label} ({size})" if kind == "namespace" else label
+                        for label, kind, size in zip(nodes["label"], nodes["kind"], nodes["size"])]
         data = {
-            "id": nodes["id"].tolist(), "x": nodes["x"].to_numpy(float), "y": nodes["y"].to_numpy(float), "label": labels,
-            "op": nodes["op"].tolist(), "namespace": nodes["namespace"].tolist(), "kind": nodes["kind"].tolist(),
-            "size": np.where(nodes["kind"] == "namespace", 22.0, 13.0),
-            "tensors": [", ".join(ts[:6]) + (" ..." if len(ts) > 6 else "") for ts in self._node_tensors],
+            "id": nodes["id"].tolist(), "x": nodes["x"].to_numpy(float), "y": nodes["y"].to_numpy(float),
+            "op": [op or "namespace" for op in nodes["op"]], "size": np.where(nodes["kind"] == "namespace", 22.0, 13.0),
         }
         # Numbers travel as binary arrays, not JSON lists.
         data.update({c: np.asarray(v, dtype=float) if c in _NUMERIC else v for c, v in self._style_columns().items()})
@@ -203,7 +207,7 @@ class GraphView(pn.viewable.Viewer):
         rows = np.flatnonzero((ys >= low) & (ys <= high))
         self._label_band = (low, high)
         self.labels.data = {"x": np.asarray(self.nodes.data["x"], dtype=float)[rows], "y": ys[rows],
-                            "label": [self.nodes.data["label"][i] for i in rows]}
+                            "label": [self._labels[i] for i in rows]}
 
     def _on_range(self, attr, old, new):
         self._fill_labels()
@@ -232,9 +236,7 @@ class GraphView(pn.viewable.Viewer):
                     tensor = f"{ts[0]} (+{len(ts) - 1} more)"
             columns["tensor"].append(tensor)
             columns["bits"].append(bits)
-            columns["marker"].append(_MARKERS[bits])
             columns["line_width"].append(2.6 if bits in ("16", "8+16") else 0.8)
-            columns["line_color"].append("#111111" if bits in ("16", "8+16") else "#666666")
             for c in _HOVER_COLUMNS:
                 columns[c].append(values[c])
             columns["score"].append(values[score] if score in values else math.nan)
