@@ -1,5 +1,5 @@
-"""The switchable model against the real regenerated QDQ models, run with the same numerics (quantization
-simulated in float: ORT's CPU EP with `session.disable_quant_qdq=1`)."""
+"""The switchable model against the real regenerated QDQ models, run with the same numerics
+(`float_qdq_session`: quantization simulated in float on ORT's CPU EP)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ from mpstudio.data import FeedList
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
-from mpstudio.runtime import create_session
 from mpstudio.sensitivity import SwitchableModel
-
-FLOAT_QDQ = {"session.disable_quant_qdq": "1"}
+from mpstudio.sensitivity.isolation import float_qdq_session
 
 
 def _mechanisms_model() -> onnx.ModelProto:
@@ -75,7 +73,7 @@ def mechanisms(tmp_path_factory):
 
 
 def _largest_difference(quantizer, switchable, plan, config, samples) -> float:
-    real = create_session(quantizer.generate(plan), session_config=FLOAT_QDQ)
+    real = float_qdq_session(quantizer.generate(plan))
     return max(float(np.max(np.abs(real.run(None, s)[0] - switchable.run(s, config)[0]))) for s in samples)
 
 

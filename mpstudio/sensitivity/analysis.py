@@ -16,10 +16,9 @@ from ..data import DataSource, Progress, TaskMetric
 from ..errors import MpstudioError
 from ..plan import PrecisionPlan
 from ..quantize import Quantizer
-from ..runtime import create_session
 from . import qdq
 from .isolation import (ISOLATION_COLUMNS, IsolationResult, OutputScorer, Region, SwitchableModel, float_references,
-                        isolation_scores, own_params, tensor_regions)
+                        float_qdq_session, isolation_scores, own_params, tensor_regions)
 from .ranking import PredictionCheck, Prediction, namespace_regions, predict, rank_tensors, selection_region
 from .scores import tensor_scores, weight_scores
 from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB
@@ -186,10 +185,10 @@ def check_prediction(quantizer: Quantizer, report: SensitivityReport, tensors: S
                      isolation_data: DataSource, metric: TaskMetric | None = None,
                      progress: Progress | None = None, cancel: threading.Event | None = None) -> PredictionCheck:
     """Predict, then regenerate the real QDQ model promoting `tensors` and measure it on the same samples, with
-    the isolation scores' numerics (quantization simulated in float, not ORT's fused CPU integer kernels)."""
+    the isolation scores' numerics (`isolation.float_qdq_session`)."""
     prediction = report.predict(tensors)
     path = quantizer.generate(PrecisionPlan.a8w8().promote(tensors), progress, cancel)
-    session = create_session(path, session_config={"session.disable_quant_qdq": "1"})
+    session = float_qdq_session(path)
     names = [o.name for o in session.get_outputs()]
     references = float_references(quantizer.float_path, isolation_data, names)
     scorer = OutputScorer(references, names, metric)

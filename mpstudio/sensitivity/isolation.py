@@ -15,9 +15,10 @@ touches it, so the value also passes its input's quantization; a bias is requant
 node's input arrives with; 16-bit constants take the all-16-bit model's values. Runs reuse the all-8-bit
 activations up to the first node a configuration changes (suffix models cut at a few points).
 
-The switchable model simulates quantization in float, as ONNX Runtime's CPU EP runs a QDQ model with
-`session.disable_quant_qdq=1`, and matches that run of the regenerated model to within a 16-bit step. It
-leaves out integer kernel rounding: its numerics are neither the CPU EP's fused integer kernels nor HTP's.
+The switchable model computes as `float_qdq_session` runs a QDQ model on ONNX Runtime's CPU EP:
+quantization simulated in float as the graph writes it, at the opset ORT gives plans with 16-bit types, with
+fixed kernels; it matches that run of the regenerated model to within a 16-bit step. It leaves out integer
+kernel rounding: its numerics are neither the CPU EP's fused integer kernels nor HTP's.
 A value that meets more than two quantizations on its way (only where a folded activation stays in the
 graph) is rounded on the first coarsest grid and the finest before it; the others move it by less than a
 16-bit step.
@@ -32,6 +33,7 @@ from typing import Collection, Mapping, Sequence
 
 import numpy as np
 import onnx
+import onnx.version_converter
 import onnxruntime as ort
 import pandas as pd
 from onnx import helper, numpy_helper
@@ -131,7 +133,8 @@ class SwitchableModel:
                  float_model: onnx.ModelProto | None = None, graph=None, cuts: int = 6, *,
                  own_params: qdq.TensorParams | None = None,
                  qdq_model_16=None):
-        model = qdq.load(qdq_model_8)
+        model_16 = qdq.load(qdq_model_16) if qdq_model_16 is not None else None
+        model = _at_opset_of(qdq.load(qdq_model_8), model_16)
         self.float_model, self.graph = float_model, graph
         self.quantized = qdq.quantized_tensors(model)
         self.tensors: list[str] = list(self.quantized)
@@ -158,7 +161,7 @@ class SwitchableModel:
         self._biases: list[_Bias] = []
         self._bias_values: dict[tuple[str, float], np.ndarray] = {}
         self._feeds: dict[tuple[Edge, EdgeQuant], dict[str, np.ndarray]] = {}
-        self.model = self._rewrite(model, qdq.load(qdq_model_16) if qdq_model_16 is not None else None)
+        self.model = self._rewrite(model, model_16)
         self.threads = threads or 1
         self.output_names = [o.name for o in self.model.graph.output]
         self._first_use = self._first_uses()
@@ -483,18 +486,43 @@ class SwitchableModel:
 
     @staticmethod
     def _open(model: onnx.ModelProto) -> ort.InferenceSession:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
         # Configurations run concurrently, one thread each: better use of the cores than intra-op threads
         # on the small tensors of a mobile model.
-        options.intra_op_num_threads = 1
-        # Quantization simulated in float, as written: ORT's QDQ transformations (fusing into integer kernels,
-        # moving or dropping Q/DQ pairs) would change the numbers the switches set.
-        options.add_session_config_entry("session.disable_quant_qdq", "1")
         try:
-            return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            return float_qdq_session(model.SerializeToString(), threads=1)
         except Exception as exc:
             raise MpstudioError(f"ONNX Runtime could not open the switchable model: {exc}") from exc
+
+
+def float_qdq_session(model, threads: int = 0) -> ort.InferenceSession:
+    """An ONNX Runtime CPU session that runs a QDQ model (path or serialized bytes) with the switchable model's
+    numerics: quantization simulated in float as the graph writes it (ORT's QDQ transformations, which fuse
+    node groups into integer kernels or move and drop Q/DQ pairs, are off), and without ORT's NCHWc layout
+    kernels, which sum in another order and are used or not depending on the graph around each Conv or Pool:
+    a one-ulp difference flips an 8-bit rounding now and then, and one flip can move a model's output."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    source = bytes(model) if isinstance(model, (bytes, bytearray)) else str(model)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=["NchwcTransformer"])
+
+
+def _at_opset_of(model: onnx.ModelProto, reference: onnx.ModelProto | None) -> onnx.ModelProto:
+    """`model` converted to `reference`'s default-domain opset when that is newer. ORT moves a model with any
+    16-bit type to opset 21 before quantizing it, and newer op versions run other kernels (the same values to
+    within an ulp, which is not always the same rounding)."""
+    def opset(m):
+        return next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+    if reference is None or opset(reference) <= opset(model):
+        return model
+    try:
+        return onnx.version_converter.convert_version(model, opset(reference))
+    except Exception as exc:
+        raise MpstudioError(f"could not move the all-8-bit model to opset {opset(reference)}: {exc}") from exc
 
 
 class _PlanQuant:
