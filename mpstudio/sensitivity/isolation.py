@@ -107,6 +107,9 @@ class Setting:
     quant: tuple[tuple[Edge, EdgeQuant], ...] = ()
 
 
+_ALL_8 = Setting(frozenset())
+
+
 @dataclass(frozen=True, eq=False)
 class _Bias:
     """A Conv/Gemm bias the switchable model can requantize: ORT stores round(bias / (input scale x weight
@@ -134,7 +137,8 @@ class SwitchableModel:
                  own_params: qdq.TensorParams | None = None,
                  qdq_model_16=None):
         model_16 = qdq.load(qdq_model_16) if qdq_model_16 is not None else None
-        model = _at_opset_of(qdq.load(qdq_model_8), model_16)
+        original = qdq.load(qdq_model_8)
+        model = _at_opset_of(original, model_16)
         self.float_model, self.graph = float_model, graph
         self.quantized = qdq.quantized_tensors(model)
         self.tensors: list[str] = list(self.quantized)
@@ -170,6 +174,8 @@ class SwitchableModel:
         self._frontier = {cut: self._frontier_of(cut) for cut in sorted(cut_points - {0})}
         self._suffix_sessions: dict[int, ort.InferenceSession] | None = None
         self.session = self._open(self.model)
+        # The all-8-bit plan itself stays at its own opset: its baseline comes from the model as it is.
+        self._session_8 = self._open(original) if model is not original else None
         # The same model with the frontier as outputs, so ORT's optimizer keeps those values fetchable.
         probe = onnx.ModelProto()
         probe.CopyFrom(self.model)
@@ -383,18 +389,33 @@ class SwitchableModel:
                 first.setdefault(name, index)
         return first
 
+    def _constant_nodes(self) -> list[bool]:
+        """Per node: whether it computes from fixed initializers only (a Constant, a weight's DequantizeLinear)."""
+        graph = self.model.graph
+        known = {i.name for i in graph.initializer} - {i.name for i in graph.input}
+        flags = []
+        for node in graph.node:
+            constant = node.op_type == "Constant" or all(name in known for name in node.input if name)
+            if constant:
+                known.update(o for o in node.output if o)
+            flags.append(constant)
+        return flags
+
     def _frontier_of(self, cut: int) -> list[str]:
         """Tensors computed before node `cut` and read from it on (graph inputs and switches excluded)."""
         graph = self.model.graph
-        # Constant nodes are carried into the suffix, so the frontier holds computed values only.
-        produced = {o for n in graph.node[:cut] if n.op_type != "Constant" for o in n.output if o}
+        # Constant computations are carried into the suffix, so the frontier holds activations only: a weight
+        # fed as an input would not be prepacked, and its node would run another kernel.
+        constant = self._constant_nodes()
+        produced = {o for n, c in zip(graph.node[:cut], constant) if not c for o in n.output if o}
         used = {i for n in graph.node[cut:] for i in n.input if i} | {o.name for o in graph.output}
         return sorted(produced & used)
 
     def _suffix(self, cut: int, types: Mapping[str, np.dtype]) -> onnx.ModelProto:
         """The switchable model from node `cut` on, reading the frontier's values as graph inputs."""
         graph = self.model.graph
-        after = [n for n in graph.node[:cut] if n.op_type == "Constant"] + list(graph.node[cut:])
+        constant = self._constant_nodes()
+        after = [n for n, c in zip(graph.node[:cut], constant) if c] + list(graph.node[cut:])
         used = {i for n in after for i in n.input if i} | {o.name for o in graph.output}
         inits = [i for i in graph.initializer if i.name in used]
         inputs = [i for i in graph.input if i.name in used]
@@ -472,6 +493,8 @@ class SwitchableModel:
     def run(self, sample: Feed, sixteen: Collection[str] | Setting) -> list[np.ndarray]:
         """The model's outputs with `sixteen` (and what a QNN-valid plan converts with it) at 16 bits."""
         setting = sixteen if isinstance(sixteen, Setting) else self.setting(sixteen)
+        if self._session_8 is not None and setting == _ALL_8:
+            return self._session_8.run(self.output_names, sample)
         return self.session.run(self.output_names, {**sample, **self.parameter_feed(setting)})
 
     def cached(self, samples: Sequence[Feed]) -> "CachedSamples":
@@ -622,7 +645,9 @@ class CachedSamples:
         types = {name: value.dtype for name, value in self.values[0].items()} if self.values else {}
         self.sessions = {cut: model._suffix_session(cut, types) for cut in model._frontier} if samples else {}
         self.inputs = {cut: {i.name for i in s.get_inputs()} for cut, s in self.sessions.items()}
-        self.all_8 = [[v[name] for name in model.output_names] for v in self.values]
+        self._unchanged = [[v[name] for name in model.output_names] for v in self.values]
+        self.all_8 = self._unchanged if model._session_8 is None else [
+            model._session_8.run(model.output_names, sample) for sample in samples]
 
     def outputs(self, setting: Setting) -> list[list[np.ndarray]]:
         """Every sample's model outputs under `setting`."""
@@ -630,7 +655,7 @@ class CachedSamples:
         feed = model.parameter_feed(setting)
         start = model.first_change(feed)
         if start >= len(model.model.graph.node):
-            return self.all_8
+            return self.all_8 if setting == _ALL_8 else self._unchanged
         cut = max((c for c in self.sessions if c <= start), default=0)
         if cut == 0:
             return [model.session.run(model.output_names, {**s, **feed}) for s in self.samples]
