@@ -45,6 +45,8 @@ CALIBRATION_METHODS = {
     "entropy": CalibrationMethod.Entropy,
     "percentile": CalibrationMethod.Percentile,
 }
+# Names generated models in the cache with the plan hash: bump it whenever a plan generates differently.
+GENERATOR_VERSION = 2
 # Bounds calibration memory: ranges are merged every this many samples instead of at the end.
 _CALIBRATION_CHUNK = 16
 
@@ -137,7 +139,7 @@ class Quantizer:
 
     # ---- regeneration ------------------------------------------------------------------------------------
     def model_path(self, plan: PrecisionPlan) -> Path:
-        return self.cache_dir / "models" / f"{plan.hash}.onnx"
+        return self.cache_dir / "models" / f"g{GENERATOR_VERSION}-{plan.hash}.onnx"
 
     def generate(self, plan: PrecisionPlan, progress: Progress | None = None, cancel=None) -> Path:
         """The QDQ model file for `plan` (made from the cached ranges, or taken from the model cache)."""

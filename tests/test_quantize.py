@@ -11,7 +11,7 @@ from mpstudio import MpstudioError
 from mpstudio.data import CallableSource, FeedList
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan, TensorOverride
-from mpstudio.quantize import Quantizer, quantize_plain
+from mpstudio.quantize import GENERATOR_VERSION, Quantizer, quantize_plain
 from mpstudio.runtime import create_session
 
 FEEDS = conv_feeds(8)
@@ -125,7 +125,7 @@ def test_models_are_cached_by_plan_hash(quantizer):
     stamp = first.stat().st_mtime_ns
     again = quantizer.generate(PrecisionPlan.a8w8().promote(["relu1_out", "conv1_out"], name="same content"))
     assert again == first and again.stat().st_mtime_ns == stamp
-    assert first.name == f"{MIXED.hash}.onnx"
+    assert first.name == f"g{GENERATOR_VERSION}-{MIXED.hash}.onnx"
     assert PrecisionPlan.load(first.with_suffix(".plan.json")) == MIXED
 
 
