@@ -27,6 +27,7 @@ from ..sensitivity import SensitivityReport
 from ..study import Study
 
 log = logging.getLogger(__name__)
+_CREATING = threading.Lock()  # studies are created one at a time in this process
 
 # What the graph can be coloured by: label -> column of StudioState.tensors. Each has a direction: for
 # "low" scores low values need attention (drawn red), for "high" scores high values do.
@@ -43,6 +44,19 @@ LATENCY_SOURCES = ("estimate", "emulator", "measured")
 TENSOR_COLUMNS = ["tensor", "node", "op", "namespace", "kind", "bits", "rank", "snr_db", "cosine", "local_snr_8",
                   "local_snr_16", "isolation_gain", "latency_share"]
 _SCORE_COLUMNS = ["rank", "snr_db", "cosine", "local_snr_8", "local_snr_16", "isolation_gain"]
+
+
+def session_document():
+    """The document of the `panel serve` session running this code, or None (notebook, script, tests).
+
+    Only the document Panel sets for the running session counts: `pn.state.curdoc` falls back to Bokeh's
+    process-wide current document, which a server run in a thread of the same process leaves behind.
+    """
+    from panel.io.state import state
+
+    current = getattr(state, "_curdoc", None)
+    doc = current.get() if current is not None else pn.state.curdoc
+    return doc if doc is not None and doc.session_context is not None else None
 
 
 class Job(param.Parameterized):
@@ -126,7 +140,7 @@ class StudioState(param.Parameterized):
         super().__init__(**params)
         self.study_folder = Path(study_folder) if study_folder else None
         self.auto_analyze = auto_analyze
-        self._doc = pn.state.curdoc
+        self._doc = session_document()
         self._queue: queue.Queue[tuple[Job, Callable, Callable | None]] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._agent = None  # LocalAgent, started on first use
@@ -145,15 +159,23 @@ class StudioState(param.Parameterized):
                        shapes: str = "", **params) -> "StudioState":
         """The state of `panel serve app.py --args ...`: a study folder, a model + data, or the demo."""
         state = cls(study_folder=study if (study and model) else None, **params)
-        if model or data:
-            if not (model and data):
-                state.show_error("give both --model and --data (a folder of .npz samples), or --study, or nothing for the demo")
+
+        def start():
+            if model or data:
+                if not (model and data):
+                    state.show_error("give both --model and --data (a folder of .npz samples), or --study, or "
+                                     "nothing for the demo")
+                else:
+                    state.open_model(model, data, shapes)
+            elif study:
+                state.open_study(study)
             else:
-                state.open_model(model, data, shapes)
-        elif study:
-            state.open_study(study)
+                state.open_demo()
+
+        if session_document() is not None:
+            pn.state.onload(start)  # once the page is up: its progress bar then shows the opening
         else:
-            state.open_demo()
+            start()
         return state
 
     def set_study(self, study: Study) -> None:
@@ -178,7 +200,8 @@ class StudioState(param.Parameterized):
 
     def open_demo(self) -> Job:
         def work(progress, cancel):
-            return Study.demo(self.study_folder, progress=progress)
+            with _CREATING:  # two sessions opening the demo at once must not both create it
+                return Study.demo(self.study_folder, progress=progress)
         return self._submit("open", "opening the demo (PP-OCRv4 text-line recognizer)", work, self.set_study)
 
     def open_model(self, model: str | Path | None = None, data: str | Path | None = None,
@@ -199,13 +222,14 @@ class StudioState(param.Parameterized):
             digest = hashlib.sha256(model_path.read_bytes())
             digest.update(str(data_path.resolve()).encode())
             folder = self.study_folder or cache_root() / "studies" / f"{model_path.stem}-{digest.hexdigest()[:12]}"
-            if (folder / "study.json").exists():
-                return Study.open(folder)
-            from ..model import prepare_model
+            with _CREATING:
+                if (folder / "study.json").exists():
+                    return Study.open(folder)
+                from ..model import prepare_model
 
-            prepared = prepare_model(model_path, input_shapes)
-            calibration = NpzFolder(data_path, [spec.name for spec in prepared.inputs])
-            return Study.create(folder, prepared, calibration, progress=progress)
+                prepared = prepare_model(model_path, input_shapes)
+                calibration = NpzFolder(data_path, [spec.name for spec in prepared.inputs])
+                return Study.create(folder, prepared, calibration, progress=progress)
         return self._submit("open", f"opening {Path(str(model)).name}", work, self.set_study)
 
     # ---- selection and plan ---------------------------------------------------------------------------
@@ -469,7 +493,7 @@ class StudioState(param.Parameterized):
             self.jobs = [job, *[j for j in self.jobs if j.active or j.status == "failed"][:7]]
         with self._lock:
             if self._worker is None or not self._worker.is_alive():
-                self._doc = pn.state.curdoc or self._doc
+                self._doc = session_document() or self._doc
                 self._worker = threading.Thread(target=self._work, name="mpstudio-studio-jobs", daemon=True)
                 self._worker.start()
         self._queue.put((job, work, on_done))

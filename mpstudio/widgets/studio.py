@@ -13,7 +13,7 @@ from .graph_view import GraphView
 from .model_panel import ModelPanel
 from .pareto import ParetoPlot
 from .run_panel import RunPanel
-from .state import StudioState
+from .state import StudioState, session_document
 from .table import SensitivityTable
 
 TITLE = "mpstudio: mixed precision for Qualcomm NPUs"
@@ -75,9 +75,8 @@ class Studio(pn.viewable.Viewer):
 
 def served() -> bool:
     """True inside a `panel serve` session. (`pn.state.served` asks whether its caller's module is the served
-    script, which a library's module never is; a session context is what it stands for.)"""
-    doc = pn.state.curdoc
-    return doc is not None and doc.session_context is not None
+    script, which a library's module never is; a session's document is what it stands for.)"""
+    return session_document() is not None
 
 
 def _text(message: str) -> str:
