@@ -149,11 +149,17 @@ def test_a_killed_search_process_resumes_with_nothing_lost(tmp_path):
         assert len(after) > len(before) or searches["result"].iloc[0]["reached"]
 
 
-def test_search_command_line_prints_the_front_and_how_to_export(tmp_path):
+def _model_and_data(tmp_path, samples: int):
+    """A small chain model file and a folder of its samples, as a user gives them to the command line."""
     model = tmp_path / "chain.onnx"
     onnx.save(make_chain_model(blocks=4), model)
     data = tmp_path / "data"
-    FeedList(chain_feeds(6)).save_npz(data)
+    FeedList(chain_feeds(samples)).save_npz(data)
+    return model, data
+
+
+def test_search_command_line_prints_the_front_and_how_to_export(tmp_path):
+    model, data = _model_and_data(tmp_path, 6)
     out = subprocess.run([sys.executable, "-m", "mpstudio", "search", str(model), "--data", str(data), "--study",
                           str(tmp_path / "s"), "--target", "a16w8+10%", "--weights", "per-tensor", "--quiet"],
                          capture_output=True, text=True, timeout=600)
@@ -198,10 +204,7 @@ def test_search_spreads_over_an_agent_pool(tmp_path):
 @pytest.mark.htp
 @requires_qnn
 def test_search_confirms_its_choice_on_htp(tmp_path):
-    model = tmp_path / "chain.onnx"
-    onnx.save(make_chain_model(blocks=4), model)
-    data = tmp_path / "data"
-    FeedList(chain_feeds(4)).save_npz(data)
+    model, data = _model_and_data(tmp_path, 4)
     out = subprocess.run([sys.executable, "-m", "mpstudio", "search", str(model), "--data", str(data), "--study",
                           str(tmp_path / "s"), "--weights", "per-tensor", "--confirm", "--quiet"],
                          capture_output=True, text=True, timeout=600)
