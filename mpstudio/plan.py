@@ -216,9 +216,14 @@ class PrecisionPlan:
                 out.append(name)
         return out
 
+    @property
+    def base_name(self) -> str:
+        """The default types in short: "a8w8", "a16w8", "a8w16" ..."""
+        return f"a{self.activation_type[-2:].lstrip('t')}w{self.weight_type[-2:].lstrip('t')}"
+
     def summary(self) -> str:
         n16 = sum(1 for o in self.overrides.values() if o.type in _SIXTEEN_BIT)
-        base = f"a{self.activation_type[-2:].lstrip('t')}w{self.weight_type[-2:].lstrip('t')}"
+        base = self.base_name
         pc = " per-channel" if self.per_channel else ""
         more = f" + {len(self.overrides)} overrides ({n16} to 16-bit)" if self.overrides else ""
         return f"{self.name or self.hash}: {base}{pc}{more}"

@@ -336,11 +336,11 @@ class Study:
             row = db.execute("SELECT id FROM plans WHERE hash = ?", (plan.hash,)).fetchone()
             if row:
                 return int(row[0])
-            name = plan.name or _default_name(plan, self.graph)
+            sixteen_bit = len(plan.sixteen_bit_activations(self.graph))
+            name = plan.name or _default_name(plan, sixteen_bit)
             cursor = db.execute(
                 "INSERT INTO plans (hash, name, origin, plan_json, sixteen_bit, created) VALUES (?, ?, ?, ?, ?, ?)",
-                (plan.hash, name, origin, json.dumps(plan.to_json()), len(plan.sixteen_bit_activations(self.graph)),
-                 time.time()))
+                (plan.hash, name, origin, json.dumps(plan.to_json()), sixteen_bit, time.time()))
             return int(cursor.lastrowid)
 
     def plan(self, plan_id: int | str) -> PrecisionPlan:
@@ -661,20 +661,22 @@ class Study:
         return [dict(r.outputs) for r in results]
 
     def _output_agreement(self, outputs, progress, cancel) -> tuple[float, float]:
-        """SNR (dB) and cosine of all outputs against the float model's, over the evaluation data."""
-        references = self.float_outputs(progress, cancel)
-        signal = noise = dot = norm_a = norm_b = 0.0
-        for ref, out in zip(references, outputs):
+        """SNR (dB) and cosine of all outputs against the float model's, over the evaluation data.
+
+        Sums are over float64 copies: a study's score is computed once per plan, so exactness wins over the
+        float32 streaming the sensitivity engine needs for every tensor.
+        """
+        signal = noise = dot = test = 0.0
+        for ref, out in zip(self.float_outputs(progress, cancel), outputs):
             for name, r in ref.items():
                 r = r.astype(np.float64).ravel()
                 o = np.asarray(out[name], dtype=np.float64).ravel()
                 signal += float(r @ r)
                 noise += float((o - r) @ (o - r))
                 dot += float(r @ o)
-                norm_a += float(r @ r)
-                norm_b += float(o @ o)
+                test += float(o @ o)
         snr = 10 * np.log10(signal / noise) if noise > 0 else float("inf")
-        cosine = dot / np.sqrt(norm_a * norm_b) if norm_a > 0 and norm_b > 0 else float("nan")
+        cosine = dot / np.sqrt(signal * test) if signal > 0 and test > 0 else float("nan")
         return float(min(snr, 200.0)), float(cosine)
 
     def _estimate(self, path: Path):
@@ -791,11 +793,9 @@ def _latency_label(source, where) -> str:
     return Latency(ms=0.0, source=source, where=where).label
 
 
-def _default_name(plan: PrecisionPlan, graph) -> str:
-    base = f"a{plan.activation_type[-2:].lstrip('t')}w{plan.weight_type[-2:].lstrip('t')}"
-    if plan.per_channel:
-        base += "-pc"
-    n16 = len(plan.sixteen_bit_activations(graph)) if plan.activation_type == "uint8" else 0
+def _default_name(plan: PrecisionPlan, sixteen_bit: int) -> str:
+    base = plan.base_name + ("-pc" if plan.per_channel else "")
+    n16 = sixteen_bit if plan.activation_type == "uint8" else 0
     return f"{base}+{n16}x16" if n16 else (base if not plan.overrides else f"{base}+{len(plan.overrides)}ov")
 
 

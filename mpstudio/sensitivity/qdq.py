@@ -20,9 +20,6 @@ from ..graph import node_display_name
 from .stats import quantize_dequantize
 
 _OUTPUT_SUFFIX = "_QuantizeLinear_Input"
-_QTYPE_RANGE = {
-    "uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
-}
 
 
 @dataclass(frozen=True)
@@ -39,11 +36,11 @@ class QuantParams:
 
     @property
     def qmin(self) -> int:
-        return _QTYPE_RANGE[self.dtype][0]
+        return int(np.iinfo(self.dtype).min)
 
     @property
     def qmax(self) -> int:
-        return _QTYPE_RANGE[self.dtype][1]
+        return int(np.iinfo(self.dtype).max)
 
     @property
     def clip_range(self) -> tuple[float, float]:

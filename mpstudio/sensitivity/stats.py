@@ -31,22 +31,17 @@ class ErrorAccumulator:
         y = np.ravel(np.asarray(test, dtype=np.float32))
         if x.shape != y.shape:
             raise ValueError(f"shapes differ: {x.shape} vs {y.shape}")
-        diff = x - y
-        # np.dot on float32 goes through BLAS with float64-safe pairwise blocks; cast the result only.
-        self.signal += float(np.dot(x, x))
-        self.test += float(np.dot(y, y))
-        self.noise += float(np.dot(diff, diff))
-        self.dot += float(np.dot(x, y))
-        if diff.size:
-            self.max_abs = max(self.max_abs, float(np.max(np.abs(diff))))
-        self.count += x.size
+        self._accumulate(x, y, x - y)
 
     def add_noise(self, reference: np.ndarray, diff: np.ndarray) -> None:
         """Add a pair given as the reference and its exact error (the local-error path computes it directly)."""
-        test = reference + diff
+        self._accumulate(reference, reference + diff, diff)
+
+    def _accumulate(self, reference: np.ndarray, test: np.ndarray, diff: np.ndarray) -> None:
+        # np.dot on float32 goes through BLAS with float64-safe pairwise blocks; cast the result only.
         self.signal += float(np.dot(reference, reference))
-        self.noise += float(np.dot(diff, diff))
         self.test += float(np.dot(test, test))
+        self.noise += float(np.dot(diff, diff))
         self.dot += float(np.dot(reference, test))
         if diff.size:
             self.max_abs = max(self.max_abs, float(np.max(np.abs(diff))))
