@@ -193,8 +193,8 @@ class _Walk:
         self.path: list[Evaluation] = []
         self.new = 0
         self.hib = study.higher_is_better
-        agents = getattr(runner, "healthy", None)
-        self.workers = [runner] if not agents else (runner.healthy() or [runner])
+        # A pool evaluates one plan per healthy agent at a time; anything else is one worker.
+        self.workers = (runner.healthy() or [runner]) if hasattr(runner, "healthy") else [runner]
 
     # ---- evaluations ----
     def left(self) -> int:

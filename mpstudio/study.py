@@ -383,14 +383,6 @@ class Study:
         info = _runner_info(runner)
         return f"HTP emulator on {info.device}" if info.htp_emulated else f"HTP on {info.device}"
 
-    def find_evaluation(self, plan: PrecisionPlan, backend: str = "cpu", runner=None) -> Evaluation | None:
-        """The stored result of `plan` on `backend` (and runner's device), if there is one."""
-        plan_id = self.plan_id(plan)
-        if plan_id is None:
-            return None
-        source = self.accuracy_source(backend, runner)
-        return self._evaluation(plan_id, source)
-
     def evaluate(self, plan: PrecisionPlan, backend: str = "cpu", runner=None, *, origin: str = "user",
                  measure_latency: bool = True, progress: Progress | None = None,
                  cancel: threading.Event | None = None) -> Evaluation:
@@ -628,12 +620,6 @@ class Study:
             marker.write_text(str(len(outputs)))
         self._references = [dict(np.load(p, allow_pickle=False)) for p in sorted(folder.glob("*.npz"))]
         return self._references
-
-    def float_value(self) -> float | None:
-        """The task metric of the float model (None when the metric is output agreement, where it is perfect)."""
-        if self._metric is None:
-            return None
-        return float(self._metric(self.float_outputs()))
 
     # ---- internals ----
     def _run(self, path: Path, backend: str, runner, progress, cancel) -> list[dict[str, np.ndarray]]:
