@@ -126,7 +126,7 @@ class SearchResult:
             f"({self.new_evaluations} new)",
             f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} "
             f"({'+' if self.gap >= 0 else ''}{self.gap:.4f} against the threshold)"
-            + (f", {est.ms:.3f} ms ({est.label})" if est else ""),
+            + (f", {est}" if est else ""),
         ]
         ratio = self.latency_ratio()
         if ratio is not None:

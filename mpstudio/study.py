@@ -136,7 +136,7 @@ class Evaluation:
         return next((lat for lat in self.latencies if lat.source == source), None)
 
     def describe(self) -> str:
-        lat = ", ".join(f"{lat.ms:.3f} ms ({lat.label})" for lat in self.latencies) or "no latency"
+        lat = ", ".join(str(lat) for lat in self.latencies) or "no latency"
         return f"{self.name}: {self.metric} {self.value:.4f} [{self.accuracy_source}]; {lat}"
 
 
