@@ -28,6 +28,7 @@ from .errors import MpstudioError, brief
 from .graph import BIAS, INPUT, OUTPUT, ACTIVATION, WEIGHT, ModelGraph, unknown_name_message
 from .plan import PrecisionPlan
 from .quantize import CALIBRATION_METHODS, QUANT_TYPES, Quantizer, qnn_config
+from .sensitivity.qdq import GRAPH_OUTPUT_SUFFIX
 
 FORMATS = ("ort", "qnn", "model", "float", "context")
 ACTIVATION_KIND, PARAM_KIND = "activation", "param"
@@ -47,8 +48,6 @@ QUANT_TYPE_NAMES: dict[str, QuantType] = {q.name: q for q in QuantType}
 _QUANT_TYPE_OF_DTYPE = {_INTEGER_TYPES[q.tensor_type][0]: q for q in QuantType if q.tensor_type in _INTEGER_TYPES}
 ENCODING_BITWIDTHS = (4, 8, 16, 32)
 
-# ORT's QDQ quantizer renames a graph output T: the op writes T_QuantizeLinear_Input, the last DQ writes T.
-_GRAPH_OUTPUT_SUFFIX = "_QuantizeLinear_Input"
 _QUANTIZED_INITIALIZER_SUFFIX = "_quantized"
 
 
@@ -143,8 +142,8 @@ def read_quantized_tensors(qdq_model) -> dict[str, QuantizedTensor]:
             if source in inits:  # a float initializer quantized at run time
                 _add(tensors, QuantizedTensor(name, PARAM_KIND, _encoding(node, inits, source)))
             else:
-                if source.endswith(_GRAPH_OUTPUT_SUFFIX) and source.removesuffix(_GRAPH_OUTPUT_SUFFIX) in outputs:
-                    name = source.removesuffix(_GRAPH_OUTPUT_SUFFIX)
+                if source.endswith(GRAPH_OUTPUT_SUFFIX) and source.removesuffix(GRAPH_OUTPUT_SUFFIX) in outputs:
+                    name = source.removesuffix(GRAPH_OUTPUT_SUFFIX)
                 _add(tensors, QuantizedTensor(name, ACTIVATION_KIND, _encoding(node, inits)))
             root_of_q[node.output[0]] = name
 

@@ -23,6 +23,7 @@ from onnx import TensorProto, helper
 
 from .errors import MpstudioError, brief
 from .model import load_model
+from .sensitivity.qdq import GRAPH_OUTPUT_SUFFIX
 
 LATENCY_SOURCES = ("measured", "estimate", "emulator")
 
@@ -743,7 +744,6 @@ def _cast_row(node: str, tensor: str, n: int, arch: HtpArch) -> dict:
 
 
 # ---- promotion costs ---------------------------------------------------------------------------------------------
-_SUFFIX = "_QuantizeLinear_Input"
 
 
 def promotion_costs(qdq_model_8bit, tensors: Iterable[str], htp_arch: str | int | HtpArch = "75",
@@ -844,7 +844,7 @@ class _PromotionAnalysis:
         return max(c, m) + o
 
     def resolve(self, name: str) -> str | None:
-        for candidate in (name, name + _SUFFIX):
+        for candidate in (name, name + GRAPH_OUTPUT_SUFFIX):
             if candidate in self.producer or candidate in self.input_bits:
                 return candidate
         return None

@@ -52,7 +52,6 @@ _GRAPH_OUTPUT = ""  # the receiver name of an edge into a graph output
 _WEIGHT_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}  # their weights keep the plan's weight type
 _BIAS_OPS = {"Conv", "ConvTranspose", "Gemm"}  # ORT quantizes their bias to int32 at input scale x weight scale
 _FOLDABLE = {"Relu", "Clip"}  # ORT's QDQ quantizer folds these into the op before them
-_DQ_SUFFIX = "_DequantizeLinear_Output"
 _INT32 = np.iinfo(np.int32)
 OUTPUT_SNR = "output SNR (dB)"  # the default metric: SNR of all model outputs against the float model's
 
@@ -309,7 +308,7 @@ class SwitchableModel:
             if node.op_type != "DequantizeLinear" or node.input[0] not in inits or len(node.input) < 3:
                 continue
             out = node.output[0]
-            name = out.removesuffix(_DQ_SUFFIX)
+            name = out.removesuffix(qdq.DEQUANTIZED_SUFFIX)
             if name == out or name not in floats or readers.get(out, set()) & _WEIGHT_OPS:
                 continue
             if node.input[1] not in inits or node.input[2] not in inits:
@@ -624,7 +623,7 @@ def _dequantized_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
             continue
         if not all(name in inits for name in node.input[:3]):
             continue
-        name = node.output[0].removesuffix(_DQ_SUFFIX)
+        name = node.output[0].removesuffix(qdq.DEQUANTIZED_SUFFIX)
         scale = numpy_helper.to_array(inits[node.input[1]])
         if name == node.output[0] or scale.size != 1:
             continue

@@ -19,7 +19,10 @@ from onnx import helper, numpy_helper
 from ..graph import node_display_name
 from .stats import quantize_dequantize
 
-_OUTPUT_SUFFIX = "_QuantizeLinear_Input"
+# ORT's names in a QDQ model: a graph output T is written by its op as T + GRAPH_OUTPUT_SUFFIX (the last
+# DequantizeLinear writes T); the value consumers read is T + DEQUANTIZED_SUFFIX.
+GRAPH_OUTPUT_SUFFIX = "_QuantizeLinear_Input"
+DEQUANTIZED_SUFFIX = "_DequantizeLinear_Output"
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def quantized_tensors(model) -> dict[str, QdqTensor]:
         if scale.size != 1:
             continue  # per-channel activations are not made by this project
         pre = node.input[0]
-        stripped = pre.removesuffix(_OUTPUT_SUFFIX)
+        stripped = pre.removesuffix(GRAPH_OUTPUT_SUFFIX)
         name = stripped if dq.output[0] == stripped else pre
         out[name] = QdqTensor(
             name=name,
