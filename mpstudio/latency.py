@@ -1,17 +1,23 @@
 """Latency with its source: measured on a device, estimated by an HTP cost model, or emulator host time.
 
-`estimate_latency` reads a QDQ model (or a float model, estimated as fp16) and prices every op on a
-roofline of the target Hexagon tensor processor; `promotion_costs` prices promoting single activation
-tensors to 16 bits from the same formulas. The constants, their sources and the model's known errors are in
-docs/latency.md. An estimate is never a measurement: everything it returns says `estimate`.
+`estimate_latency` reads a QDQ model (or a float model, estimated as fp16) and prices every op the Hexagon
+tensor processor runs, after the fusions QNN makes (Conv+activation, SiLU, GELU, LayerNorm and Softmax as
+single ops), with per-op-type costs for 8-bit, 16-bit and fp16 whose free constants are fitted to Qualcomm
+AI Hub's published device latencies (benchmarks/latency_fit.py). Every estimate carries an interval from the
+fit's residuals and says what it includes (HTP only, or with the CPU's graph-input quantize and output
+dequantize). `calibrate` refits the per-op-type costs to a device's per-op profile; `promotion_costs`
+prices promoting single activation tensors to 16 bits from the same formulas. Constants, sources and known
+errors: docs/latency.md. An estimate is never a measurement: everything it returns says `estimate`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import re
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -26,37 +32,56 @@ from .model import load_model
 from .sensitivity.qdq import GRAPH_OUTPUT_SUFFIX
 
 LATENCY_SOURCES = ("measured", "estimate", "emulator")
+# What a figure includes. The cost model prices the HTP's graph alone ("HTP only") or adds the graph-input
+# quantize and output dequantize ORT's QNN EP leaves to the CPU; an agent times whole session runs.
+HTP_ONLY = "HTP only"
+WITH_CPU_IO = "HTP + CPU graph I/O"
+SESSION_RUN = "whole session run"
+LATENCY_SCOPES = (HTP_ONLY, WITH_CPU_IO, SESSION_RUN)
+_ESTIMATE_WHERE = re.compile(r"^HTP v(?P<arch>\w+) \(cost model(?:, calibrated on (?P<device>.+))?\)$")
 
 
 # ---- latency with its source ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Latency:
-    """A latency in milliseconds and where it comes from.
+    """A latency in milliseconds, where it comes from and what it includes.
 
     `source` is "measured" (a real device; `where` names it), "estimate" (the HTP cost model; `where` names the
-    architecture, e.g. "HTP v75 (cost model)") or "emulator" (host time of the x86_64 HTP emulator: a relative
-    cost only, never device latency; `where` names the host).
+    architecture, e.g. "HTP v75 (cost model)" or "HTP v75 (cost model, calibrated on Galaxy S24)") or
+    "emulator" (host time of the x86_64 HTP emulator: a relative cost only, never device latency).
+    `includes` is one of LATENCY_SCOPES; left empty it is "HTP + CPU graph I/O" for an estimate (what
+    `estimate_latency(...).latency` has always been) and "whole session run" otherwise, so stored rows from
+    before it existed still load. `low_ms`/`high_ms` bound an estimate (the cost model's interval), or are None.
     """
 
     ms: float
     source: str
     where: str
     detail: str = ""
+    includes: str = ""
+    low_ms: float | None = None
+    high_ms: float | None = None
 
     def __post_init__(self):
         if self.source not in LATENCY_SOURCES:
             raise MpstudioError(
                 f"latency source must be one of {', '.join(LATENCY_SOURCES)}, not {self.source!r}"
             )
-        try:
-            ms = float(self.ms)
-        except (TypeError, ValueError):
-            raise MpstudioError(f"latency must be a number of milliseconds, not {self.ms!r}") from None
-        if not math.isfinite(ms) or ms < 0:
-            raise MpstudioError(f"latency must be a finite, non-negative number of milliseconds, not {self.ms!r}")
-        object.__setattr__(self, "ms", ms)
+        object.__setattr__(self, "ms", _milliseconds(self.ms, "latency"))
         if not isinstance(self.where, str) or not self.where.strip():
             raise MpstudioError("a latency must say where it comes from (a device, a host or an HTP architecture)")
+        if not self.includes:
+            object.__setattr__(self, "includes", WITH_CPU_IO if self.source == "estimate" else SESSION_RUN)
+        if self.includes not in LATENCY_SCOPES:
+            raise MpstudioError(f"a latency includes one of {', '.join(LATENCY_SCOPES)}, not {self.includes!r}")
+        if (self.low_ms is None) != (self.high_ms is None):
+            raise MpstudioError("give both ends of a latency interval (low_ms and high_ms) or neither")
+        if self.low_ms is not None:
+            low, high = _milliseconds(self.low_ms, "low_ms"), _milliseconds(self.high_ms, "high_ms")
+            if not low <= self.ms <= high:
+                raise MpstudioError(f"the interval {low:.4g}-{high:.4g} ms must contain the latency {self.ms:.4g} ms")
+            object.__setattr__(self, "low_ms", low)
+            object.__setattr__(self, "high_ms", high)
 
     @property
     def is_device_latency(self) -> bool:
@@ -64,16 +89,32 @@ class Latency:
         return self.source == "measured"
 
     @property
+    def calibrated_on(self) -> str:
+        """The device an estimate was calibrated on ("" for the published fit, or for other sources)."""
+        match = _ESTIMATE_WHERE.match(self.where) if self.source == "estimate" else None
+        return (match.group("device") or "") if match else ""
+
+    @property
     def label(self) -> str:
-        """What this number is, in words: always names the source."""
+        """What this number is, in words: always names the source and what the figure includes."""
         if self.source == "measured":
-            return f"measured on {self.where}"
+            return f"measured on {self.where}, {self.includes}"
         if self.source == "estimate":
-            return "estimate, " + self.where.replace(" (cost model)", " cost model")
-        return f"emulator host time on {self.where} (not device latency)"
+            match = _ESTIMATE_WHERE.match(self.where)
+            if match is None:
+                return f"estimate, {self.where}, {self.includes}"
+            calibrated = f"calibrated on {match.group('device')}, " if match.group("device") else ""
+            return f"estimate, {calibrated}HTP v{match.group('arch')} cost model, {self.includes}"
+        return f"emulator host time on {self.where} (not device latency), {self.includes}"
+
+    @property
+    def interval(self) -> str:
+        """"0.210-0.330 ms", or "" without an interval."""
+        return "" if self.low_ms is None else f"{self.low_ms:.3f}-{self.high_ms:.3f} ms"
 
     def __str__(self) -> str:
-        return f"{self.ms:.3f} ms ({self.label})"
+        within = f" [{self.interval}]" if self.low_ms is not None else ""
+        return f"{self.ms:.3f} ms{within} ({self.label})"
 
     @classmethod
     def from_stats(cls, stats) -> "Latency":
@@ -83,50 +124,106 @@ class Latency:
             source=stats.source,
             where=stats.device,
             detail=f"median of {stats.n} timed runs, {stats.backend} backend",
+            includes=SESSION_RUN,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ms": self.ms, "source": self.source, "where": self.where, "detail": self.detail}
+        return {"ms": self.ms, "source": self.source, "where": self.where, "detail": self.detail,
+                "includes": self.includes, "low_ms": self.low_ms, "high_ms": self.high_ms}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Latency":
         if not isinstance(data, Mapping):
             raise MpstudioError(f"a latency must be an object with ms, source and where, not {data!r}")
+        optional = {"detail", "includes", "low_ms", "high_ms"}
         missing = {"ms", "source", "where"} - set(data)
-        extra = set(data) - {"ms", "source", "where", "detail"}
+        extra = set(data) - {"ms", "source", "where"} - optional
         if missing or extra:
             raise MpstudioError(
-                f"a latency needs the keys ms, source, where (and optionally detail); "
+                f"a latency needs the keys ms, source, where (and optionally {', '.join(sorted(optional))}); "
                 f"missing {sorted(missing)}, unknown {sorted(extra)}"
             )
-        return cls(ms=data["ms"], source=data["source"], where=data["where"], detail=str(data.get("detail", "")))
+        return cls(ms=data["ms"], source=data["source"], where=data["where"], detail=str(data.get("detail", "")),
+                   includes=str(data.get("includes") or ""), low_ms=data.get("low_ms"), high_ms=data.get("high_ms"))
 
 
-# ---- per-architecture constants -----------------------------------------------------------------------------
+def _milliseconds(value, what: str) -> float:
+    try:
+        ms = float(value)
+    except (TypeError, ValueError):
+        raise MpstudioError(f"{what} must be a number of milliseconds, not {value!r}") from None
+    if not math.isfinite(ms) or ms < 0:
+        raise MpstudioError(f"{what} must be a finite, non-negative number of milliseconds, not {value!r}")
+    return ms
+
+
+# ---- constants -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CostConstants:
+    """Per-op-type costs shared by every HTP generation. Sources: docs/latency.md, "Constants".
+
+    Fitted (benchmarks/latency_fit.py): rate_16x8, rate_fp16, hvx_16bit, hvx_fp16, transcendental,
+    transcendental_16, transcendental_fp16, normalize, op_cycles, overlap, memory_efficiency. The others are stated
+    assumptions.
+    """
+
+    rate_16x8: float  # HMX time of 16-bit activations x 8-bit weights relative to 8x8
+    rate_fp16: float  # HMX time of fp16 x fp16 relative to 8x8
+    hvx_16bit: float  # HVX time of a 16-bit element-wise op relative to 8-bit (vectors hold half as many)
+    hvx_fp16: float  # HVX time of an fp16 element-wise op relative to 8-bit
+    transcendental: float  # HVX instructions per vector of Sigmoid, SiLU, Exp, Erf, GELU, Div at 8 bits (a LUT)
+    transcendental_16: float  # extra factor for them at 16 bits (no LUT: polynomial evaluation)
+    transcendental_fp16: float  # extra factor for them in fp16
+    normalize: float  # HVX instructions per vector of Softmax / LayerNorm at 8 bits (x the factors above when wide)
+    op_cycles: float  # fixed cycles per op (scheduling, synchronisation, DMA set-up)
+    overlap: float  # fraction of an activation's HVX time hidden behind the matrix op that feeds it
+    memory_efficiency: float  # achieved fraction of the SoC's LPDDR peak
+    rate_16x16_factor: float = 2.0  # assumption: 16x16 on HMX takes twice the time of 16x8
+    hvx_vectors_per_cycle: float = 2.0  # assumption: two 128-byte vector instructions per cycle on one op
+    vtcm_factor: float = 3.0  # assumption: activations that fit VTCM move at 3x the DDR rate
+    convert_instr: float = 2.0  # assumption: scale and shift per vector for an 8<->16-bit convert
+    graph_overhead_us: float = 20.0  # assumption: one call into the NPU and back
+    cpu_io_gbs: float = 8.0  # assumption: ORT's vectorized (de)quantize of graph I/O on one phone CPU core
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Log-scale spread of the fit's residuals (90 % two-sided: 1.645 x RMS), per quantity.
+
+    `absolute`: an all-8-bit model's ms; `wide16`: an all-16-bit model's ms; `fp16`: a float model's ms.
+    An estimate's interval is ms x exp(-s) .. ms x exp(s), s interpolated by the share of 16-bit (or fp16) time.
+    """
+
+    absolute: float
+    wide16: float
+    fp16: float
+
+    def factor(self, share16: float = 0.0, share_fp16: float = 0.0) -> float:
+        share8 = max(0.0, 1.0 - share16 - share_fp16)
+        return math.exp(share8 * self.absolute + share16 * self.wide16 + share_fp16 * self.fp16)
+
+
 @dataclass(frozen=True)
 class HtpArch:
     """Constants of one Hexagon tensor processor generation, as the cost model uses them.
 
-    Sources and which numbers are assumptions: docs/latency.md, "Per-architecture constants".
+    `hmx_gmacs` and `clock_ghz` are effective rates fitted to published latencies (real HTP clocks are not
+    published); `ddr_gbs` and `vtcm_mb` are the reference SoC's. `scales` multiply the time of each cost class
+    (see OP_CLASSES) after a calibration on a device (`calibrate`); `calibrated_on` names that device.
     """
 
     arch: str  # "75"
     reference_soc: str  # the phone SoC whose figures the constants follow
-    int8_tops: float  # peak dense 8x8 throughput of the matrix unit (HMX), 2 ops per MAC
+    hmx_gmacs: float  # effective 8x8 multiply-accumulates per second of the matrix unit (HMX), in G
     clock_ghz: float  # effective HTP clock: sets vector (HVX) throughput and the per-op fixed cost
-    rate_16x8: float  # HMX slowdown for 16-bit activations x 8-bit weights (or the reverse)
-    rate_16x16: float  # HMX slowdown for 16x16
-    rate_fp16: float  # HMX slowdown for fp16 x fp16
-    hvx_units: int  # HVX contexts working on one op, each 128 bytes wide
-    hvx_fp16_factor: float  # HVX instructions per fp16 vector relative to a 16-bit integer vector
-    ddr_gbs: float  # effective DDR bandwidth the NPU sees (GB/s)
+    fp16_factor: float  # this generation's fp16 time (matrix and vector) relative to the shared costs
+    ddr_gbs: float  # LPDDR peak of the SoC (GB/s)
     vtcm_mb: float  # on-chip tightly coupled memory
-    vtcm_gbs: float  # VTCM bandwidth (GB/s)
-    hmx_efficiency: float  # achieved fraction of the HMX peak on dense layers
-    op_overhead_us: float  # fixed cost of every op on the HTP (scheduling, synchronisation, DMA set-up)
-    graph_overhead_us: float  # fixed cost of one graph execution (the call into the NPU and back)
-    convert_instr: float  # HVX instructions per 128-byte vector for an 8<->16-bit convert (requantize)
-    cpu_io_gbs: float  # CPU bytes/s for graph-input quantize and graph-output dequantize (offloaded to CPU)
+    fitted_on: tuple[str, ...]  # the devices whose published figures fitted hmx_gmacs / clock_ghz
+    costs: CostConstants
+    spread: Spread
+    scales: Mapping[str, float] = field(default_factory=dict)
+    calibrated_on: str = ""
 
     @property
     def name(self) -> str:
@@ -134,57 +231,56 @@ class HtpArch:
 
     @property
     def where(self) -> str:
+        if self.calibrated_on:
+            return f"HTP v{self.arch} (cost model, calibrated on {self.calibrated_on})"
         return f"HTP v{self.arch} (cost model)"
 
-    @property
-    def hmx_macs_per_cycle(self) -> float:
-        return self.int8_tops * 1e12 / 2 / (self.clock_ghz * 1e9)
-
-    def hmx_divisor(self, act_bits: int, weight_bits: int, float16: bool) -> float:
-        if float16:
-            return self.rate_fp16
-        wide = (act_bits > 8) + (weight_bits > 8)
-        return (1.0, self.rate_16x8, self.rate_16x16)[wide]
-
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["scales"] = dict(self.scales)
+        return data
 
 
-def _arch(arch, reference_soc, int8_tops, clock_ghz, ddr_gbs, vtcm_mb) -> HtpArch:
-    # Shared by every generation; the first three from the sources in docs/latency.md, the rest assumptions
-    # calibrated once on published w8a8 latencies of MobileNet-v2 and ResNet50 (docs/latency.md).
-    return HtpArch(
-        arch=arch, reference_soc=reference_soc, int8_tops=int8_tops, clock_ghz=clock_ghz,
-        rate_16x8=2.0,  # the guide's 8 Gen 3 figures: 36 TOPS INT8, 18 TOPS INT16
-        rate_16x16=4.0,  # assumption: a 16x16 product is four 8x8 partial products
-        rate_fp16=2.0,  # assumption: fp16 on HMX at the 16x8 rate
-        hvx_units=2,  # assumption: two 128-byte vector instructions per cycle on one op
-        hvx_fp16_factor=1.0,  # assumption: fp16 vectors as fast as 16-bit integer ones (HVX IEEE/qfloat)
-        ddr_gbs=ddr_gbs, vtcm_mb=vtcm_mb,
-        vtcm_gbs=3 * ddr_gbs,  # assumption (calibrated): activations that fit VTCM move at 3x DDR speed
-        hmx_efficiency=0.6,  # calibrated on ResNet50 w8a8
-        op_overhead_us=1.5 / clock_ghz,  # 1500 cycles per op, calibrated on MobileNet-v2 w8a8
-        graph_overhead_us=20.0,  # assumption: one call into the NPU and back
-        convert_instr=2.0,  # assumption: scale and shift per vector
-        cpu_io_gbs=8.0,  # assumption: ORT's vectorized (de)quantize on a phone CPU core
-    )
+# BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
+FIT_SOURCE = "fitted 2026-11-23 by benchmarks/latency_fit.py on aihub_published_latency.csv"
+_FITTED_COSTS = dict(rate_16x8=1.224, rate_fp16=3.603, hvx_16bit=2.793, hvx_fp16=2.018, transcendental=4.972,
+    transcendental_16=1.048, transcendental_fp16=2.192, normalize=5.773, op_cycles=1113.0, overlap=1.0,
+    memory_efficiency=1.0)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=13150.0, clock_ghz=0.4021, fp16_factor=0.9215), "75": dict(hmx_gmacs=19120.0,
+    clock_ghz=0.6447, fp16_factor=0.9796), "79": dict(hmx_gmacs=25390.0, clock_ghz=1.047, fp16_factor=0.9935)}
+_FITTED_SPREAD = dict(absolute=0.1315, wide16=0.1163, fp16=0.1722)
+# END FITTED CONSTANTS
 
-
-# int8_tops: v75 from the practitioner guide's Snapdragon 8 Gen 3 figure (36 TOPS INT8); the other generations
-# scaled by published AI Hub w8a8 ResNet50 latencies relative to the 8 Gen 3 (a compute-bound model).
-# clock_ghz: an effective clock (real HTP clocks are unpublished) scaled like AI Hub's MobileNet-v2 w8a8
-# latencies, so per-op fixed and vector costs follow the generations. ddr_gbs: the SoC's LPDDR peak.
-# vtcm_mb: ExecuTorch's Qualcomm SoC table.
-HTP_ARCHS: dict[str, HtpArch] = {
-    a.arch: a
-    for a in (
-        _arch("68", "Snapdragon 888 (SM8350)", int8_tops=17.1, clock_ghz=0.40, ddr_gbs=51.2, vtcm_mb=4),
-        _arch("69", "Snapdragon 8 Gen 1 (SM8450)", int8_tops=20.6, clock_ghz=0.55, ddr_gbs=51.2, vtcm_mb=8),
-        _arch("73", "Snapdragon 8 Gen 2 (SM8550)", int8_tops=27.4, clock_ghz=0.70, ddr_gbs=67.0, vtcm_mb=8),
-        _arch("75", "Snapdragon 8 Gen 3 (SM8650)", int8_tops=36.0, clock_ghz=1.00, ddr_gbs=76.8, vtcm_mb=8),
-        _arch("79", "Snapdragon 8 Elite (SM8750)", int8_tops=46.5, clock_ghz=1.45, ddr_gbs=84.8, vtcm_mb=8),
-    )
+COSTS = CostConstants(**_FITTED_COSTS)
+SPREAD = Spread(**_FITTED_SPREAD)
+# Generations without published figures in the fit data follow v73 by the ratios of their SoC's published
+# AI Hub w8a8 ResNet50 (matrix rate) and MobileNet-v2 (vector rate, per-op cost) latencies (docs/latency.md).
+_UNFITTED = {"68": (17.1 / 27.4, 0.40 / 0.70), "69": (20.6 / 27.4, 0.55 / 0.70)}
+_SOCS = {  # reference SoC, LPDDR peak GB/s, VTCM MB, devices of the fit data
+    "68": ("Snapdragon 888 (SM8350)", 51.2, 4, ()),
+    "69": ("Snapdragon 8 Gen 1 (SM8450)", 51.2, 8, ()),
+    "73": ("Snapdragon 8 Gen 2 (SM8550)", 67.0, 8, ("QCS8550 (Proxy)", "Snapdragon X Elite CRD")),
+    "75": ("Snapdragon 8 Gen 3 (SM8650)", 76.8, 8, ("Samsung Galaxy S24",)),
+    "79": ("Snapdragon 8 Elite (SM8750)", 84.8, 8, ("Samsung Galaxy S25",)),
 }
+
+
+def make_archs(costs: CostConstants, fitted: Mapping[str, Mapping[str, float]], spread: Spread) -> dict[str, HtpArch]:
+    """Every generation's HtpArch from the shared costs and the fitted per-generation rates."""
+    archs = {}
+    for arch, (soc, ddr, vtcm, devices) in _SOCS.items():
+        if arch in fitted:
+            rates = dict(fitted[arch])
+        else:
+            hmx, clock = _UNFITTED[arch]
+            rates = dict(hmx_gmacs=fitted["73"]["hmx_gmacs"] * hmx, clock_ghz=fitted["73"]["clock_ghz"] * clock,
+                         fp16_factor=fitted["73"]["fp16_factor"])
+        archs[arch] = HtpArch(arch=arch, reference_soc=soc, ddr_gbs=ddr, vtcm_mb=vtcm, fitted_on=devices,
+                              costs=costs, spread=spread, **rates)
+    return archs
+
+
+HTP_ARCHS: dict[str, HtpArch] = make_archs(COSTS, _FITTED_ARCHS, SPREAD)
 
 
 def htp_arch(arch: str | int | HtpArch = "75") -> HtpArch:
@@ -211,26 +307,31 @@ _LAYOUT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropou
 # Data movers: cost is the bytes they read and write.
 _MOVER_OPS = {"Transpose", "Concat", "Slice", "Split", "Gather", "GatherElements", "GatherND", "Pad", "Tile",
               "Expand", "DepthToSpace", "SpaceToDepth", "Cast", "ScatterND", "ScatterElements"}
-# HVX instructions per 128-byte output vector (integer); an assumption per class, see docs/latency.md.
-_HVX_INSTR = {
+# HVX cost classes of element-wise ops (instructions per 128-byte vector: docs/latency.md).
+_HVX_CLASS = {
     **dict.fromkeys(("Relu", "Clip", "Max", "Min", "Abs", "Neg", "LeakyRelu", "Floor", "Ceil", "Round",
                      "Sign", "Not", "And", "Or", "Xor", "Equal", "Greater", "Less", "GreaterOrEqual",
-                     "LessOrEqual", "Where"), 1.0),
-    **dict.fromkeys(("Add", "Sub", "Mul", "Sum", "PRelu", "BatchNormalization", "Mean"), 2.0),
-    **dict.fromkeys(("Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Exp", "Log", "Sqrt", "Reciprocal", "Erf",
-                     "Gelu", "Elu", "Selu", "Softplus", "Softsign", "Mish", "Sin", "Cos", "Resize",
-                     "Upsample"), 4.0),
-    **dict.fromkeys(("Div", "Pow"), 6.0),
+                     "LessOrEqual", "Where"), "simple"),
+    **dict.fromkeys(("Add", "Sub", "Mul", "Sum", "PRelu", "BatchNormalization", "Mean", "HardSigmoid",
+                     "HardSwish"), "arith"),
+    **dict.fromkeys(("Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Gelu", "SiLU", "Elu",
+                     "Selu", "Softplus", "Softsign", "Mish", "Sin", "Cos", "Div", "Pow"), "transcendental"),
     **dict.fromkeys(("Softmax", "LogSoftmax", "LayerNormalization", "InstanceNormalization",
-                     "GroupNormalization", "LpNormalization"), 8.0),
+                     "GroupNormalization", "LpNormalization"), "normalize"),
+    **dict.fromkeys(("Resize", "Upsample"), "resize"),
 }
-_DEFAULT_HVX_INSTR = 2.0
+_DEFAULT_CLASS = "arith"
 # Reductions and global pools: one instruction per input vector.
 _REDUCE_OPS = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                "ReduceSumSquare", "ReduceLogSumExp", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool",
                "ArgMax", "ArgMin"}
 # Windowed pools: one instruction per output vector and kernel tap.
 _POOL_OPS = {"AveragePool", "MaxPool", "LpPool"}
+# Every cost class an op can fall in (calibration scales these): "hmx", "depthwise", HVX element-wise classes,
+# "reduce", "pool", "dma" (data movers), "layout" (metadata only), "convert".
+OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normalize", "resize", "reduce", "pool",
+              "dma", "layout", "convert")
+_FIXED_INSTR = {"simple": 1.0, "arith": 2.0, "resize": 4.0, "reduce": 1.0, "pool": 1.0, "depthwise": 1.0}
 
 _TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
               "uint4": 4, "int4": 4}
@@ -259,8 +360,10 @@ class _Op:
     weight_type: str = ""
     macs: int = 0  # logical multiply-accumulates
     hmx_macs: int = 0  # MACs with channels padded to HMX blocks
-    hvx_work: float = 0.0  # integer HVX instructions x 128-byte vectors, at 8-bit width
+    work: float = 0.0  # HVX elements processed (x the class's instructions per 128-byte vector)
+    cls: str = ""  # cost class (OP_CLASSES)
     kind: str = "compute"  # "compute", "convert", "io", "graph"
+    hidden_by: int = -1  # index of the matrix op whose time can hide this activation's HVX time
 
 
 @dataclass
@@ -407,7 +510,7 @@ def _parse(model: onnx.ModelProto) -> _Parsed:
                 n = elements(src)
                 in_type, out_type = _qtype(dq, inits), _qtype(node, inits)
                 ops.append(_Op(name, "Convert", "hvx", [(tensor, in_type, n)], [(tensor, out_type, n)],
-                               hvx_work=n / 128, kind="convert"))
+                               work=n, cls="convert", kind="convert"))
             elif src in graph_inputs:  # graph-input quantize: ORT's QNN EP leaves it to the CPU
                 n = elements(src)
                 ops.append(_Op(name, "QuantizeLinear", "cpu", [(src, "float32", n)],
@@ -456,33 +559,126 @@ def _parse(model: onnx.ModelProto) -> _Parsed:
         if not op.outputs:
             continue
         op.weight_bytes = float(sum((_elements(shapes.get(w)) or 0) * _bytes(t) for w, t in weights))
+        if node.op_type == "Gather" and weights:  # a table lookup reads only the rows it gathers
+            op.weight_bytes = float(op.outputs[0][2] * _bytes(weights[0][1]))
         op.weight_type = next((t for _, t in weights if t != "int32"), "")  # int32 is a bias
         _shape_work(op, node, shapes, weights)
         ops.append(op)
-    _fuse_activations(ops)
+    _fuse(ops)
     ops.append(_Op("graph execute", "Graph", "graph", [], [], kind="graph"))
     return _Parsed(ops, quantized, unknown, graph_inputs, graph_outputs)
 
 
 # Activations the HTP fuses into the matrix op before them, in every precision (QNN HTP guidelines).
 _FUSABLE = {"Relu", "Clip", "LeakyRelu", "PRelu", "HardSwish"}
+# Element-wise activations that run on HVX after a matrix op and can overlap with it.
+_OVERLAPPING = {"SiLU", "Gelu", "Sigmoid", "Tanh", "HardSigmoid", "Elu", "Add", "Mul"}
 
 
-def _fuse_activations(ops: list[_Op]) -> None:
-    """Mark an activation that reads only a matrix op's sole output as fused: it costs nothing of its own."""
-    readers: dict[str, int] = defaultdict(int)
+def _fuse(ops: list[_Op]) -> None:
+    """Rewrite `ops` as the HTP runs them: SiLU, hard-swish and GELU patterns become one op, activations after
+    matrix ops fuse into them (or overlap with them)."""
+    graph = _OpGraph(ops)
     for op in ops:
-        for name, _, _ in op.inputs:
-            readers[name] += 1
-    producers = {name: (op, dtype) for op in ops if op.kind == "compute" for name, dtype, _ in op.outputs}
+        if op.op_type == "Sigmoid":
+            _fuse_gated(graph, op, "SiLU")
+        elif op.op_type == "HardSigmoid":
+            _fuse_gated(graph, op, "HardSwish")
+        elif op.op_type == "Erf":
+            _fuse_gelu(graph, op)
+    _fuse_activations(ops, _OpGraph(ops))
+
+
+class _OpGraph:
+    """Who produces and who reads each activation of a list of ops."""
+
+    def __init__(self, ops: list[_Op]):
+        self.producer: dict[str, int] = {}
+        self.readers: dict[str, list[int]] = defaultdict(list)
+        self.index = {id(op): i for i, op in enumerate(ops)}
+        self.ops = ops
+        for i, op in enumerate(ops):
+            if op.kind != "compute" or op.engine == "fused":
+                continue
+            for name, _, _ in op.outputs:
+                self.producer[name] = i
+            for name, _, _ in op.inputs:
+                self.readers[name].append(i)
+
+    def sole_reader(self, op: _Op) -> _Op | None:
+        readers = self.readers.get(op.outputs[0][0], []) if op.outputs else []
+        return self.ops[readers[0]] if len(readers) == 1 else None
+
+    def source(self, op: _Op, skip: str) -> str | None:
+        """The activation `op` reads other than `skip` (None when it reads two others or none)."""
+        others = {name for name, _, _ in op.inputs if name != skip}
+        return others.pop() if len(others) == 1 else None
+
+
+def _fuse_gated(graph: _OpGraph, gate: _Op, fused: str) -> None:
+    """x * Sigmoid(x) -> SiLU(x), x * HardSigmoid(x) -> HardSwish(x): one HVX op (QNN's op set has both)."""
+    if len(gate.inputs) != 1:
+        return
+    x = gate.inputs[0][0]
+    mul = graph.sole_reader(gate)
+    if mul is None or mul.op_type != "Mul" or {name for name, _, _ in mul.inputs} != {x, gate.outputs[0][0]}:
+        return
+    gate.engine = "fused"
+    mul.op_type, mul.cls = fused, _HVX_CLASS[fused]
+    mul.inputs = [i for i in mul.inputs if i[0] == x][:1]
+
+
+def _fuse_gelu(graph: _OpGraph, erf: _Op) -> None:
+    """The exporters' GELU, x * 0.5 * (1 + erf(x / sqrt 2)) in any order of its Muls, -> one Gelu op."""
+    pre = graph.ops[graph.producer[erf.inputs[0][0]]] if erf.inputs and erf.inputs[0][0] in graph.producer else None
+    if pre is None or pre.op_type not in ("Div", "Mul") or len(pre.inputs) != 1:
+        return
+    x = pre.inputs[0][0]
+    add = graph.sole_reader(erf)
+    mul = graph.sole_reader(add) if add is not None and add.op_type == "Add" and len(add.inputs) == 1 else None
+    if mul is None or mul.op_type != "Mul":
+        return
+    group = [pre, erf, add, mul]
+    other = graph.source(mul, add.outputs[0][0])
+    if other != x:  # x * 0.5 computed first: (x * 0.5) * (1 + erf)
+        half = graph.ops[graph.producer[other]] if other in graph.producer else None
+        if half is None or half.op_type != "Mul" or [i[0] for i in half.inputs] != [x]:
+            return
+        group.append(half)
+    last = mul
+    after = graph.sole_reader(mul)
+    if after is not None and after.op_type == "Mul" and len(after.inputs) == 1 and other == x:
+        last = after  # ... * 0.5 last
+        group.append(after)
+    for op in group:
+        if op is not last:
+            op.engine = "fused"
+    last.op_type, last.cls, last.engine = "Gelu", "transcendental", "hvx"
+    last.inputs = [(x, pre.inputs[0][1], pre.inputs[0][2])]
+
+
+def _fuse_activations(ops: list[_Op], graph: _OpGraph) -> None:
+    """What follows a matrix op alone, in the same type: a bias Add or a Relu/Clip... fuses into it (no cost of
+    its own); SiLU, GELU... run on HVX while the matrix unit works (`hidden_by`)."""
+    producer = dict(graph.producer)
     for op in ops:
-        if op.op_type not in _FUSABLE or len(op.inputs) != 1:
+        if op.engine == "fused" or len(op.inputs) != 1 or op.kind != "compute":
             continue
         name, received, _ = op.inputs[0]
-        src, produced = producers.get(name, (None, None))
+        index = producer.get(name)
+        src = ops[index] if index is not None else None
         # A convert between the two (a precision boundary) keeps them apart.
-        if src is not None and src.engine == "hmx" and readers[name] == 1 and received == produced:
+        if src is None or src.engine != "hmx" or len(graph.readers[name]) != 1 or received != src.outputs[0][1]:
+            continue
+        # A bias, or a scale by a constant, folds into the matrix op's output requantization.
+        folds = (op.op_type == "Add" and op.weight_bytes > 0 and src.op_type in ("MatMul", "Gemm")
+                 or op.op_type in ("Mul", "Div") and 0 < op.weight_bytes <= 4)
+        if op.op_type in _FUSABLE or folds:
             op.engine = "fused"
+            for out, _, _ in op.outputs:
+                producer[out] = index
+        elif op.op_type in _OVERLAPPING and op.engine == "hvx":
+            op.hidden_by = index
 
 
 def _shape_work(op: _Op, node: onnx.NodeProto, shapes: dict, weights) -> None:
@@ -491,16 +687,16 @@ def _shape_work(op: _Op, node: onnx.NodeProto, shapes: dict, weights) -> None:
     out_n = op.outputs[0][2]
     t = node.op_type
     if t in _LAYOUT_OPS:
-        op.engine = "none"
+        op.engine, op.cls = "none", "layout"
         return
     if t in _MOVER_OPS:
-        op.engine = "dma"
+        op.engine, op.cls = "dma", "dma"
         return
     if t in ("Conv", "ConvTranspose") and len(node.input) > 1:
         w = shapes.get(node.input[1])
         group = int(_attr(node, "group", 1))
         if not w or not out_shape or any(d is None for d in out_shape):
-            op.engine = "hmx"
+            op.engine, op.cls = "hmx", "hmx"
             return
         kernel = int(np.prod(w[2:], dtype=np.int64)) if len(w) > 2 else 1
         if t == "Conv":
@@ -511,10 +707,9 @@ def _shape_work(op: _Op, node: onnx.NodeProto, shapes: dict, weights) -> None:
             cout_g = cout // max(group, 1)
             if group > 1 and cin_g == 1:
                 # depthwise (or channel-multiplier) convolution: HVX multiply-accumulate
-                op.engine = "hvx"
-                op.hvx_work = op.macs / 128
+                op.engine, op.cls, op.work = "hvx", "depthwise", op.macs
                 return
-            op.engine = "hmx"
+            op.engine, op.cls = "hmx", "hmx"
             op.hmx_macs = batch * group * _pad(cout_g) * spatial * _pad(cin_g) * kernel
         else:
             in_shape = shapes.get(node.input[0])
@@ -522,31 +717,31 @@ def _shape_work(op: _Op, node: onnx.NodeProto, shapes: dict, weights) -> None:
             spatial_in = int(np.prod(in_shape[2:], dtype=np.int64)) if in_shape and len(in_shape) > 2 else 1
             batch = int(in_shape[0] or 1) if in_shape else 1
             op.macs = batch * cin * spatial_in * cout_g * kernel
-            op.engine = "hmx"
+            op.engine, op.cls = "hmx", "hmx"
             op.hmx_macs = batch * group * _pad(cin // max(group, 1)) * spatial_in * _pad(cout_g) * kernel
         return
     if t in ("Gemm", "MatMul"):
         a = shapes.get(node.input[0])
         if not a or out_n is None:
-            op.engine = "hmx"
+            op.engine, op.cls = "hmx", "hmx"
             return
         k = a[-2] if (t == "Gemm" and _attr(node, "transA", 0)) else a[-1]
         k = int(k or 1)
         n = int(out_shape[-1] or 1) if out_shape else 1
         op.macs = int(out_n) * k
-        op.engine = "hmx"
+        op.engine, op.cls = "hmx", "hmx"
         op.hmx_macs = int(out_n // max(n, 1)) * _pad(n) * _pad(k)
         return
-    instr = _HVX_INSTR.get(t, _DEFAULT_HVX_INSTR)
     if t in _REDUCE_OPS:
-        in_n = op.inputs[0][2] if op.inputs else out_n
-        op.hvx_work = in_n / 128
+        op.cls, op.work = "reduce", op.inputs[0][2] if op.inputs else out_n
         return
     if t in _POOL_OPS:
         kernel = int(np.prod(_attr(node, "kernel_shape", [1]), dtype=np.int64))
-        op.hvx_work = out_n * kernel / 128
+        op.cls, op.work = "pool", out_n * kernel
         return
-    op.hvx_work = out_n * instr / 128
+    op.cls, op.work = _HVX_CLASS.get(t, _DEFAULT_CLASS), out_n
+    if t in ("Div", "Pow") and len(op.inputs) == 1 and weights:
+        op.cls = "arith"  # by a constant: a multiply by its reciprocal, a square
 
 
 # ---- cost formulas --------------------------------------------------------------------------------------------
@@ -558,83 +753,166 @@ def _act_type(types: Iterable[str]) -> str:
     return "uint16" if max(_TYPE_BITS.get(t, 8) for t in types) > 8 else "uint8"
 
 
-def _cost(op: _Op, arch: HtpArch, in_types=None, out_types=None) -> tuple[float, float, float, str]:
-    """(compute ms, memory ms, overhead ms, compute type) of `op`; `in_types`/`out_types` override its types."""
+_PRECISION = {"uint8": 0, "uint16": 1, "float16": 2}
+_KINDS = ("compute", "convert", "io", "graph")
+
+
+@dataclass(frozen=True)
+class OpFeatures:
+    """What the cost formulas read of each op, as arrays (one entry per op); `costs(arch)` prices them.
+
+    Separate from the constants so that a fit (benchmarks/latency_fit.py) or a calibration can price the same
+    model under many constants quickly.
+    """
+
+    kind: np.ndarray  # index into ("compute", "convert", "io", "graph")
+    engine: np.ndarray  # "hmx", "hvx", "dma", "none", "fused", "cpu", "graph"
+    cls: np.ndarray  # cost class (OP_CLASSES), "" for io / graph / fused
+    act_type: np.ndarray  # "uint8", "uint16", "float16" (what the op computes in)
+    wide_weights: np.ndarray  # bool: the matrix op's weight (or second operand) is 16-bit
+    hmx_macs: np.ndarray
+    work: np.ndarray  # HVX elements of work
+    act_bytes: np.ndarray
+    weight_bytes: np.ndarray
+    hidden_by: np.ndarray  # index of the matrix op that can hide this op's HVX time, -1 if none
+
+    def costs(self, arch: HtpArch) -> dict[str, np.ndarray]:
+        """compute_ms, memory_ms, overhead_ms, hidden_ms and ms of every op on `arch`."""
+        c = arch.costs
+        prec = np.array([_PRECISION.get(t, 0) for t in self.act_type])
+        is_hmx, is_hvx = self.engine == "hmx", self.engine == "hvx"
+        rate_16x16 = c.rate_16x8 * c.rate_16x16_factor
+        rate = np.select([prec == 2, prec == 1], [c.rate_fp16 * arch.fp16_factor, np.where(self.wide_weights, rate_16x16, c.rate_16x8)],
+                         1.0)
+        rate = np.where((prec == 0) & self.wide_weights, c.rate_16x8, rate)
+        hmx_s = np.where(is_hmx, self.hmx_macs * rate / (arch.hmx_gmacs * 1e9), 0.0)
+        wide = np.select([prec == 2, prec == 1], [c.transcendental_fp16, c.transcendental_16], 1.0)
+        instr = np.select(
+            [self.cls == "transcendental", self.cls == "normalize", self.cls == "convert"],
+            [c.transcendental * wide, c.normalize * wide, c.convert_instr],
+            np.array([_FIXED_INSTR.get(k, 2.0) for k in self.cls]))
+        width = np.select([prec == 2, prec == 1], [c.hvx_fp16 * arch.fp16_factor, c.hvx_16bit], 1.0)
+        hvx_s = np.where(is_hvx, self.work / 128 * instr * width / (c.hvx_vectors_per_cycle * arch.clock_ghz * 1e9),
+                         0.0)
+        ddr = arch.ddr_gbs * c.memory_efficiency * 1e9
+        fits = self.act_bytes + self.weight_bytes <= arch.vtcm_mb * 2**20 / 2
+        memory_s = self.act_bytes / np.where(fits, c.vtcm_factor * ddr, ddr) + self.weight_bytes / ddr
+        runs = np.isin(self.engine, ("hmx", "hvx", "dma", "none"))
+        memory_s = np.where(runs & (self.engine != "none"), memory_s, 0.0)
+        overhead_s = np.where(runs, c.op_cycles / (arch.clock_ghz * 1e9), 0.0)
+        io = self.kind == _KINDS.index("io")
+        memory_s = np.where(io, self.act_bytes / (c.cpu_io_gbs * 1e9), memory_s)
+        overhead_s = np.where(self.kind == _KINDS.index("graph"), c.graph_overhead_us * 1e-6, overhead_s)
+        compute_s = hmx_s + hvx_s
+        busy = np.maximum(compute_s, memory_s)
+        hidden_s = np.zeros_like(busy)
+        has = self.hidden_by >= 0
+        if has.any():
+            partner = busy[self.hidden_by[has]]
+            hidden_s[has] = c.overlap * np.minimum(busy[has], partner)
+        ms = (busy + overhead_s - hidden_s) * 1e3
+        if arch.scales:
+            ms = ms * np.array([arch.scales.get(k, 1.0) for k in self._scale_keys()])
+        return {"compute_ms": compute_s * 1e3, "memory_ms": memory_s * 1e3, "overhead_ms": overhead_s * 1e3,
+                "hidden_ms": hidden_s * 1e3, "ms": ms}
+
+    def htp_ms(self, arch: HtpArch) -> float:
+        """Total ms of the ops the HTP runs (the graph-input quantize and output dequantize left out)."""
+        return float(self.costs(arch)["ms"][self.kind != _KINDS.index("io")].sum())
+
+    def _scale_keys(self) -> list[str]:
+        return [k if k else e for k, e in zip(self.cls, self.engine)]
+
+
+def _op_types(op: _Op, in_types=None, out_types=None) -> tuple[list, list]:
     ins = [(n, t if in_types is None else in_types) for _, t, n in op.inputs]
     outs = [(n, t if out_types is None else out_types) for _, t, n in op.outputs]
-    if op.kind == "graph":
-        return 0.0, 0.0, arch.graph_overhead_us / 1e3, ""
-    if op.kind == "io":
-        moved = sum(n * _bytes(t) for n, t in ins) + sum(n * _bytes(t) for n, t in outs)
-        quantized = outs[0][1] if op.op_type == "QuantizeLinear" else ins[0][1]
-        return 0.0, moved / (arch.cpu_io_gbs * 1e9) * 1e3, 0.0, quantized
-    act = _act_type([t for _, t in ins] + [t for _, t in outs])
-    fp16 = act == "float16"
-    act_bits = 16 if fp16 else _TYPE_BITS[act]
-    act_bytes = sum(n * _bytes(t) for n, t in ins) + sum(n * _bytes(t) for n, t in outs)
-    if op.engine == "fused":
-        return 0.0, 0.0, 0.0, act
-    if op.engine == "none":
-        return 0.0, 0.0, arch.op_overhead_us / 1e3, act
-    clock = arch.clock_ghz * 1e9
-    compute_s = 0.0
-    if op.engine == "hmx":
-        weight_bits = 16 if fp16 else _TYPE_BITS.get(op.weight_type or act, 8)
-        if op.op_type == "MatMul" and len(op.inputs) > 1:  # two activations: the second plays the weight
-            weight_bits = _TYPE_BITS.get(op.inputs[1][1], 8) if not fp16 else 16
-        divisor = arch.hmx_divisor(act_bits, weight_bits, fp16)
-        compute_s = op.hmx_macs * divisor / (arch.hmx_macs_per_cycle * arch.hmx_efficiency * clock)
-    elif op.engine == "hvx":
-        width = (arch.hvx_fp16_factor * 2) if fp16 else act_bits / 8  # vectors per 128 8-bit elements
-        instr = arch.convert_instr if op.kind == "convert" else 1.0
-        compute_s = op.hvx_work * instr * width / (arch.hvx_units * clock)
-    working_set = act_bytes + op.weight_bytes
-    act_bw = arch.vtcm_gbs if working_set <= arch.vtcm_mb * 2**20 / 2 else arch.ddr_gbs
-    memory_s = act_bytes / (act_bw * 1e9) + op.weight_bytes / (arch.ddr_gbs * 1e9)
-    return compute_s * 1e3, memory_s * 1e3, arch.op_overhead_us / 1e3, act
+    return ins, outs
 
 
-def _bound(compute: float, memory: float, overhead: float) -> str:
-    if overhead >= max(compute, memory):
-        return "overhead"
-    return "compute" if compute >= memory else "memory"
+def _features(ops: list[_Op], in_types=None, out_types=None) -> OpFeatures:
+    """OpFeatures of `ops`; `in_types`/`out_types` override every op's activation types (e.g. "uint16")."""
+    rows = []
+    for op in ops:
+        ins, outs = _op_types(op, in_types, out_types)
+        act = _act_type([t for _, t in ins] + [t for _, t in outs]) if op.kind != "io" else (
+            outs[0][1] if op.op_type == "QuantizeLinear" else ins[0][1])
+        moved = 0.0 if op.kind == "graph" else sum(n * _bytes(t) for n, t in ins + outs)
+        wide_weights = False
+        if op.engine == "hmx" and act != "float16":
+            if op.op_type == "MatMul" and len(op.inputs) > 1:  # two activations: the second plays the weight
+                wide_weights = _TYPE_BITS.get(ins[1][1], 8) > 8
+            else:
+                wide_weights = _TYPE_BITS.get(op.weight_type or "uint8", 8) > 8
+        rows.append((_KINDS.index(op.kind), op.engine, op.cls if op.engine != "fused" else "", act, wide_weights,
+                     float(op.hmx_macs), float(op.work), float(moved), float(op.weight_bytes), op.hidden_by))
+    cols = list(zip(*rows)) if rows else [()] * 10
+    return OpFeatures(
+        kind=np.array(cols[0], dtype=int), engine=np.array(cols[1], dtype=object), cls=np.array(cols[2], dtype=object),
+        act_type=np.array(cols[3], dtype=object), wide_weights=np.array(cols[4], dtype=bool),
+        hmx_macs=np.array(cols[5], dtype=float), work=np.array(cols[6], dtype=float),
+        act_bytes=np.array(cols[7], dtype=float), weight_bytes=np.array(cols[8], dtype=float),
+        hidden_by=np.array(cols[9], dtype=int))
+
+
+def _op_ms(op: _Op, arch: HtpArch, in_types=None, out_types=None) -> float:
+    """The time of one op alone (no overlap), with its types optionally overridden."""
+    single = dataclasses.replace(op, hidden_by=-1)
+    return float(_features([single], in_types, out_types).costs(arch)["ms"][0])
+
+
+def _bound(compute: np.ndarray, memory: np.ndarray, overhead: np.ndarray) -> list[str]:
+    return ["overhead" if o >= max(c, m) else "compute" if c >= m else "memory"
+            for c, m, o in zip(compute, memory, overhead)]
 
 
 # ---- the estimate ----------------------------------------------------------------------------------------------
-OP_COLUMNS = ("node", "op_type", "kind", "engine", "tensor", "macs", "elements", "act_type", "act_bits",
-              "weight_type", "weight_bits", "act_bytes", "weight_bytes", "compute_ms", "memory_ms",
-              "overhead_ms", "ms", "bound", "share")
+OP_COLUMNS = ("node", "op_type", "kind", "engine", "op_class", "tensor", "macs", "elements", "act_type",
+              "act_bits", "weight_type", "weight_bits", "act_bytes", "weight_bytes", "compute_ms", "memory_ms",
+              "overhead_ms", "hidden_ms", "ms", "bound", "share")
 
 
 @dataclass(frozen=True, eq=False)
 class LatencyEstimate:
     """The cost model's latency of one model on one HTP architecture, with its per-op breakdown.
 
+    `latency` includes the CPU's graph-input quantize and output dequantize (what an application running the
+    QDQ model through ORT's QNN EP waits for); `htp` is the HTP's graph alone (how AI Hub publishes its figures).
+    Both carry the interval from the fit's residuals (or the calibration's).
+
     `ops` has one row per op the HTP (or, for graph I/O, the CPU) runs, columns:
       node: the ONNX node (a convert is named by its quantize node; "graph execute" is the per-call cost)
-      op_type: ONNX op type, "Convert" for an 8<->16-bit convert, "Graph" for the per-call cost
+      op_type: ONNX op type; "Convert" for an 8<->16-bit convert, "Graph" for the per-call cost, and the fused
+               op for a pattern QNN runs as one (SiLU, HardSwish, Gelu)
       kind: "compute", "convert" (at a precision boundary), "io" (graph-input quantize / output dequantize,
             on the CPU) or "graph"
       engine: "hmx" (matrix unit), "hvx" (vector unit), "dma" (data mover), "none" (metadata-only reshape),
-              "fused" (an activation fused into the matrix op before it), "cpu", "graph"
+              "fused" (part of the op before it, or of a fused pattern), "cpu", "graph"
+      op_class: cost class (OP_CLASSES; "" for fused, io and graph rows)
       tensor: the op's (first) output, as named in the model
       macs: logical multiply-accumulates (0 for element-wise ops)
       elements: elements of the (first) output
       act_type / act_bits: the type the op computes in (uint8, uint16 or float16)
       weight_type / weight_bits: the type of its weight or constant operand ("" / 0 if none)
       act_bytes / weight_bytes: bytes read and written
-      compute_ms, memory_ms, overhead_ms: the roofline terms; ms = max(compute, memory) + overhead
+      compute_ms, memory_ms, overhead_ms: the roofline terms; hidden_ms: time hidden behind the matrix op
+        before it; ms = (max(compute, memory) + overhead - hidden) x the calibration scale of its class
       bound: "compute", "memory" or "overhead" (the largest term)
       share: ms / total
     """
 
     latency: Latency
+    htp: Latency
     ops: pd.DataFrame
     arch: HtpArch
 
     @property
     def ms(self) -> float:
         return self.latency.ms
+
+    @property
+    def htp_ms(self) -> float:
+        return self.htp.ms
 
     @property
     def compute_ms(self) -> float:
@@ -671,12 +949,14 @@ class LatencyEstimate:
         return grouped.sort_values("ms", ascending=False)
 
     def summary(self) -> str:
-        return (f"{self.ms:.3f} ms ({self.latency.label}): {len(self.ops) - 1} ops, {self.macs / 1e9:.3f} GMAC, "
-                f"compute {self.compute_ms:.3f} / memory {self.memory_ms:.3f} / overhead {self.overhead_ms:.3f} ms, "
-                f"{self.converts} converts {self.convert_ms:.3f} ms, graph I/O {self.io_ms:.3f} ms")
+        ran = self.ops[(self.ops["kind"] != "graph") & (self.ops["engine"] != "fused")]
+        return (f"{self.latency} and {self.htp.ms:.3f} ms [{self.htp.interval}] {HTP_ONLY}: {len(ran)} ops, "
+                f"{self.macs / 1e9:.3f} GMAC, compute {self.compute_ms:.3f} / memory {self.memory_ms:.3f} / "
+                f"overhead {self.overhead_ms:.3f} ms, {self.converts} converts {self.convert_ms:.3f} ms, "
+                f"graph I/O {self.io_ms:.3f} ms")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"latency": self.latency.to_dict(), "arch": self.arch.name,
+        return {"latency": self.latency.to_dict(), "htp": self.htp.to_dict(), "arch": self.arch.name,
                 "ops": self.ops.to_dict(orient="records")}
 
 
@@ -684,63 +964,214 @@ def estimate_latency(qdq_model, htp_arch: str | int | HtpArch = "75") -> Latency
     """Estimate the latency of `qdq_model` (a path or ModelProto) on HTP `htp_arch` with the cost model.
 
     A QDQ model (QuantizeLinear/DequantizeLinear around float ops, as ORT's quantize_static makes for QNN) is
-    priced with the types its Q/DQ nodes give each op; a float model (no QDQ) as fp16 on the HTP. The result's
-    latency has source "estimate"; it is not a measurement.
+    priced with the types its Q/DQ nodes give each op; a float model (no QDQ) as fp16 on the HTP. `htp_arch`
+    may be a calibrated HtpArch (`calibrate`). The result's latencies have source "estimate"; they are not
+    measurements.
     """
     arch = _resolve_arch(htp_arch)
     parsed = _parsed(qdq_model)
-    rows = []
-    for op in parsed.ops:
-        compute, memory, overhead, act = _cost(op, arch)
-        first = (op.outputs or op.inputs or [("", "", 0)])[0]
-        rows.append({
-            "node": op.node, "op_type": op.op_type, "kind": op.kind, "engine": op.engine, "tensor": first[0],
-            "macs": int(op.macs), "elements": int(first[2]), "act_type": act,
-            "act_bits": _TYPE_BITS.get(act, 0),
-            "weight_type": op.weight_type, "weight_bits": _TYPE_BITS.get(op.weight_type, 0),
-            "act_bytes": float(sum(n * _bytes(t) for _, t, n in op.inputs + op.outputs)) if op.kind != "graph" else 0.0,
-            "weight_bytes": float(op.weight_bytes),
-            "compute_ms": compute, "memory_ms": memory, "overhead_ms": overhead,
-            "ms": max(compute, memory) + overhead, "bound": _bound(compute, memory, overhead),
-        })
-    # A float model's I/O: the HTP casts fp32 graph inputs to fp16 and outputs back.
+    ops_list = list(parsed.ops)
     if not parsed.quantized:
-        rows.extend(_float_io_rows(parsed, arch))
-    ops = pd.DataFrame(rows)
-    total = float(ops["ms"].sum())
-    ops["share"] = ops["ms"] / total if total > 0 else 0.0
-    ops = ops[list(OP_COLUMNS)]
+        ops_list += _float_io_ops(parsed)  # the HTP casts fp32 graph inputs to fp16 and outputs back
+    ops = _op_frame(ops_list, arch)
     detail = (f"{'QDQ' if parsed.quantized else 'float model as fp16'}; {arch.reference_soc} constants; "
-              f"{len(ops) - 1} ops")
+              f"{int((ops['engine'] != 'fused').sum()) - 1} ops; {FIT_SOURCE}")
     if parsed.unknown_shapes:
         detail += f"; {parsed.unknown_shapes} tensors of unknown shape counted as 1 element"
-    return LatencyEstimate(latency=Latency(total, "estimate", arch.where, detail), ops=ops, arch=arch)
+    on_htp = ops["kind"] != "io"
+    htp_ms = float(ops.loc[on_htp, "ms"].sum())
+    factor = _interval_factor(ops[on_htp], arch)
+    io_ms = float(ops.loc[~on_htp, "ms"].sum())
+    total = htp_ms + io_ms
+    htp = Latency(htp_ms, "estimate", arch.where, detail, HTP_ONLY, htp_ms / factor, htp_ms * factor)
+    # The CPU's part is priced by an assumption, not fitted: the interval covers the HTP's part.
+    latency = Latency(total, "estimate", arch.where, detail, WITH_CPU_IO, htp_ms / factor + io_ms,
+                      htp_ms * factor + io_ms)
+    return LatencyEstimate(latency=latency, htp=htp, ops=ops, arch=arch)
 
 
-def _float_io_rows(parsed: _Parsed, arch: HtpArch) -> list[dict]:
-    rows = []
+def op_features(model) -> OpFeatures:
+    """The ops of `model` as OpFeatures: `op_features(m).htp_ms(arch)` is `estimate_latency(m, arch).htp_ms`.
+    For fitting constants without re-reading the model."""
+    parsed = _parsed(model)
+    ops_list = list(parsed.ops)
+    if not parsed.quantized:
+        ops_list += _float_io_ops(parsed)
+    return _features(ops_list)
+
+
+def _op_frame(ops_list: list[_Op], arch: HtpArch) -> pd.DataFrame:
+    features = _features(ops_list)
+    costs = features.costs(arch)
+    first = [(op.outputs or op.inputs or [("", "", 0)])[0] for op in ops_list]
+    ops = pd.DataFrame({
+        "node": [op.node for op in ops_list], "op_type": [op.op_type for op in ops_list],
+        "kind": [op.kind for op in ops_list], "engine": features.engine, "op_class": features.cls,
+        "tensor": [f[0] for f in first], "macs": [int(op.macs) for op in ops_list],
+        "elements": [int(f[2]) for f in first], "act_type": features.act_type,
+        "act_bits": [_TYPE_BITS.get(t, 0) for t in features.act_type],
+        "weight_type": [op.weight_type for op in ops_list],
+        "weight_bits": [_TYPE_BITS.get(op.weight_type, 0) for op in ops_list],
+        "act_bytes": features.act_bytes, "weight_bytes": features.weight_bytes, **costs,
+        "bound": _bound(costs["compute_ms"], costs["memory_ms"], costs["overhead_ms"]),
+    })
+    ops.loc[ops["kind"].isin(["graph"]), "act_type"] = ""
+    ops.loc[ops["kind"].isin(["graph"]), "act_bits"] = 0
+    total = float(ops["ms"].sum())
+    ops["share"] = ops["ms"] / total if total > 0 else 0.0
+    return ops[list(OP_COLUMNS)]
+
+
+def _interval_factor(htp_ops: pd.DataFrame, arch: HtpArch) -> float:
+    """The multiplicative half-width of the interval: the fit's spread, by the share of 16-bit and fp16 time."""
+    total = float(htp_ops["ms"].sum())
+    if total <= 0:
+        return 1.0
+    share16 = float(htp_ops.loc[htp_ops["act_type"] == "uint16", "ms"].sum()) / total
+    share_fp16 = float(htp_ops.loc[htp_ops["act_type"] == "float16", "ms"].sum()) / total
+    return arch.spread.factor(share16, share_fp16)
+
+
+def _float_io_ops(parsed: _Parsed) -> list[_Op]:
+    ops: dict[str, _Op] = {}  # one cast per graph input even if several ops read it
     for op in parsed.ops:
-        for name, dtype, n in op.inputs:
+        for name, _, n in op.inputs:
             if name in parsed.graph_inputs:
-                rows.append(_cast_row(f"{name} cast fp32->fp16", name, n, arch))
-        for name, dtype, n in op.outputs:
+                node = f"{name} cast fp32->fp16"
+                ops[node] = _Op(node, "Cast", "hvx", [(name, "float32", n)], [(name, "float16", n)], work=n,
+                                cls="convert", kind="convert")
+        for name, _, n in op.outputs:
             if name in parsed.graph_outputs:
-                rows.append(_cast_row(f"{name} cast fp16->fp32", name, n, arch))
-    # One cast per graph input even if several ops read it.
-    return list({row["node"]: row for row in rows}.values())
+                node = f"{name} cast fp16->fp32"
+                ops[node] = _Op(node, "Cast", "hvx", [(name, "float16", n)], [(name, "float32", n)], work=n,
+                                cls="convert", kind="convert")
+    return list(ops.values())
 
 
-def _cast_row(node: str, tensor: str, n: int, arch: HtpArch) -> dict:
-    cast = _Op(node, "Cast", "hvx", [(tensor, "float32", n)], [(tensor, "float16", n)], hvx_work=n / 128,
-               kind="convert")
-    compute, memory, overhead, _ = _cost(cast, arch)
-    return {"node": node, "op_type": "Cast", "kind": "convert", "engine": "hvx", "tensor": tensor, "macs": 0,
-            "elements": int(n), "act_type": "float16", "act_bits": 16, "weight_type": "", "weight_bits": 0,
-            "act_bytes": float(n * 6), "weight_bytes": 0.0, "compute_ms": compute, "memory_ms": memory,
-            "overhead_ms": overhead, "ms": max(compute, memory) + overhead,
-            "bound": _bound(compute, memory, overhead)}
+# ---- recalibration on a device ---------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Calibration:
+    """The cost model refitted to one device's per-op profiles.
+
+    `arch` is the calibrated HtpArch (pass it as `htp_arch` to `estimate_latency` or `promotion_costs`; its
+    estimates say "calibrated on <device>"). `classes` has one row per cost class: estimated_ms (before),
+    measured_ms (the profiled ops' time, shared out by their estimated classes), scale, ops.
+    `unmatched_share` is the part of the profiled time whose ops map to no op of the model (left out).
+    """
+
+    arch: HtpArch
+    device: str
+    plans: int
+    classes: pd.DataFrame
+    unmatched_share: float
+
+    def describe(self) -> str:
+        scales = ", ".join(f"{k} x{v:.2f}" for k, v in sorted(self.arch.scales.items()))
+        return (f"{self.arch.where}: {self.plans} profiled plan(s), scales {scales}; "
+                f"{self.unmatched_share:.1%} of the profiled time unmatched")
 
 
+def calibrate(profiles: Iterable[tuple], htp_arch: str | int | HtpArch = "75", *,
+              allow_emulator: bool = False, ridge: float = 0.05) -> Calibration:
+    """Refit the per-class costs of `htp_arch` to measured per-op profiles of one device.
+
+    `profiles`: (model, profile, total_ms) per profiled plan: the QDQ model (path or ModelProto) that ran, its
+    `OpProfile` (`AgentClient.run(..., profile=True).profile`, ops mapped back to ONNX nodes) and the measured
+    latency of one run in ms (the run's `LatencyStats.median_ms`, or a `Latency`). A profile in cycles is
+    shared out over that latency less the estimated CPU graph I/O; one in microseconds is taken as is.
+    Least squares: one scale per cost class (OP_CLASSES) so that each profiled op's estimated time, summed by
+    class and scaled, matches its measured time; `ridge` pulls classes with little time in the profiles
+    toward 1. Emulator profiles are host time, not device latency: refused unless `allow_emulator`, and then
+    the label says so.
+    """
+    base = _resolve_arch(htp_arch)
+    base = dataclasses.replace(base, scales={}, calibrated_on="")
+    rows, measured, plans, unmatched, total = [], [], 0, 0.0, 0.0
+    device = None
+    for model, profile, total_ms in profiles:
+        device = _profile_device(profile, device, allow_emulator)
+        estimate = estimate_latency(model, base)
+        by_class, times, left = _profile_rows(estimate, profile, _milliseconds(getattr(total_ms, "ms", total_ms),
+                                                                                "a profiled latency"))
+        rows += by_class
+        measured += times
+        unmatched += left
+        total += sum(times) + left
+        plans += 1
+    if not plans:
+        raise MpstudioError("calibrate needs at least one (model, profile, latency) of a device run")
+    if not rows:
+        raise MpstudioError("no profiled op maps to an op of the models: profile with ONNX source ops (the agent's "
+                            "profile=True does) and pass the models that ran")
+    frame = pd.DataFrame(rows).fillna(0.0)
+    classes = [k for k in OP_CLASSES if k in frame.columns and frame[k].sum() > 0]
+    scales, fitted = _class_scales(frame[classes].to_numpy(), np.array(measured), ridge)
+    arch = dataclasses.replace(base, scales=dict(zip(classes, scales)), calibrated_on=device,
+                               spread=_calibration_spread(fitted, np.array(measured)))
+    table = pd.DataFrame({"op_class": classes, "estimated_ms": frame[classes].sum().to_numpy() / plans,
+                          "measured_ms": [float(np.sum(np.array(measured) * frame[k] / frame[classes].sum(axis=1)
+                                                       .clip(lower=1e-12))) / plans for k in classes],
+                          "scale": scales, "ops": [int((frame[k] > 0).sum()) for k in classes]})
+    return Calibration(arch, device, plans, table, unmatched / total if total else 0.0)
+
+
+def _profile_device(profile, device: str | None, allow_emulator: bool) -> str:
+    if profile is None:
+        raise MpstudioError("a run without a profile cannot calibrate: run it with profile=True")
+    if profile.source != "measured":
+        if not allow_emulator:
+            raise MpstudioError(
+                f"the profile from {profile.device} is {profile.source} time, not device latency: calibrate on a "
+                "device agent's profiles (or pass allow_emulator=True to calibrate on the emulator's costs)")
+        name = f"{profile.device} (HTP emulator host time, not device latency)"
+    else:
+        name = profile.device
+    if device is not None and name != device:
+        raise MpstudioError(f"calibrate on one device at a time: got profiles from {device} and {name}")
+    return name
+
+
+def _profile_rows(estimate: LatencyEstimate, profile, total_ms: float) -> tuple[list[dict], list[float], float]:
+    """Per profiled op: estimated ms by class (of the model's ops it maps to) and its measured ms."""
+    ops = estimate.ops[estimate.ops["kind"].isin(["compute", "convert"]) & (estimate.ops["engine"] != "fused")]
+    by_node = {node: group for node, group in ops.groupby("node")}
+    costs = np.array([op.cost for op in profile.ops], dtype=float)
+    if profile.unit == "us":
+        to_ms = np.full(len(costs), 1e-3)
+    else:  # cycles: shared out over the measured run, less what the CPU does around the graph
+        htp_ms = max(total_ms - estimate.io_ms - estimate.arch.costs.graph_overhead_us / 1e3, 1e-9)
+        to_ms = np.full(len(costs), htp_ms / max(costs.sum(), 1e-12))
+    rows, measured, left = [], [], 0.0
+    for op, ms in zip(profile.ops, costs * to_ms):
+        groups = [by_node[n] for n in op.onnx_nodes if n in by_node]
+        if not groups:
+            left += ms
+            continue
+        both = pd.concat(groups).drop_duplicates("node")
+        rows.append(both.groupby("op_class")["ms"].sum().to_dict())
+        measured.append(float(ms))
+    return rows, measured, left
+
+
+def _class_scales(estimated: np.ndarray, measured: np.ndarray, ridge: float) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares for class scales s: estimated @ s ~ measured, with a ridge toward s = 1 in units of each
+    class's estimated time; scales kept within 1/20..20."""
+    weight = ridge * estimated.sum(axis=0)
+    a = np.vstack([estimated, np.diag(weight)])
+    b = np.concatenate([measured, weight])
+    scales, *_ = np.linalg.lstsq(a, b, rcond=None)
+    scales = np.clip(scales, 0.05, 20.0)
+    return scales, estimated @ scales
+
+
+def _calibration_spread(fitted: np.ndarray, measured: np.ndarray) -> Spread:
+    """The interval of a calibrated estimate: 1.645 x the time-weighted RMS of the per-op log residuals."""
+    ok = (fitted > 0) & (measured > 0)
+    if not ok.any():
+        return SPREAD
+    log = np.log(fitted[ok] / measured[ok])
+    s = 1.645 * float(np.sqrt(np.sum(measured[ok] * log**2) / np.sum(measured[ok])))
+    return Spread(absolute=s, wide16=s, fp16=s)
 
 
 # ---- promotion costs ---------------------------------------------------------------------------------------------
@@ -775,6 +1206,9 @@ class _PromotionAnalysis:
         self.arch = arch
         compute_ops = [i for i, op in enumerate(parsed.ops) if op.kind == "compute"]
         self.ops = parsed.ops
+        actual = _features(parsed.ops).act_type
+        ms8 = _features(parsed.ops, "uint8", "uint8").costs(arch)["ms"]
+        ms16 = _features(parsed.ops, "uint16", "uint16").costs(arch)["ms"]
         self.bits: dict[int, int] = {}
         self.cost8: dict[int, float] = {}
         self.cost16: dict[int, float] = {}
@@ -784,14 +1218,10 @@ class _PromotionAnalysis:
         self.by_node = {parsed.ops[i].node: i for i in compute_ops}
         for i in compute_ops:
             op = parsed.ops[i]
-            c, m, o, act = _cost(op, arch)
-            if act == "float16":
+            if actual[i] == "float16":
                 continue  # a float op is already wide; promotion does not concern it
-            self.bits[i] = _TYPE_BITS[act]
-            c8, m8, o8, _ = _cost(op, arch, "uint8", "uint8")
-            c16, m16, o16, _ = _cost(op, arch, "uint16", "uint16")
-            self.cost8[i] = max(c8, m8) + o8
-            self.cost16[i] = max(c16, m16) + o16
+            self.bits[i] = _TYPE_BITS[actual[i]]
+            self.cost8[i], self.cost16[i] = float(ms8[i]), float(ms16[i])
             for name, _, n in op.inputs:
                 self.consumers[name].add(i)
                 self.elements[name] = n
@@ -829,19 +1259,16 @@ class _PromotionAnalysis:
 
     def _convert_cost(self, tensor: str) -> float:
         n = self.elements.get(tensor, 1)
-        convert = _Op("", "Convert", "hvx", [(tensor, "uint8", n)], [(tensor, "uint16", n)], hvx_work=n / 128,
+        convert = _Op("", "Convert", "hvx", [(tensor, "uint8", n)], [(tensor, "uint16", n)], work=n, cls="convert",
                       kind="convert")
-        c, m, o, _ = _cost(convert, self.arch)
-        return max(c, m) + o
+        return _op_ms(convert, self.arch)
 
     def _io_cost(self, tensor: str, bits: int) -> float:
         op = self.io[tensor]
         dtype = "uint16" if bits > 8 else "uint8"
         if op.op_type == "QuantizeLinear":
-            c, m, o, _ = _cost(op, self.arch, out_types=dtype)
-        else:
-            c, m, o, _ = _cost(op, self.arch, in_types=dtype)
-        return max(c, m) + o
+            return _op_ms(op, self.arch, out_types=dtype)
+        return _op_ms(op, self.arch, in_types=dtype)
 
     def resolve(self, name: str) -> str | None:
         for candidate in (name, name + GRAPH_OUTPUT_SUFFIX):
@@ -905,9 +1332,8 @@ class _PromotionAnalysis:
 
     def _activation_cost(self, tensor: str, dtype: str) -> float:
         n = self.elements.get(tensor, 1)
-        activation = _Op("", "Clip", "hvx", [(tensor, dtype, n)], [(tensor, dtype, n)], hvx_work=n / 128)
-        c, m, o, _ = _cost(activation, self.arch)
-        return max(c, m) + o
+        activation = _Op("", "Clip", "hvx", [(tensor, dtype, n)], [(tensor, dtype, n)], work=n, cls="simple")
+        return _op_ms(activation, self.arch)
 
     def _has_folded_activation(self, index: int, graph) -> bool:
         """Whether the float op behind op `index` wrote a tensor that only a folded Relu/Clip read."""
