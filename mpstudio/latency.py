@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 
 from .errors import MpstudioError, brief
 from .model import load_model
-from .sensitivity.qdq import GRAPH_OUTPUT_SUFFIX
+from .qdq import GRAPH_OUTPUT_SUFFIX
 
 LATENCY_SOURCES = ("measured", "estimate", "emulator")
 

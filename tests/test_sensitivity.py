@@ -12,13 +12,14 @@ from onnx import TensorProto, helper
 
 from conftest import IR, conv_feeds, make_conv_model
 from mpstudio.data import Cancelled, FeedList
+from mpstudio import qdq
 from mpstudio.errors import MpstudioError
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
 from mpstudio.runtime import create_session
 from mpstudio.sensitivity import (ErrorAccumulator, SensitivityReport, SwitchableModel, analyze, check_prediction,
-                                  qnn_region, quantized_tensors, tensor_scores, weight_scores)
+                                  qnn_region, tensor_scores, weight_scores)
 
 
 def _ramp_model():
@@ -39,7 +40,7 @@ def conv_setup(tmp_path_factory):
 
 
 def _params(quantizer, plan):
-    return {t: q.params for t, q in quantized_tensors(quantizer.generate(plan)).items()}
+    return {t: q.encoding for t, q in qdq.read(quantizer.generate(plan)).activations().items()}
 
 
 def test_input_noise_matches_hand_computed_value(tmp_path):

@@ -76,3 +76,8 @@ def quantize_dequantize(x: np.ndarray, scale: float, zero_point: int, qmin: int,
     q -= zero_point
     q *= np.float32(scale)
     return q
+
+
+def local_error(x: np.ndarray, encoding) -> np.ndarray:
+    """The error of quantizing `x` alone with a per-tensor `encoding` (quantized minus float)."""
+    return quantize_dequantize(x, encoding.step, encoding.zero, encoding.qmin, encoding.qmax) - x
