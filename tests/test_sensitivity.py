@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import threading
 
 import numpy as np
@@ -180,12 +179,11 @@ def test_qnn_region_lists_what_ort_converts_with_a_tensor(conv_setup):
 
 
 def test_analyze_command(tmp_path, capsys):
-    from mpstudio.sensitivity.cli import add_parser
+    from mpstudio.cli import build_parser
 
     onnx.save(make_conv_model(), tmp_path / "m.onnx")
     FeedList(conv_feeds(5)).save_npz(tmp_path / "data")
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers())
+    parser = build_parser()
     args = parser.parse_args(["analyze", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "data"), "--out",
                               str(tmp_path / "out"), "--cache", str(tmp_path / "cache"), "--quiet", "--top", "3"])
     assert args.func(args) == 0

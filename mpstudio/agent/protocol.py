@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MpstudioError
+from ..sources import RUN_LATENCY_SOURCES, Latency
 
 API_PREFIX = "/v1"
 TOKEN_ENV = "MPSTUDIO_AGENT_TOKEN"
@@ -30,7 +31,6 @@ RESULT_MEMBER = "__result__"
 _MODEL_ID = re.compile(r"[0-9a-f]{64}")
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 
-LATENCY_SOURCES = ("measured", "emulator")
 
 
 class AgentError(MpstudioError):
@@ -137,18 +137,21 @@ class LatencyStats:
     backend: str
 
     def __post_init__(self):
-        if self.source not in LATENCY_SOURCES:
-            raise ValueError(f"latency source must be one of {LATENCY_SOURCES}, not {self.source!r}")
+        if self.source not in RUN_LATENCY_SOURCES:
+            raise ValueError(f"latency source must be one of {RUN_LATENCY_SOURCES}, not {self.source!r}")
+
+    @property
+    def latency(self) -> Latency:
+        """The median, labelled with its source: the one latency type every part of mpstudio shows."""
+        return Latency.from_stats(self)
 
     @property
     def is_device_latency(self) -> bool:
-        return self.source == "measured"
+        return self.latency.is_device_latency
 
     @property
     def label(self) -> str:
-        if self.source == "emulator":
-            return f"HTP emulator host time on {self.device} (not device latency)"
-        return f"measured {self.backend} latency on {self.device}"
+        return self.latency.label
 
     @classmethod
     def from_times(cls, times_ns: list[int], *, source: str, device: str, backend: str) -> "LatencyStats":

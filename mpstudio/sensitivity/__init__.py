@@ -6,7 +6,8 @@ from .isolation import IsolationResult, OutputScorer, Region, SwitchableModel, i
 from .ranking import (Prediction, PredictionCheck, namespace_regions, predict, qnn_region, rank_tensors,
                       selection_region)
 from .scores import tensor_scores, weight_scores
-from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB, ErrorAccumulator
+from ..metrics import ErrorAccumulator
+from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB
 
 __all__ = [
     "COSINE_THRESHOLD", "SNR_THRESHOLD_DB", "ErrorAccumulator", "IsolationResult", "OutputScorer", "Prediction",

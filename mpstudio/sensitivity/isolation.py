@@ -47,7 +47,7 @@ from .. import qdq
 from ..qdq import Encoding
 from ..quantize import (CALIBRATION_METHODS, QUANT_TYPES, SIXTEEN_BIT, ResolvedTypes, TensorParams, ort_tensor_params,
                         qnn_config)
-from .stats import ErrorAccumulator
+from ..metrics import OUTPUT_SNR, ErrorAccumulator
 
 _MS_DOMAIN = "com.microsoft"  # ORT's contrib QuantizeLinear takes uint16 at any opset
 _GRAPH_OUTPUT = ""  # the receiver name of an edge into a graph output
@@ -55,7 +55,6 @@ _WEIGHT_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}  # their weights keep 
 _BIAS_OPS = {"Conv", "ConvTranspose", "Gemm"}  # ORT quantizes their bias to int32 at input scale x weight scale
 _FOLDABLE = {"Relu", "Clip"}  # ORT's QDQ quantizer folds these into the op before them
 _INT32 = np.iinfo(np.int32)
-OUTPUT_SNR = "output SNR (dB)"  # the default metric: SNR of all model outputs against the float model's
 
 Edge = tuple[str, str]  # (tensor, receiving node; "" for a graph output)
 

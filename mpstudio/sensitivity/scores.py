@@ -24,7 +24,8 @@ from ..quantize import weight_axis
 from ..runtime import create_session
 from .. import qdq
 from ..qdq import Encoding
-from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB, ErrorAccumulator, local_error
+from ..metrics import ErrorAccumulator
+from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB, local_error
 
 # Columns of `tensor_scores` (one row per float activation tensor, in topological order):
 #   tensor, kind (input/activation/output), op (producer op type, "" for a graph input), node (producer),
