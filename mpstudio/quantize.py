@@ -134,9 +134,14 @@ class Quantizer:
                     raise MpstudioError(f"calibration failed: {brief(exc)}") from exc
                 finally:
                     del calibrator
-            save_tensors_data(ranges, path)
+            # Written beside and renamed: another process may be calibrating the same study at the same time.
+            unique = f".{os.getpid()}.{threading.get_ident()}.tmp"
+            save_tensors_data(ranges, path.with_name(path.name + unique))
+            os.replace(path.with_name(path.name + unique), path)
             seconds = time.perf_counter() - started
-            meta_path.write_text(json.dumps({"samples": reader.count, "seconds": seconds, "method": self.method}))
+            meta_path.with_name(meta_path.name + unique).write_text(
+                json.dumps({"samples": reader.count, "seconds": seconds, "method": self.method}))
+            os.replace(meta_path.with_name(meta_path.name + unique), meta_path)
             self._cache = CalibrationCache(path, key, self.method, reader.count, seconds)
             return self._cache
 

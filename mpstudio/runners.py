@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 
 from .data import Cancelled, DataSource, Feed, Progress
+from .sources import Latency
 
 CPU_SOURCE = "ORT CPU QDQ"
 
@@ -73,8 +74,6 @@ class OverAgent:
     def measure(self, path: Path, feed: Feed, options: dict):
         """The median latency of one sample on the agent's HTP backend (measured on a device, emulator time on
         an x86_64 host), or None when the agent returned none."""
-        from .latency import Latency
-
         result = self.agent.run(path, feed, backend="htp", provider_options=options, warmup=2, iterations=10,
                                 outputs=False)
         return Latency.from_stats(result.latency) if result.latency is not None else None

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import MpstudioError
+from .sources import Latency
 
 DB_FILE = "study.sqlite"
 # A heartbeat older than this means its owner is gone (owners on another host are judged by it alone).
@@ -48,7 +49,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     status TEXT NOT NULL, search_id INTEGER, owner TEXT, error TEXT, created REAL NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS searches (
     id INTEGER PRIMARY KEY, spec TEXT NOT NULL, status TEXT NOT NULL, result TEXT, created REAL NOT NULL,
-    updated REAL NOT NULL);
+    updated REAL NOT NULL, owner TEXT);
 """
 # Columns added after the first format; added to older stores when they are opened.
 _ADDED_COLUMNS = {"searches": {"owner": "TEXT"}}
@@ -205,8 +206,6 @@ class StudyStore:
 
     def evaluation(self, plan_id: int, source: str) -> Evaluation | None:
         """The stored evaluation of a plan from one accuracy source, with every latency of the plan."""
-        from .latency import Latency
-
         with self._lock:
             row = self._db.execute(
                 "SELECT p.hash, p.name, a.backend, a.source, a.metric, a.value, a.higher_is_better, a.snr_db, a.cosine,"
@@ -360,12 +359,28 @@ class StudyStore:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    # Switching to WAL and setting up the schema need the database to themselves for a moment; another
+    # process opening the same new study gets "locked" at once rather than waiting, so wait here.
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            return _connect_once(path)
+        except MpstudioError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _connect_once(path: Path) -> sqlite3.Connection:
+    db = None
     try:
         db = sqlite3.connect(path, timeout=30.0, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a commit survives a killed process
         db.execute("PRAGMA foreign_keys=ON")
-        db.executescript(_SCHEMA)
+        db.execute("BEGIN IMMEDIATE")  # one process at a time sets up or upgrades the schema
+        for statement in filter(str.strip, _SCHEMA.split(";")):
+            db.execute(statement)
         for table, columns in _ADDED_COLUMNS.items():
             have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
             for column, kind in columns.items():
@@ -374,6 +389,8 @@ def _connect(path: Path) -> sqlite3.Connection:
         db.commit()
         return db
     except sqlite3.DatabaseError as exc:
+        if db is not None:
+            db.close()
         raise MpstudioError(f"{path} is not a readable study store ({exc}); move it aside to start the study "
                             "afresh") from exc
 
@@ -412,8 +429,6 @@ def _pid_alive(pid: int) -> bool:
 def _latency_label(source, where) -> str:
     if source is None or (isinstance(source, float) and np.isnan(source)):
         return ""
-    from .latency import Latency
-
     return Latency(ms=0.0, source=source, where=where).label
 
 
