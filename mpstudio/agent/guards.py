@@ -165,7 +165,9 @@ class RequestGuard:
             return await self.app(scope, receive, send)
         refusal = self._refusal(scope)
         if refusal is not None:
-            return await send_error(send, *refusal)
+            status, message, headers = refusal
+            # Closing the connection spares reading a body that was refused on its head.
+            return await send_error(send, status, message, [*headers, (b"connection", b"close")])
         if scope["method"] not in BODY_METHODS:
             return await self.app(scope, receive, send)
         await self._limited(scope, receive, send)

@@ -146,9 +146,9 @@ def _check_declared_sizes(entries: list[zipfile.ZipInfo], max_bytes: int | None)
     # zipfile never inflates a member past its declared size, so the declared sizes bound the work.
     declared = sum(entry.file_size for entry in entries)
     if declared > max_bytes + _NPY_HEADER_ALLOWANCE * len(entries):
-        raise MpstudioError(
+        raise AgentError(
             f"the .npz holds {declared / 2**20:.1f} MB of arrays once decompressed, more than the limit of "
-            f"{max_bytes / 2**20:g} MB (send smaller inputs, or start the agent with a larger --max-inputs-mb)")
+            f"{max_bytes / 2**20:g} MB (send smaller inputs, or start the agent with a larger --max-inputs-mb)", 413)
 
 
 # Room per member for the .npy header, on top of the array data counted against the limit.
@@ -169,14 +169,14 @@ def _read_member(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, budget: int |
         if dtype.hasobject:
             raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
         nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
-        if budget is not None and nbytes > budget:
-            raise MpstudioError(
-                f"the .npz member {entry.filename[:80]!r} declares shape {list(shape)} of {dtype} "
-                f"({nbytes / 2**20:.1f} MB), more than the {budget / 2**20:.1f} MB left under the inputs limit "
-                "(send smaller inputs, or start the agent with a larger --max-inputs-mb)")
         if nbytes > entry.file_size:
             raise MpstudioError(f"the .npz member {entry.filename[:80]!r} declares shape {list(shape)} of {dtype} "
                                 f"but holds only {entry.file_size} bytes")
+        if budget is not None and nbytes > budget:
+            raise AgentError(
+                f"the .npz member {entry.filename[:80]!r} holds {nbytes / 2**20:.1f} MB once decompressed "
+                f"(shape {list(shape)} of {dtype}), more than the {budget / 2**20:.1f} MB left under the inputs "
+                "limit (send smaller inputs, or start the agent with a larger --max-inputs-mb)", 413)
     with archive.open(entry) as member:
         array = npy.read_array(member, allow_pickle=False)
     return entry.filename[: -len(".npy")], array
