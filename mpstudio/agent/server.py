@@ -419,6 +419,36 @@ class ErrorBody(BaseModel):
     detail: str
 
 
+class Health(BaseModel):
+    status: Literal["ok"]
+    worker_pid: int | None
+    worker_alive: bool
+    worker_ready: bool
+    worker_restarts: int
+    busy: bool
+    queued: int
+    uptime_s: float
+
+
+class ModelStatus(BaseModel):
+    model_id: str
+    size_bytes: int
+
+
+class Upload(BaseModel):
+    model_id: str
+    stored: bool = Field(description="false when the agent already had the model (status 200)")
+    size_bytes: int | None = None
+
+
+class Context(BaseModel):
+    model_id: str = Field(description="id of the EPContext model, to download or run")
+    source_model_id: str
+    provider_options: dict[str, str]
+    size_bytes: int
+    build_ms: float
+
+
 _ERROR_MEANINGS = {
     400: "a corrupt upload (wrong sha256), or credentials in the URL",
     401: "missing or wrong bearer token",
@@ -456,7 +486,7 @@ Agent = Annotated[AgentState, Depends(_state)]
 router = APIRouter(responses=_errors(400, 401, 503))
 
 
-@router.get("/health", summary="Liveness, worker and queue")
+@router.get("/health", summary="Liveness, worker and queue", response_model=Health)
 async def health(state: Agent):
     return state.health()
 
@@ -469,7 +499,7 @@ async def info(state: Agent):
 
 
 @router.get(f"{API_PREFIX}/models/{{model_id}}", summary="Whether the agent has a model",
-            responses=_errors(404, 422))
+            response_model=ModelStatus, responses=_errors(404, 422))
 async def model_status(model_id: ModelId, state: Agent):
     path = state.store.existing(model_id)
     return {"model_id": model_id, "size_bytes": path.stat().st_size}
@@ -485,8 +515,9 @@ async def model_content(model_id: ModelId, state: Agent):
 
 @router.put(f"{API_PREFIX}/models/{{model_id}}", status_code=201,
             summary="Upload a model; the body is the file, the id its sha256 (verified)",
-            openapi_extra=_BINARY_BODY, responses={200: {"description": "the agent already has the model"},
-                                                   **_errors(411, 413, 422, 507)})
+            openapi_extra=_BINARY_BODY, response_model=Upload, response_model_exclude_none=True,
+            responses={200: {"model": Upload, "description": "the agent already has the model"},
+                       **_errors(411, 413, 422, 507)})
 async def upload_model(model_id: ModelId, request: Request, state: Agent):
     if state.store.has(model_id):
         return JSONResponse({"model_id": model_id, "stored": False}, status_code=200)
@@ -545,7 +576,7 @@ async def run_status(run_id: RunId, state: Agent):
 
 @router.post(f"{API_PREFIX}/contexts", status_code=201,
              summary="Build an EPContext model (QNN context binary) for a model and options",
-             responses=_errors(404, 411, 413, 422, 500, 502, 504, 507))
+             response_model=Context, responses=_errors(404, 411, 413, 422, 500, 502, 504, 507))
 async def build_context(body: ContextRequest, state: Agent):
     return await state.build_context(body)
 
