@@ -125,6 +125,18 @@ def decode_npz(data: bytes, max_bytes: int | None = None) -> dict[str, np.ndarra
         raise MpstudioError(f"the inputs are not a valid .npz archive: {_first_line(exc)}") from None
 
 
+def npz_declared_bytes(data: bytes) -> int:
+    """What an .npz's members add up to once decompressed, by its zip directory alone (no decompression);
+    for deciding where to decode it. Anything unreadable counts as huge."""
+    try:
+        if _zip_member_count(data) > MAX_NPZ_MEMBERS:
+            return 1 << 62
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return sum(entry.file_size for entry in archive.infolist())
+    except (MpstudioError, zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return 1 << 62
+
+
 def _zip_member_count(data: bytes) -> int:
     """The member count of a zip's end-of-central-directory record, read before zipfile builds an index of
     every member (an archive of millions of empty members would cost gigabytes of Python objects)."""

@@ -47,6 +47,7 @@ from .protocol import (
     b64encode,
     decode_npz,
     encode_npz,
+    npz_declared_bytes,
     sha256_file,
 )
 from .store import ModelStore, check_model_file
@@ -58,6 +59,8 @@ MAX_ITERATIONS = 100_000
 MAX_WARMUP = 1_000
 HTTP_IMPLEMENTATIONS = ("auto", "h11", "httptools")
 KEEP_ALIVE_S = 30
+# Arrays up to this size are (de)coded on the event loop: well under a millisecond, less than a thread hop.
+INLINE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -242,7 +245,10 @@ class AgentState:
         return validate_provider_options({**self.config.default_options(), **given}, "htp")
 
     async def decode_inputs(self, data: bytes) -> dict:
-        """A run's inputs, refused past --max-inputs-mb before any decompression (off the event loop)."""
+        """A run's inputs, refused past --max-inputs-mb before any decompression; decoded off the event loop
+        unless they are small (two thread hand-offs would cost more than decoding a few arrays)."""
+        if len(data) <= INLINE_BYTES and npz_declared_bytes(data) <= INLINE_BYTES:
+            return decode_npz(data, self.config.inputs_bytes)
         return await run_in_threadpool(decode_npz, data, self.config.inputs_bytes)
 
     # ------------------------------------------------------------------ runs
@@ -535,7 +541,7 @@ async def run(body: RunRequest, state: Agent):
     inputs = await state.decode_inputs(b64decode(body.inputs_npz, "inputs_npz"))
     reply, outputs = await state.run(body, inputs)
     if outputs is not None:
-        reply = {**reply, "outputs_npz": b64encode(await run_in_threadpool(encode_npz, outputs))}
+        reply = {**reply, "outputs_npz": b64encode(await _encoded(outputs))}
     return JSONResponse(jsonable_encoder(reply))
 
 
@@ -563,7 +569,7 @@ async def run_npz(request: Request, state: Agent):
     reply, outputs = await state.run(body, inputs)
     arrays = dict(outputs or {})
     arrays[RESULT_MEMBER] = np.frombuffer(json.dumps(jsonable_encoder(reply)).encode(), dtype=np.uint8)
-    return Response(await run_in_threadpool(encode_npz, arrays), media_type="application/octet-stream")
+    return Response(await _encoded(arrays), media_type="application/octet-stream")
 
 
 @router.get(f"{API_PREFIX}/runs/{{run_id}}", summary="A past run's result (without outputs)",
@@ -579,6 +585,12 @@ async def run_status(run_id: RunId, state: Agent):
              response_model=Context, responses=_errors(404, 411, 413, 422, 500, 502, 504, 507))
 async def build_context(body: ContextRequest, state: Agent):
     return await state.build_context(body)
+
+
+async def _encoded(arrays: dict) -> bytes:
+    if sum(np.asarray(a).nbytes for a in arrays.values()) <= INLINE_BYTES:
+        return encode_npz(arrays)
+    return await run_in_threadpool(encode_npz, arrays)
 
 
 def _error_response(status: int, message: str) -> JSONResponse:
