@@ -332,7 +332,36 @@ def external_data_models(other_model_id: str) -> dict[str, bytes]:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16])])
     if_model = helper.make_model(if_graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    loop_init = _with_external(numpy_helper.from_array(np.zeros(16, np.float32), "w"), target)
+    body = helper.make_graph([helper.make_node("Add", ["v_in", "w"], ["v_out"]),
+                              helper.make_node("Identity", ["cond_in"], ["cond_out"])], "body",
+                             [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [16])],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [16])], [loop_init])
+    loop_graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["n"], value=numpy_helper.from_array(np.array(1, np.int64))),
+         helper.make_node("Constant", [], ["t"], value=numpy_helper.from_array(np.array(True))),
+         helper.make_node("Loop", ["n", "t", "x"], ["y"], name="loop", body=body)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16])])
+    loop_model = helper.make_model(loop_graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    function = helper.make_function(
+        "local", "AddConst", ["a"], ["b"],
+        [helper.make_node("Constant", [], ["k"], value=_with_external(
+            numpy_helper.from_array(np.zeros(16, np.float32), "k"), target)),
+         helper.make_node("Add", ["a", "k"], ["b"])],
+        [helper.make_opsetid("", 17)])
+    function_graph = helper.make_graph(
+        [helper.make_node("AddConst", ["x"], ["y"], domain="local")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16])])
+    function_model = helper.make_model(function_graph, functions=[function], ir_version=10,
+                                       opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)])
     return {
+        "Loop body initializer": loop_model.SerializeToString(),
+        "function body Constant": function_model.SerializeToString(),
         "Constant value": _model_with_constant(constant).SerializeToString(),
         "Constant sparse_value": _model_with_constant(sparse_constant).SerializeToString(),
         "If branch": if_model.SerializeToString(),

@@ -665,7 +665,7 @@ def serve(config: AgentConfig, *, log_level: str = "info", announce=sys.stdout) 
     except ImportError as exc:
         raise MpstudioError(f"HTTP implementation {config.http!r} is not installed ({exc}); use --http auto") from None
     logging.getLogger("uvicorn.access").addFilter(RedactQuery())
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, log_config=None, http=protocol,
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, log_config=None, http=protocol, ws="none",
                                            timeout_keep_alive=KEEP_ALIVE_S))
     log.info("HTP is %s; %s; HTTP parser %s", "the x86_64 emulator (timings are host time)" if htp_is_emulated()
              else "the device NPU", "bearer token required" if config.token else "no token (loopback only)",
