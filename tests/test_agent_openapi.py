@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
-schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from schemathesis import GenerationMode  # noqa: E402
-from schemathesis.checks import (  # noqa: E402
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
     response_headers_conformance,
@@ -18,7 +17,7 @@ from schemathesis.checks import (  # noqa: E402
     status_code_conformance,
 )
 
-from mpstudio.agent import LocalAgent  # noqa: E402
+from mpstudio.agent import LocalAgent
 
 EXAMPLES = 15  # per operation and generation mode: about 270 requests in all
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
