@@ -263,6 +263,24 @@ def test_incomplete_requests_are_closed_in_time(tight):
     assert tight.client.health()["status"] == "ok"
 
 
+def test_a_body_dripped_byte_by_byte_is_cut_off_at_the_request_timeout(tight):
+    host, _ = address(tight)
+    sock = connect(tight)
+    sock.sendall(f"PUT /v1/models/{'c' * 64} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {tight.token}\r\n"
+                 "Content-Length: 100000\r\n\r\n".encode())
+    started = time.monotonic()
+    cut = None
+    while time.monotonic() - started < 10 * TIMEOUT:  # never silent for a whole body timeout
+        try:
+            sock.sendall(b"x")
+        except OSError:
+            cut = time.monotonic() - started
+            break
+        time.sleep(0.25)
+    sock.close()
+    assert cut is not None and cut < 3 * TIMEOUT + 2.0, cut  # the request timeout is 3 x TIMEOUT
+
+
 def test_connections_over_the_cap_are_refused_and_a_real_client_is_served_after(tight):
     held = [connect(tight) for _ in range(24)]  # the cap, counting none of the client's own
     try:
