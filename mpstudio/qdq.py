@@ -12,7 +12,6 @@ output whose Relu ORT folded); they are absent, not guessed.
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -21,7 +20,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import MpstudioError, brief
-from .graph import node_display_name
+from .graph import node_display_name, producers_and_consumers
 
 # A graph output T is written by its op as T + GRAPH_OUTPUT_SUFFIX (the last DequantizeLinear writes T).
 GRAPH_OUTPUT_SUFFIX = "_QuantizeLinear_Input"
@@ -212,15 +211,7 @@ class QdqModel:
         self.initializers: dict[str, onnx.TensorProto] = {i.name: i for i in graph.initializer}
         self.graph_inputs = tuple(i.name for i in graph.input if i.name not in self.initializers)
         self.graph_outputs = tuple(o.name for o in graph.output)
-        self.producer: dict[str, onnx.NodeProto] = {}
-        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-        for node in graph.node:
-            for name in node.output:
-                if name:
-                    self.producer[name] = node
-            for name in node.input:
-                if name:
-                    self.consumers[name].append(node)
+        self.producer, self.consumers = producers_and_consumers(graph)
         self._value_types = {vi.name: vi.type.tensor_type.elem_type
                              for vi in list(graph.input) + list(graph.output) + list(graph.value_info)}
         self.tensors: dict[str, QuantizedTensor] = {}
