@@ -50,6 +50,39 @@ CALIBRATION_METHODS = {
 }
 # Names generated models in the cache with the plan hash: bump it whenever a plan generates differently.
 GENERATOR_VERSION = 2
+# ONNX Runtime versions whose quantizer internals `_fast_ort_quantizer` was checked against (patched and
+# unpatched runs write the same model; tests/test_quantize.py checks it on the installed version). On any
+# other version ORT's own code runs unpatched: slower on big models, never different.
+PATCHED_ORT_VERSIONS = ("1.31", "1.32")
+
+
+def toolchain() -> dict[str, str]:
+    """The versions of the tools that make a QDQ model: a cache made by other versions is not reused."""
+    import onnxruntime
+
+    from importlib import metadata
+
+    versions = {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__}
+    try:
+        versions["onnxruntime-qnn"] = metadata.version("onnxruntime-qnn")
+    except metadata.PackageNotFoundError:
+        pass
+    return versions
+
+
+def toolchain_key() -> str:
+    text = json.dumps(toolchain(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def ort_patch_applies(version: str | None = None) -> bool:
+    """Whether the quantizer speed-up is used with this ORT version (`MPSTUDIO_ORT_PATCH=0` turns it off)."""
+    import onnxruntime
+
+    if os.environ.get("MPSTUDIO_ORT_PATCH", "1") == "0":
+        return False
+    major_minor = ".".join((version or onnxruntime.__version__).split(".")[:2])
+    return major_minor in PATCHED_ORT_VERSIONS
 # Bounds calibration memory: ranges are merged every this many samples instead of at the end.
 _CALIBRATION_CHUNK = 16
 
@@ -95,7 +128,7 @@ class Quantizer:
 
     # ---- calibration -----------------------------------------------------------------------------------
     def calibration_key(self) -> str:
-        text = f"{self.prepared.sha256}|{self.calibration.fingerprint()}|{self.method}"
+        text = f"{self.prepared.sha256}|{self.calibration.fingerprint()}|{self.method}|{toolchain_key()}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def calibrate(self, progress: Progress | None = None, cancel: threading.Event | None = None) -> CalibrationCache:
@@ -147,7 +180,7 @@ class Quantizer:
 
     # ---- regeneration ------------------------------------------------------------------------------------
     def model_path(self, plan: PrecisionPlan) -> Path:
-        return self.cache_dir / "models" / f"g{GENERATOR_VERSION}-{plan.hash}.onnx"
+        return self.cache_dir / "models" / f"g{GENERATOR_VERSION}-{toolchain_key()}-{plan.hash}.onnx"
 
     def generate(self, plan: PrecisionPlan, progress: Progress | None = None, cancel=None) -> Path:
         """The QDQ model file for `plan` (made from the cached ranges, or taken from the model cache)."""
@@ -508,7 +541,12 @@ _REMOVERS = ("remove_initializer", "remove_initializers", "clean_initializers", 
 
 @contextlib.contextmanager
 def _fast_ort_quantizer():
+    """ORT's quantizer with its name lookups indexed (it scans every initializer for each of them, which is
+    quadratic on big models), on the ORT versions the patch is checked against; ORT's own code otherwise."""
     global _patch_depth
+    if not ort_patch_applies():
+        yield
+        return
     model_cls = _ort_onnx_model.ONNXModel
     with _patch_lock:
         if _patch_depth == 0:
