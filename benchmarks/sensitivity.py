@@ -78,10 +78,11 @@ def phase_scores(engine: str, samples: int) -> dict:
             errors = compute_activation_error(create_activation_matching(qdq_acts, float_acts))
         result = {t: e["xmodel_err"] for t, e in errors.items() if "xmodel_err" in e}
     else:
-        from mpstudio.sensitivity import quantized_tensors, tensor_scores
+        from mpstudio import qdq
+        from mpstudio.sensitivity import tensor_scores
 
-        params_8 = {t: q.params for t, q in quantized_tensors(model_8).items()}
-        params_16 = {t: q.params for t, q in quantized_tensors(model_16).items()}
+        params_8 = {t: q.encoding for t, q in qdq.read(model_8).activations().items()}
+        params_16 = {t: q.encoding for t, q in qdq.read(model_16).activations().items()}
         frame = tensor_scores(quantizer.float_path, model_8, demo.model.graph, data, params_8, params_16)
         result = dict(zip(frame["tensor"], frame["snr_db"]))
     seconds = time.perf_counter() - started

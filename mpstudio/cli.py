@@ -181,6 +181,8 @@ def _search(args) -> int:
 
 
 def _study_show(args) -> int:
+    import pandas as pd
+
     from .study import Study
 
     with Study.open(args.folder) as study:
@@ -194,7 +196,11 @@ def _study_show(args) -> int:
         jobs = study.jobs()
         pending = int((jobs["status"] == "pending").sum()) if len(jobs) else 0
         searches = study.searches()
-        unfinished = int((searches["status"] != "done").sum()) if len(searches) else 0
+        status = searches["status"] if len(searches) else pd.Series(dtype=str)
+        running = int((status == "running").sum())
+        unfinished = int(status.isin(["interrupted", "cancelled", "failed"]).sum())
+        if running:
+            print(f"{running} search(es) running now in another process")
         if pending or unfinished:
             print(f"{pending} pending evaluation(s), {unfinished} unfinished search(es): "
                   f"mpstudio study resume {args.folder}")
@@ -204,11 +210,12 @@ def _study_show(args) -> int:
 def _study_resume(args) -> int:
     from contextlib import ExitStack
 
+    from .search import resume
     from .study import Study
 
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(Study.open(args.folder))
-        done, searches = study.resume(_runner(args, stack), progress=progress)
+        done, searches = resume(study, _runner(args, stack), progress=progress)
         print(f"{len(done)} pending evaluation(s) run, {len(searches)} search(es) continued")
         for result in searches:
             print(result.describe())
@@ -244,45 +251,87 @@ def _export(args) -> int:
     return 0
 
 
+def _analyze(args) -> int:
+    from .sensitivity import analyze
+
+    # Calibration uses every sample unless told otherwise, whatever --samples scores.
+    quantizer, plan, data = open_model_data_plan(args, args.calibration_samples, calibrate_on_all=True)
+    with progress_bar(not args.quiet) as progress:
+        report = analyze(quantizer, data, plan, isolation=not args.no_isolation,
+                         isolation_samples=args.isolation_samples, selection=args.select or (), progress=progress)
+    out = report.save(args.out)
+    print(report.summary(args.top))
+    print(f"report written to {out / 'report.html'} (tables: ranking.csv, tensors.csv, weights.csv)")
+    return 0
+
+
 def _add_runner_args(parser) -> None:
     parser.add_argument("--agent", action="append", metavar="URL", help="agent URL (repeat for a pool of devices)")
     parser.add_argument("--token", default=None, help="bearer token of the agents")
     parser.add_argument("--local-agent", action="store_true", help="start an agent on loopback for this command")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mpstudio", description="Mixed-precision studio for ONNX models on Qualcomm NPUs.")
-    parser.add_argument("--version", action="version", version=f"mpstudio {__import__('mpstudio').__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_shape_arg(parser) -> None:
+    parser.add_argument("--shape", action="append", metavar="NAME=D1,D2,...", help="fix a dynamic input's shape")
 
+
+def _add_quiet_arg(parser) -> None:
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _add_prepare_parser(sub) -> None:
     p = sub.add_parser("prepare", help="check and prepare a float model; print the QNN support report")
     p.add_argument("model", help="float ONNX model")
-    p.add_argument("--shape", action="append", metavar="NAME=D1,D2,...", help="fix a dynamic input's shape")
+    _add_shape_arg(p)
     p.add_argument("-o", "--output", help="write the prepared model here")
     p.add_argument("--strict", action="store_true", help="exit with status 3 when a node would fall back to CPU")
     p.set_defaults(func=_prepare)
 
+
+def _add_quantize_parser(sub) -> None:
     q = sub.add_parser("quantize", help="write the QDQ model of a precision plan")
     q.add_argument("model", help="float ONNX model")
     q.add_argument("--data", required=True, help="folder of calibration samples (.npz per sample, keys = input names)")
     q.add_argument("--plan", help="precision plan JSON (default: all 8-bit)")
     q.add_argument("-o", "--output", required=True, help="where to write the QDQ model")
-    q.add_argument("--shape", action="append", metavar="NAME=D1,D2,...", help="fix a dynamic input's shape")
+    _add_shape_arg(q)
     q.add_argument("--samples", type=int, help="use only the first N calibration samples")
     q.add_argument("--method", default="minmax", choices=["minmax", "entropy", "percentile"], help="calibration method")
     q.add_argument("--cache", help="cache folder for calibration ranges and generated models")
-    q.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_quiet_arg(q)
     q.set_defaults(func=_quantize)
 
+
+def _add_analyze_parser(sub) -> None:
+    a = sub.add_parser("analyze", help="rank tensors by quantization sensitivity; write CSV and HTML")
+    a.add_argument("model", help="float ONNX model")
+    a.add_argument("--data", required=True, help="folder of samples (.npz per sample, keys = input names)")
+    a.add_argument("--plan", help="precision plan JSON whose QDQ model is scored (default: all 8-bit)")
+    a.add_argument("--out", required=True, help="folder for ranking.csv, tensors.csv, weights.csv, report.html")
+    _add_shape_arg(a)
+    a.add_argument("--samples", type=int, help="score on the first N samples only")
+    a.add_argument("--calibration-samples", type=int, help="calibrate on the first N samples (default: all)")
+    a.add_argument("--isolation-samples", type=int, default=8, help="samples per isolation evaluation")
+    a.add_argument("--no-isolation", action="store_true", help="skip isolation scores (much faster)")
+    a.add_argument("--select", action="append", metavar="TENSOR", help="add a region of these tensors")
+    a.add_argument("--top", type=int, default=20, help="rows of the ranking to print")
+    a.add_argument("--cache", help="cache folder for calibration ranges and generated models")
+    _add_quiet_arg(a)
+    a.set_defaults(func=_analyze)
+
+
+def _add_demo_parser(sub) -> None:
     d = sub.add_parser("demo", help="the built-in demo: PP-OCRv4 recognizer, CER of float / a8w8 / a16w8")
     d.add_argument("--backend", default="cpu", choices=["cpu", "htp"], help="cpu: ORT QDQ reference; htp: QNN HTP")
     d.add_argument("--htp-arch", default="75", help="HTP architecture for the htp backend")
     d.add_argument("--samples", type=int, help="evaluate on the first N evaluation lines only")
     d.add_argument("--report", action="store_true", help="print the preparation and QNN support report")
     d.add_argument("--export-data", metavar="DIR", help="also write the demo's samples as .npz folders")
-    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_quiet_arg(d)
     d.set_defaults(func=_demo)
 
+
+def _add_search_parser(sub) -> None:
     s = sub.add_parser("search", help="find the cheapest mixed-precision plan that reaches a target accuracy")
     s.add_argument("model", nargs="?", help="float ONNX model (not needed to continue an existing --study)")
     s.add_argument("--data", help="calibration samples (.npz per sample, keys = input names)")
@@ -298,26 +347,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate the recommended plan on the HTP backend too (the search itself runs on CPU)")
     s.add_argument("--weights", default="auto", choices=["auto", "per-tensor", "per-channel"],
                    help="weight quantization of the base plan (auto: per-channel int8 when it clearly helps)")
-    s.add_argument("--shape", action="append", metavar="NAME=D1,D2,...", help="fix a dynamic input's shape")
+    _add_shape_arg(s)
     s.add_argument("--htp-arch", default="75", help="target HTP architecture (cost model and HTP runs)")
     _add_runner_args(s)
-    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_quiet_arg(s)
     s.set_defaults(func=_search)
+
+
+def _add_study_parser(sub) -> None:
+    from .sources import LATENCY_SOURCES
 
     st = sub.add_parser("study", help="show or resume a study")
     st_sub = st.add_subparsers(dest="study_command", metavar="COMMAND")
     st_sub.required = True
     show = st_sub.add_parser("show", help="every evaluated plan and the accuracy/latency front")
     show.add_argument("folder", help="study folder")
-    show.add_argument("--latency-source", default="estimate", choices=["estimate", "measured", "emulator"])
+    show.add_argument("--latency-source", default="estimate", choices=list(LATENCY_SOURCES))
     show.add_argument("--json", action="store_true", help="print the table as JSON")
     show.set_defaults(func=_study_show)
     resume = st_sub.add_parser("resume", help="run pending evaluations and continue unfinished searches")
     resume.add_argument("folder", help="study folder")
     _add_runner_args(resume)
-    resume.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_quiet_arg(resume)
     resume.set_defaults(func=_study_resume)
 
+
+def _add_export_parser(sub) -> None:
     e = sub.add_parser("export", help="write a plan's ORT overrides, QNN encodings, QDQ model (and context binary)")
     e.add_argument("folder", help="study folder")
     e.add_argument("--plan", required=True, help="plan id or hash (see mpstudio study show)")
@@ -332,16 +387,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runner_args(e)
     e.set_defaults(func=_export)
 
-    from .sensitivity.cli import add_parser as add_analyze_parser
 
-    add_analyze_parser(sub)
-
+def _add_agent_parser(sub) -> None:
     try:
-        from .agent.cli import add_parser as add_agent_parser
+        from .agent.cli import add_parser
     except ImportError:  # the agent's server dependencies are optional at import time
-        add_agent_parser = None
-    if add_agent_parser is not None:
-        add_agent_parser(sub)
+        return
+    add_parser(sub)
+
+
+_COMMANDS = (_add_prepare_parser, _add_quantize_parser, _add_analyze_parser, _add_demo_parser, _add_search_parser,
+             _add_study_parser, _add_export_parser, _add_agent_parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mpstudio", description="Mixed-precision studio for ONNX models on Qualcomm NPUs.")
+    parser.add_argument("--version", action="version", version=f"mpstudio {__import__('mpstudio').__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in _COMMANDS:
+        add(sub)
     return parser
 
 

@@ -20,194 +20,30 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
 from onnxruntime.quantization import QuantType
 
 from .data import Cancelled, Progress
-from .errors import MpstudioError, brief
+from .errors import MpstudioError
 from .graph import BIAS, INPUT, OUTPUT, ACTIVATION, WEIGHT, ModelGraph, unknown_name_message
 from .plan import PrecisionPlan
 from .quantize import CALIBRATION_METHODS, QUANT_TYPES, Quantizer, qnn_config
-from .sensitivity.qdq import GRAPH_OUTPUT_SUFFIX
+from . import qdq
+from .qdq import INTEGER_TYPES, Encoding, QuantizedTensor
 
 FORMATS = ("ort", "qnn", "model", "float", "context")
-ACTIVATION_KIND, PARAM_KIND = "activation", "param"
-
-# Integer element types of Q/DQ tensors: name, bit width, lowest code.
-_INTEGER_TYPES = {
-    TensorProto.UINT8: ("uint8", 8, 0),
-    TensorProto.INT8: ("int8", 8, -(2 ** 7)),
-    TensorProto.UINT16: ("uint16", 16, 0),
-    TensorProto.INT16: ("int16", 16, -(2 ** 15)),
-    TensorProto.INT32: ("int32", 32, -(2 ** 31)),
-    TensorProto.UINT4: ("uint4", 4, 0),
-    TensorProto.INT4: ("int4", 4, -(2 ** 3)),
-}
-_DTYPE_BITS = {name: (bits, qmin) for name, bits, qmin in _INTEGER_TYPES.values()}
 QUANT_TYPE_NAMES: dict[str, QuantType] = {q.name: q for q in QuantType}
-_QUANT_TYPE_OF_DTYPE = {_INTEGER_TYPES[q.tensor_type][0]: q for q in QuantType if q.tensor_type in _INTEGER_TYPES}
+_QUANT_TYPE_OF_DTYPE = {INTEGER_TYPES[q.tensor_type][0]: q for q in QuantType if q.tensor_type in INTEGER_TYPES}
 ENCODING_BITWIDTHS = (4, 8, 16, 32)
 
-_QUANTIZED_INITIALIZER_SUFFIX = "_quantized"
 
-
-# ---- reading a QDQ model ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Encoding:
-    """One quantizer of a QDQ model: `x = (q - zero_point) * scale`, per tensor or per channel along `axis`."""
-
-    dtype: str  # uint8 / int8 / uint16 / int16 / int32 / uint4 / int4
-    scale: tuple[float, ...]
-    zero_point: tuple[int, ...]
-    axis: int | None = None  # None: per tensor
-
-    @property
-    def bitwidth(self) -> int:
-        return _DTYPE_BITS[self.dtype][0]
-
-    @property
-    def qmin(self) -> int:
-        return _DTYPE_BITS[self.dtype][1]
-
-    @property
-    def quant_type(self) -> QuantType | None:
-        """ORT's QuantType for this element type (None for int32, the bias type, which has none)."""
-        return _QUANT_TYPE_OF_DTYPE.get(self.dtype)
-
-    @property
-    def offsets(self) -> tuple[int, ...]:
-        """QNN/AIMET offsets: `x = (u + offset) * scale` with `u` the code read as unsigned, so -zero_point there."""
-        return tuple(self.qmin - zp for zp in self.zero_point)
-
-    def to_qnn(self) -> list[dict[str, Any]]:
-        """The AIMET/QNN encoding list: one dict per tensor, or one per channel."""
-        levels = 2 ** self.bitwidth - 1
-        symmetric_offset = -(2 ** (self.bitwidth - 1))
-        out = []
-        for scale, offset in zip(self.scale, self.offsets):
-            low = offset * scale
-            out.append({
-                "bitwidth": self.bitwidth,
-                "dtype": "int",
-                "is_symmetric": str(offset == symmetric_offset),
-                "max": low + levels * scale,
-                "min": low,
-                "offset": offset,
-                "scale": scale,
-            })
-        return out
-
-
-@dataclass(frozen=True)
-class QuantizedTensor:
-    """One float tensor as the QDQ model quantizes it.
-
-    `name` is the float model's name; `encoding` is what its producer writes (for a weight or bias, what is
-    stored); `converts` are the re-quantizations ORT inserts for consumers of another type (activations only).
-    """
-
-    name: str
-    kind: str  # "activation" (graph inputs and outputs too) or "param" (weights, biases)
-    encoding: Encoding
-    converts: tuple[Encoding, ...] = ()
+def quant_type_of(encoding: Encoding) -> QuantType | None:
+    """ORT's QuantType for an encoding's element type (None for int32, the bias type, which has none)."""
+    return _QUANT_TYPE_OF_DTYPE.get(encoding.dtype)
 
 
 def read_quantized_tensors(qdq_model) -> dict[str, QuantizedTensor]:
-    """Every quantized tensor of a QDQ model made by ORT's quantizer, keyed by the float model's tensor name.
-
-    Activations are the QuantizeLinear nodes on float tensors (a QuantizeLinear reading a DequantizeLinear
-    output is a convert of the tensor upstream); params are DequantizeLinear nodes on stored integers.
-    """
-    model = qdq_model if isinstance(qdq_model, onnx.ModelProto) else _load_model(qdq_model)
-    graph = model.graph
-    inits = {init.name: init for init in graph.initializer}
-    outputs = {o.name for o in graph.output}
-    producer = {out: node for node in graph.node for out in node.output if out}
-    tensors: dict[str, QuantizedTensor] = {}
-    root_of_q: dict[str, str] = {}  # QuantizeLinear output -> float tensor name
-    converts: list[onnx.NodeProto] = []
-
-    for node in graph.node:
-        if node.op_type == "DequantizeLinear" and node.input[0] in inits:
-            stored = node.input[0]
-            _add(tensors, QuantizedTensor(stored.removesuffix(_QUANTIZED_INITIALIZER_SUFFIX), PARAM_KIND,
-                                          _encoding(node, inits, stored)))
-        elif node.op_type == "QuantizeLinear":
-            source = node.input[0]
-            upstream = producer.get(source)
-            if upstream is not None and upstream.op_type == "DequantizeLinear":
-                converts.append(node)
-                continue
-            name = source
-            if source in inits:  # a float initializer quantized at run time
-                _add(tensors, QuantizedTensor(name, PARAM_KIND, _encoding(node, inits, source)))
-            else:
-                if source.endswith(GRAPH_OUTPUT_SUFFIX) and source.removesuffix(GRAPH_OUTPUT_SUFFIX) in outputs:
-                    name = source.removesuffix(GRAPH_OUTPUT_SUFFIX)
-                _add(tensors, QuantizedTensor(name, ACTIVATION_KIND, _encoding(node, inits)))
-            root_of_q[node.output[0]] = name
-
-    for node in converts:  # Q(DQ(Q(T))): follow the chain back to T
-        dq = producer[node.input[0]]
-        root = root_of_q.get(dq.input[0])
-        if root is None:
-            raise MpstudioError(f"QuantizeLinear {node.name!r} re-quantizes a value whose source is not quantized in "
-                                "this model; is it a QDQ model made by ONNX Runtime's quantizer?")
-        root_of_q[node.output[0]] = root
-        tensor = tensors[root]
-        encoding = _encoding(node, inits)
-        if encoding not in tensor.converts:
-            tensors[root] = QuantizedTensor(tensor.name, tensor.kind, tensor.encoding, tensor.converts + (encoding,))
-    return tensors
-
-
-def _add(tensors: dict[str, QuantizedTensor], tensor: QuantizedTensor) -> None:
-    seen = tensors.get(tensor.name)
-    if seen is not None and seen.encoding != tensor.encoding:
-        raise MpstudioError(f"tensor {tensor.name!r} is quantized twice with different parameters in this model; "
-                            "mpstudio reads QDQ models made by ONNX Runtime's quantizer, which quantizes a tensor once")
-    if seen is None:
-        tensors[tensor.name] = tensor
-
-
-def _encoding(node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto], data: str | None = None) -> Encoding:
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    if attrs.get("block_size"):
-        raise MpstudioError(f"{node.op_type} {node.name!r} uses block quantization, which the encodings format "
-                            "cannot express")
-    if len(node.input) < 2 or node.input[1] not in inits:
-        raise MpstudioError(f"{node.op_type} {node.name!r} has no scale initializer; mpstudio reads QDQ models "
-                            "made by ONNX Runtime's quantizer")
-    scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64).ravel()
-    has_zero = len(node.input) > 2 and node.input[2]
-    if has_zero and node.input[2] not in inits:
-        raise MpstudioError(f"{node.op_type} {node.name!r} has no zero-point initializer")
-    if has_zero:
-        zero_init = inits[node.input[2]]
-        elem_type = zero_init.data_type
-        zero = numpy_helper.to_array(zero_init).astype(np.int64).ravel()
-    else:  # no zero point: uint8 by default, or the stored data's type
-        elem_type = inits[data].data_type if data else TensorProto.UINT8
-        zero = np.zeros_like(scale, dtype=np.int64)
-    if elem_type not in _INTEGER_TYPES:
-        raise MpstudioError(f"{node.op_type} {node.name!r} quantizes to {TensorProto.DataType.Name(elem_type)}, "
-                            "an element type the encodings format does not cover (integer types only)")
-    axis = None
-    scale_rank = len(inits[node.input[1]].dims)
-    if scale.size > 1 or (scale_rank == 1 and "axis" in attrs):
-        axis = int(attrs.get("axis", 1))  # ONNX's default axis for per-axis Q/DQ
-        if data is not None and axis < 0:
-            axis += len(inits[data].dims)
-    return Encoding(_INTEGER_TYPES[elem_type][0], tuple(float(s) for s in scale), tuple(int(z) for z in zero), axis)
-
-
-def _load_model(path) -> onnx.ModelProto:
-    try:
-        return onnx.load(str(path))
-    except FileNotFoundError:
-        raise MpstudioError(f"model file not found: {path}") from None
-    except Exception as exc:
-        raise MpstudioError(f"could not read the ONNX model {path}: {brief(exc)}") from exc
+    """Every quantized tensor of a QDQ model made by ORT's quantizer, keyed by the float model's tensor name."""
+    return qdq.quantized_tensors(qdq_model)
 
 
 # ---- QNN/AIMET encodings JSON ----------------------------------------------------------------------------
@@ -220,7 +56,7 @@ def qnn_encodings(qdq_model) -> dict[str, dict[str, list[dict]]]:
     """
     sections: dict[str, dict[str, list[dict]]] = {"activation_encodings": {}, "param_encodings": {}}
     for tensor in read_quantized_tensors(qdq_model).values():
-        section = "activation_encodings" if tensor.kind == ACTIVATION_KIND else "param_encodings"
+        section = "activation_encodings" if tensor.kind == qdq.ACTIVATION else "param_encodings"
         sections[section][tensor.name] = tensor.encoding.to_qnn()
     return {key: dict(sorted(value.items())) for key, value in sections.items()}
 
@@ -243,7 +79,7 @@ def validate_encodings(encodings: Any, qdq_model) -> None:
     if extra:
         problems.append(f"unknown top-level key(s) {extra}; allowed: {', '.join(sorted(_ENCODINGS_TOP))}")
     tensors = read_quantized_tensors(qdq_model)
-    for section, kind in (("activation_encodings", ACTIVATION_KIND), ("param_encodings", PARAM_KIND)):
+    for section, kind in (("activation_encodings", qdq.ACTIVATION), ("param_encodings", qdq.PARAM)):
         entries = encodings.get(section, {})
         if not isinstance(entries, Mapping):
             problems.append(f"{section} must be an object of {{tensor: [encoding, ...]}}")
@@ -254,7 +90,7 @@ def validate_encodings(encodings: Any, qdq_model) -> None:
             if tensor is None:
                 problems.append(unknown_name_message("quantized tensor", name, tensors) + f" ({where})")
             elif tensor.kind != kind:
-                right = "activation_encodings" if tensor.kind == ACTIVATION_KIND else "param_encodings"
+                right = "activation_encodings" if tensor.kind == qdq.ACTIVATION else "param_encodings"
                 problems.append(f"{where}: the model quantizes {name!r} as a {tensor.kind}; it belongs in {right}")
             problems += _check_encoding_list(where, value, tensor if tensor is not None and tensor.kind == kind else None)
         for tensor in tensors.values():
@@ -368,7 +204,7 @@ def ort_overrides(quantizer: Quantizer, plan: PrecisionPlan, *, with_parameters:
 
 def _pin_parameters(overrides: dict[str, list[dict]], tensors: Mapping[str, QuantizedTensor], graph: ModelGraph) -> None:
     for tensor in tensors.values():
-        if tensor.kind != ACTIVATION_KIND:
+        if tensor.kind != qdq.ACTIVATION:
             continue  # weights and biases follow from the weights and the pinned activation scales
         if tensor.name not in graph.tensors:
             raise MpstudioError(f"the QDQ model quantizes {tensor.name!r}, which the float model lacks; "
@@ -386,7 +222,7 @@ def _pin_parameters(overrides: dict[str, list[dict]], tensors: Mapping[str, Quan
 def _set_parameters(entry: dict, encoding: Encoding) -> None:
     for key in _NOT_WITH_SCALE:
         entry.pop(key, None)
-    entry["quant_type"] = encoding.quant_type.name
+    entry["quant_type"] = quant_type_of(encoding).name
     entry["scale"] = encoding.scale[0]
     entry["zero_point"] = encoding.zero_point[0]
 
@@ -521,8 +357,8 @@ def _entry_problems(where: str, entry: Mapping, allowed: set[str]) -> list[str]:
         qt = _quant_type(quant_type)
         if zero is None or zero != int(zero):
             problems.append(f"{where}: zero_point must be an integer, got {entry.get('zero_point')!r}")
-        elif qt is not None and qt.tensor_type in _INTEGER_TYPES:
-            _, bits, qmin = _INTEGER_TYPES[qt.tensor_type]
+        elif qt is not None and qt.tensor_type in INTEGER_TYPES:
+            _, bits, qmin = INTEGER_TYPES[qt.tensor_type]
             if not qmin <= zero <= qmin + 2 ** bits - 1:
                 problems.append(f"{where}: zero_point {int(zero)} is outside the range of {qt.name}")
         clash = [k for k in _NOT_WITH_SCALE if k in entry]
@@ -599,7 +435,7 @@ def _override_model_problems(raw: Mapping, tensors: Mapping[str, QuantizedTensor
     if pinned:
         for tensor in tensors.values():
             entry = (raw.get(tensor.name) or [{}])[0]
-            if tensor.kind == ACTIVATION_KIND and "scale" not in entry:
+            if tensor.kind == qdq.ACTIVATION and "scale" not in entry:
                 problems.append(f"{tensor.name!r}: the model quantizes it, but its scale and zero point are not pinned")
     return problems
 
@@ -607,7 +443,7 @@ def _override_model_problems(raw: Mapping, tensors: Mapping[str, QuantizedTensor
 def _entry_model_problems(where: str, entry: Mapping, encoding: Encoding, entries: list) -> list[str]:
     problems = []
     quant_type = _quant_type(entry.get("quant_type"))
-    if quant_type is not None and encoding.quant_type is not None and quant_type != encoding.quant_type:
+    if quant_type is not None and quant_type_of(encoding) is not None and quant_type != quant_type_of(encoding):
         problems.append(f"{where}: quant_type {quant_type.name}, but the model quantizes it to {encoding.dtype}")
     axis = entry.get("axis")
     if axis is not None and encoding.axis is not None and axis != encoding.axis:
@@ -711,7 +547,7 @@ def export_plan(
 
     advance(f"quantizing {plan.summary()}")
     qdq_path = quantizer.generate(plan, cancel=cancel)
-    qdq_model = _load_model(qdq_path)
+    qdq_model = qdq.load(qdq_path)
     tensors = read_quantized_tensors(qdq_model)
     paths: dict[str, Path] = {"plan": out / f"{stem}.plan.json"}
     advance("writing the plan")
@@ -759,7 +595,7 @@ def _build_context(agent, model: Path, destination: Path, provider_options) -> N
 
 def check_context_model(path: str | os.PathLike) -> None:
     """Raise unless `path` is an ONNX model made of EPContext nodes with an embedded QNN context binary."""
-    model = _load_model(path)
+    model = qdq.load(path)
     nodes = list(model.graph.node)
     contexts = [n for n in nodes if n.op_type == "EPContext"]
     if not contexts:

@@ -67,6 +67,20 @@ def node_display_name(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
 
 
+def producers_and_consumers(graph: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto], dict[str, list[onnx.NodeProto]]]:
+    """Tensor name -> the node that writes it, and -> the nodes that read it (in graph order)."""
+    producer: dict[str, onnx.NodeProto] = {}
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.output:
+            if name:
+                producer[name] = node
+        for name in node.input:
+            if name:
+                consumers[name].append(node)
+    return producer, consumers
+
+
 class ModelGraph:
     """Nodes and tensors of an ONNX model (after shape inference), in topological order."""
 

@@ -27,135 +27,12 @@ import onnx
 import pandas as pd
 from onnx import TensorProto, helper
 
-from .errors import MpstudioError, brief
+from .errors import MpstudioError
 from .model import load_model
-from .sensitivity.qdq import GRAPH_OUTPUT_SUFFIX
-
-LATENCY_SOURCES = ("measured", "estimate", "emulator")
-# What a figure includes. The cost model prices the HTP's graph alone ("HTP only") or adds the graph-input
-# quantize and output dequantize ORT's QNN EP leaves to the CPU; an agent times whole session runs.
-HTP_ONLY = "HTP only"
-WITH_CPU_IO = "HTP + CPU graph I/O"
-SESSION_RUN = "whole session run"
-LATENCY_SCOPES = (HTP_ONLY, WITH_CPU_IO, SESSION_RUN)
-_ESTIMATE_WHERE = re.compile(r"^HTP v(?P<arch>\w+) \(cost model(?:, calibrated on (?P<device>.+))?\)$")
-
-
-# ---- latency with its source ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Latency:
-    """A latency in milliseconds, where it comes from and what it includes.
-
-    `source` is "measured" (a real device; `where` names it), "estimate" (the HTP cost model; `where` names the
-    architecture, e.g. "HTP v75 (cost model)" or "HTP v75 (cost model, calibrated on Galaxy S24)") or
-    "emulator" (host time of the x86_64 HTP emulator: a relative cost only, never device latency).
-    `includes` is one of LATENCY_SCOPES; left empty it is "HTP + CPU graph I/O" for an estimate (what
-    `estimate_latency(...).latency` has always been) and "whole session run" otherwise, so stored rows from
-    before it existed still load. `low_ms`/`high_ms` bound an estimate (the cost model's interval), or are None.
-    """
-
-    ms: float
-    source: str
-    where: str
-    detail: str = ""
-    includes: str = ""
-    low_ms: float | None = None
-    high_ms: float | None = None
-
-    def __post_init__(self):
-        if self.source not in LATENCY_SOURCES:
-            raise MpstudioError(
-                f"latency source must be one of {', '.join(LATENCY_SOURCES)}, not {self.source!r}"
-            )
-        object.__setattr__(self, "ms", _milliseconds(self.ms, "latency"))
-        if not isinstance(self.where, str) or not self.where.strip():
-            raise MpstudioError("a latency must say where it comes from (a device, a host or an HTP architecture)")
-        if not self.includes:
-            object.__setattr__(self, "includes", WITH_CPU_IO if self.source == "estimate" else SESSION_RUN)
-        if self.includes not in LATENCY_SCOPES:
-            raise MpstudioError(f"a latency includes one of {', '.join(LATENCY_SCOPES)}, not {self.includes!r}")
-        if (self.low_ms is None) != (self.high_ms is None):
-            raise MpstudioError("give both ends of a latency interval (low_ms and high_ms) or neither")
-        if self.low_ms is not None:
-            low, high = _milliseconds(self.low_ms, "low_ms"), _milliseconds(self.high_ms, "high_ms")
-            if not low <= self.ms <= high:
-                raise MpstudioError(f"the interval {low:.4g}-{high:.4g} ms must contain the latency {self.ms:.4g} ms")
-            object.__setattr__(self, "low_ms", low)
-            object.__setattr__(self, "high_ms", high)
-
-    @property
-    def is_device_latency(self) -> bool:
-        """True only for a measurement on a real device."""
-        return self.source == "measured"
-
-    @property
-    def calibrated_on(self) -> str:
-        """The device an estimate was calibrated on ("" for the published fit, or for other sources)."""
-        match = _ESTIMATE_WHERE.match(self.where) if self.source == "estimate" else None
-        return (match.group("device") or "") if match else ""
-
-    @property
-    def label(self) -> str:
-        """What this number is, in words: always names the source and what the figure includes."""
-        if self.source == "measured":
-            return f"measured on {self.where}, {self.includes}"
-        if self.source == "estimate":
-            match = _ESTIMATE_WHERE.match(self.where)
-            if match is None:
-                return f"estimate, {self.where}, {self.includes}"
-            calibrated = f"calibrated on {match.group('device')}, " if match.group("device") else ""
-            return f"estimate, {calibrated}HTP v{match.group('arch')} cost model, {self.includes}"
-        return f"emulator host time on {self.where} (not device latency), {self.includes}"
-
-    @property
-    def interval(self) -> str:
-        """"0.210-0.330 ms", or "" without an interval."""
-        return "" if self.low_ms is None else f"{self.low_ms:.3f}-{self.high_ms:.3f} ms"
-
-    def __str__(self) -> str:
-        within = f" [{self.interval}]" if self.low_ms is not None else ""
-        return f"{self.ms:.3f} ms{within} ({self.label})"
-
-    @classmethod
-    def from_stats(cls, stats) -> "Latency":
-        """The median of an agent run's `LatencyStats`, keeping its source ("measured" or "emulator")."""
-        return cls(
-            ms=stats.median_ms,
-            source=stats.source,
-            where=stats.device,
-            detail=f"median of {stats.n} timed runs, {stats.backend} backend",
-            includes=SESSION_RUN,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ms": self.ms, "source": self.source, "where": self.where, "detail": self.detail,
-                "includes": self.includes, "low_ms": self.low_ms, "high_ms": self.high_ms}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Latency":
-        if not isinstance(data, Mapping):
-            raise MpstudioError(f"a latency must be an object with ms, source and where, not {data!r}")
-        optional = {"detail", "includes", "low_ms", "high_ms"}
-        missing = {"ms", "source", "where"} - set(data)
-        extra = set(data) - {"ms", "source", "where"} - optional
-        if missing or extra:
-            raise MpstudioError(
-                f"a latency needs the keys ms, source, where (and optionally {', '.join(sorted(optional))}); "
-                f"missing {sorted(missing)}, unknown {sorted(extra)}"
-            )
-        return cls(ms=data["ms"], source=data["source"], where=data["where"], detail=str(data.get("detail", "")),
-                   includes=str(data.get("includes") or ""), low_ms=data.get("low_ms"), high_ms=data.get("high_ms"))
-
-
-def _milliseconds(value, what: str) -> float:
-    try:
-        ms = float(value)
-    except (TypeError, ValueError):
-        raise MpstudioError(f"{what} must be a number of milliseconds, not {value!r}") from None
-    if not math.isfinite(ms) or ms < 0:
-        raise MpstudioError(f"{what} must be a finite, non-negative number of milliseconds, not {value!r}")
-    return ms
-
+from .qdq import GRAPH_OUTPUT_SUFFIX
+from .qdq import read as read_qdq
+# Latency's home is sources.py; imported here for callers of the cost model.
+from .sources import HTP_ONLY, LATENCY_SCOPES, LATENCY_SOURCES, SESSION_RUN, WITH_CPU_IO, Latency, milliseconds  # noqa: F401
 
 # ---- constants -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -431,18 +308,6 @@ def _elements(shape) -> int | None:
     return int(np.prod(shape, dtype=np.int64)) if shape else 1
 
 
-def _qtype(node: onnx.NodeProto, inits: dict) -> str:
-    """The quantized type a QuantizeLinear writes or a DequantizeLinear reads."""
-    if len(node.input) > 2 and node.input[2] in inits:
-        return helper.tensor_dtype_to_np_dtype(inits[node.input[2]].data_type).name
-    if node.op_type == "DequantizeLinear" and node.input[0] in inits:
-        return helper.tensor_dtype_to_np_dtype(inits[node.input[0]].data_type).name
-    for attr in node.attribute:
-        if attr.name == "output_dtype" and attr.i:
-            return helper.tensor_dtype_to_np_dtype(attr.i).name
-    return "uint8"
-
-
 def _attr(node: onnx.NodeProto, name: str, default):
     for a in node.attribute:
         if a.name == name:
@@ -450,123 +315,70 @@ def _attr(node: onnx.NodeProto, name: str, default):
     return default
 
 
-def _parse(model: onnx.ModelProto) -> _Parsed:
-    graph = model.graph
-    if not len(graph.node):
-        raise MpstudioError("the model has no nodes; give the QDQ model (or float model) to estimate")
-    inits = {i.name: i for i in graph.initializer}
-    graph_inputs = tuple(i.name for i in graph.input if i.name not in inits)
-    graph_outputs = tuple(o.name for o in graph.output)
-    producer: dict[str, onnx.NodeProto] = {}
-    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for node in graph.node:
-        for name in node.output:
-            producer[name] = node
-        for name in node.input:
-            if name:
-                consumers[name].append(node)
-    shapes = _shapes(model)
-    unknown = 0
+# Shape arithmetic: constant-folded before the graph reaches the HTP.
+_SHAPE_OPS = {"Shape", "Constant", "ConstantOfShape", "Range", "Size"}
 
-    def elements(name: str) -> int:
-        nonlocal unknown
-        n = _elements(shapes.get(name))
+
+def _parse(model: onnx.ModelProto) -> _Parsed:
+    """The ops the HTP runs, read through the one QDQ reader (mpstudio.qdq), with their shapes and work."""
+    qdq = read_qdq(model)
+    counter = _ElementCounter(_shapes(model))
+    ops = [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "QuantizeLinear"]
+    ops += [_convert_op(c, counter) for c in qdq.converts]
+    ops += [op for op in (_compute_op(o, counter) for o in qdq.ops if o.op_type not in _SHAPE_OPS) if op]
+    ops += [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "DequantizeLinear"]
+    _fuse(ops)
+    ops.append(_Op("graph execute", "Graph", "graph", [], [], kind="graph"))
+    return _Parsed(ops, qdq.quantized, counter.unknown, qdq.graph_inputs, qdq.graph_outputs)
+
+
+class _ElementCounter:
+    """Elements of a tensor from the inferred shapes; unknown shapes count as one element and are counted."""
+
+    def __init__(self, shapes: dict[str, tuple]):
+        self.shapes, self.unknown = shapes, 0
+
+    def __call__(self, name: str) -> int:
+        n = _elements(self.shapes.get(name))
         if n is None:
-            unknown += 1
+            self.unknown += 1
             return 1
         return n
 
-    def is_q(node):
-        return node is not None and node.op_type == "QuantizeLinear"
 
-    def is_dq(node):
-        return node is not None and node.op_type == "DequantizeLinear"
+def _io_op(io, elements: _ElementCounter) -> _Op:
+    """A graph-input quantize or output dequantize: ORT's QNN EP leaves it to the CPU."""
+    n = elements(io.value)
+    if io.op_type == "QuantizeLinear":
+        return _Op(io.name, io.op_type, "cpu", [(io.tensor, "float32", n)], [(io.tensor, io.dtype, n)], kind="io")
+    return _Op(io.name, io.op_type, "cpu", [(io.tensor, io.dtype, n)], [(io.value, "float32", n)], kind="io")
 
-    def origin(tensor: str) -> str:
-        """The compute tensor (or graph input) a quantized value came from, through any converts."""
-        q = producer.get(tensor)
-        while is_q(q):
-            src = q.input[0]
-            dq = producer.get(src)
-            if is_dq(dq) and dq.input[0] not in inits:
-                q = producer.get(dq.input[0])
-                continue
-            return src
-        return tensor
 
-    quantized = any(is_q(n) for n in graph.node)
-    float_dtype = {}
-    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
-        float_dtype[vi.name] = vi.type.tensor_type.elem_type
+def _convert_op(convert, elements: _ElementCounter) -> _Op:
+    """A re-quantization at a precision boundary, priced as an HVX op of its own."""
+    n = elements(convert.value)
+    return _Op(convert.name, "Convert", "hvx", [(convert.tensor, convert.source, n)],
+               [(convert.tensor, convert.target, n)], work=n, cls="convert", kind="convert")
 
-    ops: list[_Op] = []
-    for index, node in enumerate(graph.node):
-        name = node.name or f"{node.op_type}_{index}"
-        if node.op_type == "QuantizeLinear":
-            src = node.input[0]
-            dq = producer.get(src)
-            if is_dq(dq) and dq.input[0] not in inits:  # a convert at a precision boundary
-                tensor = origin(dq.input[0])
-                n = elements(src)
-                in_type, out_type = _qtype(dq, inits), _qtype(node, inits)
-                ops.append(_Op(name, "Convert", "hvx", [(tensor, in_type, n)], [(tensor, out_type, n)],
-                               work=n, cls="convert", kind="convert"))
-            elif src in graph_inputs:  # graph-input quantize: ORT's QNN EP leaves it to the CPU
-                n = elements(src)
-                ops.append(_Op(name, "QuantizeLinear", "cpu", [(src, "float32", n)],
-                               [(src, _qtype(node, inits), n)], kind="io"))
-            continue
-        if node.op_type == "DequantizeLinear":
-            if node.output[0] in graph_outputs:  # graph-output dequantize, on the CPU
-                tensor = origin(node.input[0])
-                n = elements(node.output[0])
-                ops.append(_Op(name, "DequantizeLinear", "cpu", [(tensor, _qtype(node, inits), n)],
-                               [(node.output[0], "float32", n)], kind="io"))
-            continue
-        if node.op_type in ("Shape", "Constant", "ConstantOfShape", "Range", "Size"):
-            continue  # shape arithmetic: constant-folded before the graph reaches the HTP
 
-        op = _Op(name, node.op_type, "hvx", [], [])
-        weights: list[tuple[str, str]] = []  # (initializer, dtype) read by this op
-        for pos, inp in enumerate(node.input):
-            if not inp:
-                continue
-            src = producer.get(inp)
-            if is_dq(src):
-                q_in = src.input[0]
-                if q_in in inits:
-                    weights.append((q_in, _qtype(src, inits)))
-                else:
-                    op.inputs.append((origin(q_in), _qtype(src, inits), elements(inp)))
-            elif inp in inits:
-                init = inits[inp]
-                if init.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE):
-                    weights.append((inp, "float16"))  # the HTP holds float constants in fp16
-                # integer initializers are op parameters (shapes, axes, indices)
-            elif src is None and inp not in graph_inputs:
-                continue
-            else:
-                dtype = float_dtype.get(inp, TensorProto.FLOAT)
-                if dtype in (TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL):
-                    continue  # computed shapes and indices
-                op.inputs.append((inp, "float16", elements(inp)))
-        for out in node.output:
-            if not out:
-                continue
-            q = next((c for c in consumers.get(out, []) if is_q(c)), None)
-            dtype = _qtype(q, inits) if q is not None else "float16"
-            op.outputs.append((out, dtype, elements(out)))
-        if not op.outputs:
-            continue
-        op.weight_bytes = float(sum((_elements(shapes.get(w)) or 0) * _bytes(t) for w, t in weights))
-        if node.op_type == "Gather" and weights:  # a table lookup reads only the rows it gathers
-            op.weight_bytes = float(op.outputs[0][2] * _bytes(weights[0][1]))
-        op.weight_type = next((t for _, t in weights if t != "int32"), "")  # int32 is a bias
-        _shape_work(op, node, shapes, weights)
-        ops.append(op)
-    _fuse(ops)
-    ops.append(_Op("graph execute", "Graph", "graph", [], [], kind="graph"))
-    return _Parsed(ops, quantized, unknown, graph_inputs, graph_outputs)
+def _htp_type(dtype: str) -> str:
+    return "float16" if dtype.startswith("float") else dtype  # the HTP computes float in fp16
+
+
+def _compute_op(qop, elements: _ElementCounter) -> _Op | None:
+    op = _Op(qop.name, qop.op_type, "hvx", [], [])
+    op.inputs = [(o.tensor, _htp_type(o.dtype), elements(o.value)) for o in qop.activations]
+    op.outputs = [(o.tensor, _htp_type(o.dtype), elements(o.value)) for o in qop.outputs]
+    if not op.outputs:
+        return None
+    weights = [(o.value, _htp_type(o.dtype)) for o in qop.weights]
+    shapes = elements.shapes
+    op.weight_bytes = float(sum((_elements(shapes.get(w)) or 0) * _bytes(t) for w, t in weights))
+    if qop.op_type == "Gather" and weights:  # a table lookup reads only the rows it gathers
+        op.weight_bytes = float(op.outputs[0][2] * _bytes(weights[0][1]))
+    op.weight_type = next((t for _, t in weights if t != "int32"), "")  # int32 is a bias
+    _shape_work(op, qop.node, shapes, weights)
+    return op
 
 
 # Activations the HTP fuses into the matrix op before them, in every precision (QNN HTP guidelines).
@@ -1091,7 +903,7 @@ def calibrate(profiles: Iterable[tuple], htp_arch: str | int | HtpArch = "75", *
     for model, profile, total_ms in profiles:
         device = _profile_device(profile, device, allow_emulator)
         estimate = estimate_latency(model, base)
-        by_class, times, left = _profile_rows(estimate, profile, _milliseconds(getattr(total_ms, "ms", total_ms),
+        by_class, times, left = _profile_rows(estimate, profile, milliseconds(getattr(total_ms, "ms", total_ms),
                                                                                 "a profiled latency"))
         rows += by_class
         measured += times

@@ -228,57 +228,86 @@ def collapse(graph: ModelGraph, collapsed: Sequence[str] = ()) -> _Drawn:
 
 # ---- the pure-Python layered layout ------------------------------------------------------------------------------
 def _layered_positions(drawn: _Drawn, sweeps: int = 4, passes: int = 4):
-    ids = drawn.ids
+    routed = _Routed.of(drawn, _layers(drawn))
+    rows = routed.rows()
+    pos = _order_rows(rows, routed, sweeps)
+    x = _place_rows(rows, routed, pos, passes)
+    layer, chains = routed.layer, routed.chains
+    routes = {}
+    for s, t in drawn.edges:
+        points = [s, *chains.get((s, t), ()), t]
+        routes[(s, t)] = ([x[p] for p in points], [-float(layer[p]) for p in points])
+    return {v: (x[v], -float(layer[v])) for v in drawn.ids}, {v: layer[v] for v in drawn.ids}, routes
+
+
+def _layers(drawn: _Drawn) -> dict[str, int]:
+    """Longest-path layering from the top, then nodes without predecessors moved down next to their first user."""
     preds: dict[str, list[str]] = defaultdict(list)
     succs: dict[str, list[str]] = defaultdict(list)
     for s, t in drawn.edges:
         preds[t].append(s)
         succs[s].append(t)
-
-    # Longest-path layering from the top, then nodes without predecessors moved down next to their first user.
     layer: dict[str, int] = {}
-    for v in ids:
+    for v in drawn.ids:
         layer[v] = max((layer[u] + 1 for u in preds[v]), default=0)
-    for v in reversed(ids):
+    for v in reversed(drawn.ids):
         if not preds[v] and succs[v]:
             layer[v] = min(layer[w] for w in succs[v]) - 1
+    return layer
 
-    # Dummy nodes on edges spanning several layers, so long edges are routed around nodes.
-    up: dict[str, list[str]] = defaultdict(list)  # neighbours one layer up / down (dummies included)
-    down: dict[str, list[str]] = defaultdict(list)
-    chains: dict[tuple[str, str], list[str]] = {}
-    ends: dict[str, tuple[str, str]] = {}  # dummy -> the real ends of its edge
-    order_key = {v: i for i, v in enumerate(ids)}
-    dummy_count = 0
-    for s, t in drawn.edges:
-        span = layer[t] - layer[s]
-        if 1 < span <= MAX_ROUTED_SPAN:
-            chain = []
-            previous = s
-            for k in range(layer[s] + 1, layer[t]):
-                d = f"\x00d{dummy_count}"
-                dummy_count += 1
-                layer[d] = k
-                order_key[d] = order_key[s] + (k - layer[s]) / (span + 1)
-                chain.append(d)
-                down[previous].append(d)
-                up[d].append(previous)
-                previous = d
-            down[previous].append(t)
-            up[t].append(previous)
-            chains[(s, t)] = chain
-            for d in chain:
-                ends[d] = (s, t)
-        else:
-            down[s].append(t)
-            up[t].append(s)
 
-    depth = max(layer.values(), default=-1) + 1
-    rows: list[list[str]] = [[] for _ in range(depth)]
-    for v in sorted(layer, key=lambda v: order_key[v]):
-        rows[layer[v]].append(v)
+@dataclass
+class _Routed:
+    """The layered graph with dummy nodes on edges spanning several layers, so long edges are routed around
+    nodes: neighbours one layer up and down (dummies included), each routed edge's dummies, and each
+    dummy's real ends."""
 
-    # Barycentric crossing reduction: sort each layer by the mean position of its neighbours, down then up.
+    layer: dict[str, int]
+    order_key: dict[str, float]
+    up: dict[str, list[str]]
+    down: dict[str, list[str]]
+    chains: dict[tuple[str, str], list[str]]
+    ends: dict[str, tuple[str, str]]
+
+    @classmethod
+    def of(cls, drawn: _Drawn, layer: dict[str, int]) -> "_Routed":
+        routed = cls(dict(layer), {v: i for i, v in enumerate(drawn.ids)}, defaultdict(list), defaultdict(list), {}, {})
+        for s, t in drawn.edges:
+            if 1 < layer[t] - layer[s] <= MAX_ROUTED_SPAN:
+                routed._route(s, t)
+            else:
+                routed.down[s].append(t)
+                routed.up[t].append(s)
+        return routed
+
+    def _route(self, s: str, t: str) -> None:
+        layer, span = self.layer, self.layer[t] - self.layer[s]
+        chain, previous = [], s
+        for k in range(layer[s] + 1, layer[t]):
+            d = f"\x00d{len(self.ends) + len(chain)}"
+            layer[d] = k
+            self.order_key[d] = self.order_key[s] + (k - layer[s]) / (span + 1)
+            chain.append(d)
+            self.down[previous].append(d)
+            self.up[d].append(previous)
+            previous = d
+        self.down[previous].append(t)
+        self.up[t].append(previous)
+        self.chains[(s, t)] = chain
+        for d in chain:
+            self.ends[d] = (s, t)
+
+    def rows(self) -> list[list[str]]:
+        rows: list[list[str]] = [[] for _ in range(max(self.layer.values(), default=-1) + 1)]
+        for v in sorted(self.layer, key=lambda v: self.order_key[v]):
+            rows[self.layer[v]].append(v)
+        return rows
+
+
+def _order_rows(rows: list[list[str]], routed: _Routed, sweeps: int) -> dict[str, float]:
+    """Barycentric crossing reduction: sort each layer by the mean position of its neighbours, down then up.
+    Sorts `rows` in place; returns each node's centred index in its row."""
+    depth = len(rows)
     pos: dict[str, float] = {}
     for row in rows:
         for i, v in enumerate(row):
@@ -296,11 +325,15 @@ def _layered_positions(drawn: _Drawn, sweeps: int = 4, passes: int = 4):
                 pos[v] = i - (len(row) - 1) / 2
 
     for _ in range(sweeps):
-        sweep(range(1, depth), up)
-        sweep(range(depth - 2, -1, -1), down)
-    sweep(range(1, depth), up)
+        sweep(range(1, depth), routed.up)
+        sweep(range(depth - 2, -1, -1), routed.down)
+    sweep(range(1, depth), routed.up)
+    return pos
 
-    # x positions: each layer as close as it can get to its neighbours' mean, one unit apart, order kept.
+
+def _place_rows(rows: list[list[str]], routed: _Routed, pos: dict[str, float], passes: int) -> dict[str, float]:
+    """x positions: each layer as close as it can get to its neighbours' mean, one unit apart, order kept."""
+    depth, layer, ends, up, down = len(rows), routed.layer, routed.ends, routed.up, routed.down
     x = dict(pos)
 
     def place(row_indices, neighbours):
@@ -324,12 +357,7 @@ def _layered_positions(drawn: _Drawn, sweeps: int = 4, passes: int = 4):
         place(range(1, depth), lambda v: up[v])
         place(range(depth - 2, -1, -1), lambda v: down[v])
     place(range(depth), lambda v: up[v] + down[v])
-
-    routes = {}
-    for s, t in drawn.edges:
-        points = [s, *chains.get((s, t), ()), t]
-        routes[(s, t)] = ([x[p] for p in points], [-float(layer[p]) for p in points])
-    return {v: (x[v], -float(layer[v])) for v in ids}, {v: layer[v] for v in ids}, routes
+    return x
 
 
 def _pack(targets: list[float], weights: list[float]) -> list[float]:

@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import os
+import uuid
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -62,7 +63,7 @@ class PreparedModel:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # other processes may save it too
         onnx.save(self.model, tmp)
         os.replace(tmp, path)
         return path

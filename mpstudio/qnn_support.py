@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from .graph import producers_and_consumers
+
 FALLBACK = "fallback"  # the node would run on CPU, or session creation fails with CPU fallback disabled
 WARNING = "warning"  # the node probably runs on HTP, but outside what the documentation promises
 
@@ -193,16 +195,9 @@ class _GraphFacts:
         for vi in (*graph.input, *graph.value_info, *graph.output):
             self.types[vi.name] = vi.type
         self.constants: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
-        self.producer: dict[str, onnx.NodeProto] = {}
         self._shape_problems: dict[str, str | None] = {}
-        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        self.producer, self.consumers = producers_and_consumers(graph)
         for node in graph.node:
-            for name in node.output:
-                if name:
-                    self.producer[name] = node
-            for name in node.input:
-                if name:
-                    self.consumers[name].append(node)
             if node.op_type == "Constant" and node.domain in _STANDARD_DOMAINS:
                 value = next((a.t for a in node.attribute if a.name == "value"), None)
                 if value is not None and node.output:

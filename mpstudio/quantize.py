@@ -18,9 +18,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Mapping
 
+import numpy as np
 import onnx
+from onnx import helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization import base_quantizer as _ort_base_quantizer
 from onnxruntime.quantization import onnx_model as _ort_onnx_model
@@ -33,6 +35,7 @@ from .errors import MpstudioError, brief
 from .graph import ACTIVATION, WEIGHT, ModelGraph
 from .model import PreparedModel
 from .plan import PrecisionPlan
+from .qdq import Encoding
 
 QUANT_TYPES = {
     "uint8": QuantType.QUInt8,
@@ -47,6 +50,39 @@ CALIBRATION_METHODS = {
 }
 # Names generated models in the cache with the plan hash: bump it whenever a plan generates differently.
 GENERATOR_VERSION = 2
+# ONNX Runtime versions whose quantizer internals `_fast_ort_quantizer` was checked against (patched and
+# unpatched runs write the same model; tests/test_quantize.py checks it on the installed version). On any
+# other version ORT's own code runs unpatched: slower on big models, never different.
+PATCHED_ORT_VERSIONS = ("1.31", "1.32")
+
+
+def toolchain() -> dict[str, str]:
+    """The versions of the tools that make a QDQ model: a cache made by other versions is not reused."""
+    import onnxruntime
+
+    from importlib import metadata
+
+    versions = {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__}
+    try:
+        versions["onnxruntime-qnn"] = metadata.version("onnxruntime-qnn")
+    except metadata.PackageNotFoundError:
+        pass
+    return versions
+
+
+def toolchain_key() -> str:
+    text = json.dumps(toolchain(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def ort_patch_applies(version: str | None = None) -> bool:
+    """Whether the quantizer speed-up is used with this ORT version (`MPSTUDIO_ORT_PATCH=0` turns it off)."""
+    import onnxruntime
+
+    if os.environ.get("MPSTUDIO_ORT_PATCH", "1") == "0":
+        return False
+    major_minor = ".".join((version or onnxruntime.__version__).split(".")[:2])
+    return major_minor in PATCHED_ORT_VERSIONS
 # Bounds calibration memory: ranges are merged every this many samples instead of at the end.
 _CALIBRATION_CHUNK = 16
 
@@ -92,7 +128,7 @@ class Quantizer:
 
     # ---- calibration -----------------------------------------------------------------------------------
     def calibration_key(self) -> str:
-        text = f"{self.prepared.sha256}|{self.calibration.fingerprint()}|{self.method}"
+        text = f"{self.prepared.sha256}|{self.calibration.fingerprint()}|{self.method}|{toolchain_key()}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def calibrate(self, progress: Progress | None = None, cancel: threading.Event | None = None) -> CalibrationCache:
@@ -131,15 +167,20 @@ class Quantizer:
                     raise MpstudioError(f"calibration failed: {brief(exc)}") from exc
                 finally:
                     del calibrator
-            save_tensors_data(ranges, path)
+            # Written beside and renamed: another process may be calibrating the same study at the same time.
+            unique = f".{os.getpid()}.{threading.get_ident()}.tmp"
+            save_tensors_data(ranges, path.with_name(path.name + unique))
+            os.replace(path.with_name(path.name + unique), path)
             seconds = time.perf_counter() - started
-            meta_path.write_text(json.dumps({"samples": reader.count, "seconds": seconds, "method": self.method}))
+            meta_path.with_name(meta_path.name + unique).write_text(
+                json.dumps({"samples": reader.count, "seconds": seconds, "method": self.method}))
+            os.replace(meta_path.with_name(meta_path.name + unique), meta_path)
             self._cache = CalibrationCache(path, key, self.method, reader.count, seconds)
             return self._cache
 
     # ---- regeneration ------------------------------------------------------------------------------------
     def model_path(self, plan: PrecisionPlan) -> Path:
-        return self.cache_dir / "models" / f"g{GENERATOR_VERSION}-{plan.hash}.onnx"
+        return self.cache_dir / "models" / f"g{GENERATOR_VERSION}-{toolchain_key()}-{plan.hash}.onnx"
 
     def generate(self, plan: PrecisionPlan, progress: Progress | None = None, cancel=None) -> Path:
         """The QDQ model file for `plan` (made from the cached ranges, or taken from the model cache)."""
@@ -225,12 +266,77 @@ class ResolvedTypes:
         entries = self.resolved.get(tensor)
         return entries[0].get("quant_type", self.default) if entries else self.default
 
-    def received(self, tensor: str, node: str) -> QuantType:
+    def converted(self, tensor: str, node: str) -> QuantType | None:
+        """The type `node` receives `tensor` in through a convert, or None when it reads the produced value."""
         entries = self.resolved.get(tensor)
         convert = entries[0].get("convert") if entries else None
         if convert and (not convert.get("recv_nodes") or node in convert["recv_nodes"]):
             return convert.get("quant_type", self.default)
-        return self.produced(tensor)
+        return None
+
+    def has_convert(self, tensor: str) -> bool:
+        entries = self.resolved.get(tensor)
+        return bool(entries and entries[0].get("convert"))
+
+    def received(self, tensor: str, node: str) -> QuantType:
+        converted = self.converted(tensor, node)
+        return converted if converted is not None else self.produced(tensor)
+
+
+@dataclass(frozen=True)
+class TensorParams:
+    """Tensor -> the parameters ORT computes for it from its own range, at 8 and at 16 bits: as its producer
+    writes it (`written_*`, with QNN's fixed 16-bit Sigmoid/Tanh parameters) and for a convert to that width
+    (`convert_*`: a convert entry carries the type alone, so its parameters come from the range alone)."""
+
+    written_8: Mapping[str, Encoding]
+    written_16: Mapping[str, Encoding]
+    convert_8: Mapping[str, Encoding]
+    convert_16: Mapping[str, Encoding]
+
+
+def ort_tensor_params(float_model: onnx.ModelProto, calibration_path, config,
+                      range_only: bool = False) -> dict[str, Encoding]:
+    """Tensor -> the parameters ORT's QDQ quantizer computes for it from its own calibrated range under `config`
+    (a StaticQuantConfig from `qnn_config`), before any tensor takes another's parameters.
+
+    A shared tensor (the output of a Reshape, Transpose, Slice, AveragePool ...) is written with its input's
+    parameters, but a convert of it is made from these. They come from ORT's quantizer itself, set up as
+    `quantize_static` sets it up, so range adjustments (a Relu/Clip input takes the output's range, a Softmax
+    output spans [0, 1]) and QNN's fixed 16-bit Sigmoid/Tanh parameters are ORT's own; `range_only` drops
+    fixed parameters from the overrides, as for a convert.
+    """
+    from onnxruntime.quantization.calibrate import load_tensors_data
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.quant_utils import save_and_reload_model_with_shape_infer, update_opset_version
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    extra = dict(config.extra_options or {})
+    if range_only:
+        extra["TensorQuantOverrides"] = {
+            name: [{k: v for k, v in entry.items() if k not in ("scale", "zero_point")} for entry in entries]
+            for name, entries in extra.get("TensorQuantOverrides", {}).items()}
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # ORT logs advice (opset updates) at WARNING on the root logger
+    try:
+        model = save_and_reload_model_with_shape_infer(float_model)
+        model = update_opset_version(model, config.weight_type, config.activation_type,
+                                     tensor_quant_overrides=extra.get("TensorQuantOverrides"),
+                                     block_size=extra.get("BlockSize", 0))
+        op_types = list(config.op_types_to_quantize or set(QLinearOpsRegistry) | set(QDQRegistry))
+        quantizer = QDQQuantizer(model, config.per_channel, False, config.weight_type, config.activation_type,
+                                 load_tensors_data(str(calibration_path)), [], list(config.nodes_to_exclude or []),
+                                 op_types, extra)
+    finally:
+        root.setLevel(level)
+    out: dict[str, Encoding] = {}
+    for name, params in quantizer.quantization_params.items():
+        original = params.original
+        dtype = helper.tensor_dtype_to_np_dtype(original["quant_type"]).name
+        out[name] = Encoding.per_tensor(float(np.asarray(original["scale"]).reshape(())),
+                                        int(np.asarray(original["zero_point"]).reshape(())), dtype)
+    return out
 
 
 def _sixteen_bit_constants(graph: ModelGraph, plan: PrecisionPlan, resolved: dict) -> dict[str, list[dict]]:
@@ -435,7 +541,12 @@ _REMOVERS = ("remove_initializer", "remove_initializers", "clean_initializers", 
 
 @contextlib.contextmanager
 def _fast_ort_quantizer():
+    """ORT's quantizer with its name lookups indexed (it scans every initializer for each of them, which is
+    quadratic on big models), on the ORT versions the patch is checked against; ORT's own code otherwise."""
     global _patch_depth
+    if not ort_patch_applies():
+        yield
+        return
     model_cls = _ort_onnx_model.ONNXModel
     with _patch_lock:
         if _patch_depth == 0:

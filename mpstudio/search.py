@@ -175,13 +175,20 @@ def search(
 
 def resume_searches(study: Study, runner=None, *, progress: Progress | None = None,
                     cancel: threading.Event | None = None) -> list[SearchResult]:
-    """Continue every search a killed or cancelled process left unfinished."""
+    """Continue every search a killed or cancelled process left unfinished (not those another process runs)."""
     frame = study.searches()
     results = []
-    for spec in frame[frame["status"].isin(["interrupted", "running", "cancelled"])]["spec"]:
+    for spec in frame[frame["status"].isin(["interrupted", "cancelled"])]["spec"]:
         spec = dict(spec)
         results.append(search(study, spec.pop("target"), runner=runner, progress=progress, cancel=cancel, **spec))
     return results
+
+
+def resume(study: Study, runner=None, *, progress: Progress | None = None,
+           cancel: threading.Event | None = None) -> tuple[list[Evaluation], list[SearchResult]]:
+    """Finish what a killed process left in `study`: its pending evaluations, then its unfinished searches."""
+    done = study.run_pending(runner, progress=progress, cancel=cancel)
+    return done, resume_searches(study, runner, progress=progress, cancel=cancel)
 
 
 class _Walk:
@@ -203,6 +210,7 @@ class _Walk:
     def evaluate(self, plans: list[PrecisionPlan]) -> list[Evaluation]:
         """Evaluate `plans` (in parallel over the agents), counted against the budget, stored in the study."""
         self._check_cancel()
+        self.study.store.heartbeat(self.search_id)
         with _generate_lock:
             for plan in plans:
                 self.study.quantizer.generate(plan, None, self.cancel)
@@ -233,31 +241,16 @@ class _Walk:
 
     # ---- the walk ----
     def run(self, goal: Target, latency_budget_ms, weights, sensitivity_samples) -> SearchResult:
-        study = self.study
         a8, a16 = self.evaluate([PrecisionPlan.a8w8(), PrecisionPlan.a16w8()])
-        baselines = {"a8w8": a8, "a16w8": a16}
-        threshold = goal.threshold(baselines, self.hib)
-        report = study.sensitivity(samples=sensitivity_samples, progress=self.progress, cancel=self.cancel)
-
-        base_plan, base = PrecisionPlan.a8w8(), a8
-        per_channel = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc")
-        gain_db = float(np.nanmedian(report.weights["per_channel_gain_8"])) if len(report.weights) else 0.0
-        if weights == "per-channel" or (weights == "auto" and gain_db >= PER_CHANNEL_GAIN_DB):
-            (pc,) = self.evaluate([per_channel])
-            if weights == "per-channel" or self._better(pc.value, a8.value):
-                base_plan, base = per_channel, pc
-
-        def result(best: Evaluation, k: int, reason: str, order=()) -> SearchResult:
-            return SearchResult(self.search_id, goal.text, threshold, study.metric_name, self.hib,
-                                meets(best.value, threshold, self.hib), reason, best, baselines, tuple(self.path),
-                                self.new, tuple(order), k)
-
-        if meets(base.value, threshold, self.hib):
-            return result(base, 0, "the base plan already reaches the target")
-
+        self.baselines = {"a8w8": a8, "a16w8": a16}
+        self.goal, self.threshold = goal, goal.threshold(self.baselines, self.hib)
+        report = self.study.sensitivity(samples=sensitivity_samples, progress=self.progress, cancel=self.cancel)
+        base_plan, base = self._base(report, weights)
+        if self._meets(base):
+            return self._result(base, 0, "the base plan already reaches the target")
         order, predicted = self._order(report, base_plan)
         if not order:
-            return result(self._best_meeting(threshold) or base, 0, "no activation tensor is predicted to help")
+            return self._result(self._best_meeting() or base, 0, "no activation tensor is predicted to help")
         plans = {0: base_plan}
 
         def plan_k(k: int) -> PrecisionPlan:
@@ -269,61 +262,86 @@ class _Walk:
         if latency_budget_ms is not None:
             hi = self._latency_cap(plan_k, hi, latency_budget_ms)
             if hi == 0:
-                return result(base, 0, f"no promotion fits the latency budget of {latency_budget_ms} ms")
+                return self._result(base, 0, f"no promotion fits the latency budget of {latency_budget_ms} ms")
         known: dict[int, Evaluation] = {0: base}
-        if base is a8 and hi == len(order) and set(order) >= set(study.graph.activations()):
+        if base is a8 and hi == len(order) and set(order) >= set(self.study.graph.activations()):
             known[hi] = a16  # every activation at 16 bits is the a16w8 baseline, already evaluated
-        guess = self._guess(predicted, known, baselines, threshold, hi)
+        guess = self._guess(predicted, known, self.baselines, self.threshold, hi)
+        hi_k, reason = self._narrow(plan_k, known, guess, hi)
+        return self._conclude(known, hi_k, reason, order, base)
+
+    def _base(self, report, weights: str) -> tuple[PrecisionPlan, Evaluation]:
+        """The plan promotions start from: a8w8, or per-channel int8 weights when they help (or are asked for)."""
+        a8 = self.baselines["a8w8"]
+        per_channel = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc")
+        gain_db = float(np.nanmedian(report.weights["per_channel_gain_8"])) if len(report.weights) else 0.0
+        if weights == "per-channel" or (weights == "auto" and gain_db >= PER_CHANNEL_GAIN_DB):
+            (pc,) = self.evaluate([per_channel])
+            if weights == "per-channel" or self._better(pc.value, a8.value):
+                return per_channel, pc
+        return PrecisionPlan.a8w8(), a8
+
+    def _narrow(self, plan_k, known: dict[int, Evaluation], guess: int, hi: int) -> tuple[int | None, str]:
+        """Evaluate prefixes until the smallest k that reaches the target is pinned down or the budget ends:
+        (that k or None, why it stopped)."""
         lo_k = 0  # largest k known to miss the target
         # The smallest k known to reach it.
-        hi_k: int | None = hi if hi in known and meets(known[hi].value, threshold, self.hib) else None
-        candidates = [guess] if guess < hi else []
-        candidates.append(hi)
-        reason = "evaluation budget"
+        hi_k: int | None = hi if hi in known and self._meets(known[hi]) else None
+        candidates = ([guess] if guess < hi else []) + [hi]
         while self.left() > 0:
             batch = sorted({k for k in candidates if k not in known and lo_k < k and (hi_k is None or k < hi_k)})
             batch = batch[:max(1, min(len(self.workers), self.left()))]
             if not batch:
-                reason = "target reached" if hi_k is not None else "the cheapest promotion set was narrowed down"
-                break
+                return hi_k, "target reached" if hi_k is not None else "the cheapest promotion set was narrowed down"
             for k, evaluation in zip(batch, self.evaluate([plan_k(k) for k in batch])):
                 known[k] = evaluation
-                if meets(evaluation.value, threshold, self.hib):
+                if self._meets(evaluation):
                     hi_k = k if hi_k is None else min(hi_k, k)
                 else:
                     lo_k = max(lo_k, k)
             if hi_k is None:
-                if hi in known and not meets(known[hi].value, threshold, self.hib):
-                    reason = "promoting every helpful tensor does not reach the target"
-                    break
+                if hi in known and not self._meets(known[hi]):
+                    return None, "promoting every helpful tensor does not reach the target"
                 candidates = [hi]
-                continue
-            if hi_k - lo_k <= 1:
-                reason = "target reached"
-                break
-            candidates = _sections(lo_k, hi_k, len(self.workers))
+            elif hi_k - lo_k <= 1:
+                return hi_k, "target reached"
+            else:
+                candidates = _sections(lo_k, hi_k, len(self.workers))
+        return hi_k, "evaluation budget"
+
+    def _conclude(self, known: dict[int, Evaluation], hi_k: int | None, reason: str, order, base) -> SearchResult:
+        """The recommendation once the walk has stopped."""
         if hi_k is not None:
             if reason == "evaluation budget":
                 reason = "evaluation budget (target reached, not narrowed down)"
-            best = self._best_meeting(threshold)
+            best = self._best_meeting()
             if best is not None and best.plan_id != known[hi_k].plan_id:
                 # Converts can make a few 16-bit tensors cost more than all of them (small models): a
                 # cheaper plan that also reaches the target wins.
-                return result(best, 0 if best is base else hi_k, reason + "; a cheaper evaluated plan also reaches it",
-                              order)
-            return result(known[hi_k], hi_k, reason, order)
-        best = self._best_meeting(threshold)
+                return self._result(best, 0 if best is base else hi_k,
+                                    reason + "; a cheaper evaluated plan also reaches it", order)
+            return self._result(known[hi_k], hi_k, reason, order)
+        best = self._best_meeting()
         if best is not None:  # only a baseline reaches the target
-            return result(best, len(order) if best.name == "a16w8" else 0, reason + "; a baseline reaches it", order)
+            return self._result(best, len(order) if best.name == "a16w8" else 0, reason + "; a baseline reaches it",
+                                order)
         best_k = max(known, key=lambda k: known[k].value if self.hib else -known[k].value)
-        return result(known[best_k], best_k, reason, order)
+        return self._result(known[best_k], best_k, reason, order)
+
+    def _result(self, best: Evaluation, k: int, reason: str, order=()) -> SearchResult:
+        return SearchResult(self.search_id, self.goal.text, self.threshold, self.study.metric_name, self.hib,
+                            self._meets(best), reason, best, self.baselines, tuple(self.path), self.new,
+                            tuple(order), k)
+
+    def _meets(self, evaluation: Evaluation) -> bool:
+        return meets(evaluation.value, self.threshold, self.hib)
 
     def _better(self, a: float, b: float) -> bool:
         return a > b if self.hib else a < b
 
-    def _best_meeting(self, threshold):
-        """The evaluated plan that reaches `threshold` at the lowest estimated latency (then the best value)."""
-        meeting = [e for e in self.path if meets(e.value, threshold, self.hib)]
+    def _best_meeting(self):
+        """The evaluated plan that reaches the threshold at the lowest estimated latency (then the best value)."""
+        meeting = [e for e in self.path if self._meets(e)]
         sign = -1.0 if self.hib else 1.0
         return min(meeting, key=lambda e: (e.latency("estimate").ms if e.latency("estimate") else math.inf,
                                            sign * e.value), default=None)
@@ -417,4 +435,4 @@ def path_frame(result: SearchResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-__all__ = ["search", "resume_searches", "Target", "SearchResult", "meets", "path_frame"]
+__all__ = ["search", "resume", "resume_searches", "Target", "SearchResult", "meets", "path_frame"]

@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 
-from mpstudio.demos.ocr import (
-    character_error_rate, ctc_greedy_decode, edit_distance, load_demo, preprocess_line, render_line,
-)
+from mpstudio.demos.ocr import load_demo, preprocess_line, render_line
+from mpstudio.metrics import character_error_rate, ctc_greedy_decode, edit_distance
 from mpstudio.evaluate import evaluate
 from mpstudio.plan import PrecisionPlan
 

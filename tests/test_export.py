@@ -23,7 +23,7 @@ from mpstudio.graph import ModelGraph
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan, TensorOverride
 from mpstudio.quantize import Quantizer
-from mpstudio.sensitivity import quantized_tensors
+from mpstudio import qdq
 
 MIXED = PrecisionPlan.a8w8().promote(["conv1_out", "relu1_out"], name="mixed")
 CONV_PLANS = {
@@ -79,11 +79,11 @@ def check_covers_model(encodings, path):
     first_q, params, inits = qdq_nodes(path)
     activations, weights = encodings["activation_encodings"], encodings["param_encodings"]
     assert len(activations) == len(first_q) and len(weights) == len(params)
-    for name, item in quantized_tensors(path).items():  # the sensitivity engine's reader, for activations
+    for name, item in qdq.read(path).activations().items():
         (entry,) = activations[name]
-        assert entry["scale"] == pytest.approx(item.params.scale, rel=1e-7)
-        assert entry["offset"] == (item.params.qmin - item.params.zero_point)
-        assert entry["bitwidth"] == item.params.bits
+        assert entry["scale"] == pytest.approx(item.encoding.step, rel=1e-7)
+        assert entry["offset"] == (item.encoding.qmin - item.encoding.zero)
+        assert entry["bitwidth"] == item.encoding.bits
     for node in params:
         name = node.input[0].removesuffix("_quantized")
         zero_point = inits[node.input[2]]
@@ -211,9 +211,9 @@ def test_requantizing_with_exported_overrides_gives_the_same_model(conv, conv_ot
 def test_pinned_overrides_carry_the_models_scales(conv):
     path = conv.generate(MIXED)
     pinned = ort_overrides(conv, MIXED, with_parameters=True)
-    for name, item in quantized_tensors(path).items():
+    for name, item in qdq.read(path).activations().items():
         entry = pinned[name][0]
-        assert (entry["scale"], entry["zero_point"]) == (item.params.scale, item.params.zero_point)
+        assert (entry["scale"], entry["zero_point"]) == (item.encoding.step, item.encoding.zero)
     convert = pinned["x"][0]["convert"]
     assert convert["quant_type"] == "QUInt16" and convert["scale"] == read_quantized_tensors(path)["x"].converts[0].scale[0]
     loaded = load_ort_overrides(pinned, conv.graph)

@@ -123,7 +123,13 @@ def _only(issues, severity=FALLBACK):
 
 
 def test_table_is_the_documented_list():
-    assert len(qnn_support.SUPPORTED_OPERATORS) == 80
+    table = qnn_support.SUPPORTED_OPERATORS
+    keys = [(op.domain, op.op_type) for op in table]
+    assert len(keys) == len(set(keys)), "an operator is listed twice"
+    # Every entry is a real operator of its domain (a typo would silently mark a real op unsupported).
+    unknown = [k for k in keys if not onnx.defs.has(k[1], "" if k[0] == "ai.onnx" else k[0])
+               and k[0] != "com.microsoft"]
+    assert unknown == []
     assert {"Conv", "Relu", "MatMul", "PRelu", "com.microsoft:Gelu"} <= SUPPORTED_OPS
     assert not {"Loop", "If", "NonMaxSuppression", "Erf"} & SUPPORTED_OPS
     assert qnn_support.operator_notes("LpNormalization") == "p == 2"

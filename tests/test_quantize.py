@@ -11,7 +11,7 @@ from mpstudio import MpstudioError
 from mpstudio.data import CallableSource, FeedList
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan, TensorOverride
-from mpstudio.quantize import GENERATOR_VERSION, Quantizer, quantize_plain
+from mpstudio.quantize import GENERATOR_VERSION, Quantizer, ort_patch_applies, quantize_plain, toolchain_key
 from mpstudio.runtime import create_session
 
 FEEDS = conv_feeds(8)
@@ -125,7 +125,7 @@ def test_models_are_cached_by_plan_hash(quantizer):
     stamp = first.stat().st_mtime_ns
     again = quantizer.generate(PrecisionPlan.a8w8().promote(["relu1_out", "conv1_out"], name="same content"))
     assert again == first and again.stat().st_mtime_ns == stamp
-    assert first.name == f"g{GENERATOR_VERSION}-{MIXED.hash}.onnx"
+    assert first.name == f"g{GENERATOR_VERSION}-{toolchain_key()}-{MIXED.hash}.onnx"
     assert PrecisionPlan.load(first.with_suffix(".plan.json")) == MIXED
 
 
@@ -191,3 +191,28 @@ def test_demo_regeneration_equals_orts_own_path(demo, demo_quantizer, tmp_path):
         else:
             np.testing.assert_array_equal(ia[name], ib[name], err_msg=name)
     assert [n.op_type for n in onnx.load(str(fast)).graph.node] == [n.op_type for n in onnx.load(str(plain)).graph.node]
+
+
+def test_the_quantizer_patch_writes_what_ort_writes(quantizer, tmp_path, monkeypatch):
+    """The indexed lookups change speed, not output: the same plan from the same cached ranges, generated with
+    and without the patch, is the same model."""
+    assert ort_patch_applies(), "the installed onnxruntime is not one the patch is checked against"
+    plans = [MIXED, PrecisionPlan.a16w8(), PrecisionPlan(weight_type="int8", per_channel=True, name="pc")]
+    patched = [onnx.load(quantizer.generate(plan)) for plan in plans]
+    monkeypatch.setenv("MPSTUDIO_ORT_PATCH", "0")
+    assert not ort_patch_applies()
+    plain = Quantizer(quantizer.prepared, quantizer.calibration, quantizer.cache_dir)
+    for plan, model in zip(plans, patched):
+        path = plain.model_path(plan)
+        path.unlink()  # regenerate from the same calibration cache, unpatched
+        again = onnx.load(plain.generate(plan))
+        assert again.graph.SerializeToString() == model.graph.SerializeToString(), plan.summary()
+
+
+def test_caches_are_keyed_by_the_toolchain(quantizer, monkeypatch):
+    import mpstudio.quantize as q
+
+    path, key = quantizer.model_path(MIXED), quantizer.calibration_key()
+    monkeypatch.setattr(q, "toolchain", lambda: {"onnxruntime": "9.9.9", "onnx": "0"})
+    assert quantizer.model_path(MIXED) != path and quantizer.calibration_key() != key
+    assert not ort_patch_applies("9.9.9") and ort_patch_applies("1.32.0")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import threading
 
 import numpy as np
@@ -12,13 +11,14 @@ from onnx import TensorProto, helper
 
 from conftest import IR, conv_feeds, make_conv_model
 from mpstudio.data import Cancelled, FeedList
+from mpstudio import qdq
 from mpstudio.errors import MpstudioError
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
 from mpstudio.runtime import create_session
 from mpstudio.sensitivity import (ErrorAccumulator, SensitivityReport, SwitchableModel, analyze, check_prediction,
-                                  qnn_region, quantized_tensors, tensor_scores, weight_scores)
+                                  qnn_region, tensor_scores, weight_scores)
 
 
 def _ramp_model():
@@ -39,7 +39,7 @@ def conv_setup(tmp_path_factory):
 
 
 def _params(quantizer, plan):
-    return {t: q.params for t, q in quantized_tensors(quantizer.generate(plan)).items()}
+    return {t: q.encoding for t, q in qdq.read(quantizer.generate(plan)).activations().items()}
 
 
 def test_input_noise_matches_hand_computed_value(tmp_path):
@@ -179,12 +179,11 @@ def test_qnn_region_lists_what_ort_converts_with_a_tensor(conv_setup):
 
 
 def test_analyze_command(tmp_path, capsys):
-    from mpstudio.sensitivity.cli import add_parser
+    from mpstudio.cli import build_parser
 
     onnx.save(make_conv_model(), tmp_path / "m.onnx")
     FeedList(conv_feeds(5)).save_npz(tmp_path / "data")
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers())
+    parser = build_parser()
     args = parser.parse_args(["analyze", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "data"), "--out",
                               str(tmp_path / "out"), "--cache", str(tmp_path / "cache"), "--quiet", "--top", "3"])
     assert args.func(args) == 0

@@ -82,7 +82,7 @@ def test_every_single_promotion_and_demotion_matches_its_regenerated_model(mecha
     samples = _feeds(4, seed=9)
     # Within two 16-bit steps of the output; the mechanisms above each move outputs by 8-bit steps (about
     # 0.02 here) when they are missed.
-    tolerance = 2 * switchable.params_16["y"].scale
+    tolerance = 2 * switchable.params_16["y"].step
     assert set(switchable.tensors) >= {"gate", "r2", "c3", "rs", "sl", "sg"}
     for tensor in switchable.tensors:
         promoted = _largest_difference(quantizer, switchable, PrecisionPlan.a8w8().promote([tensor]), [tensor], samples)
@@ -100,8 +100,8 @@ def test_promotions_resolve_the_way_ort_writes_them(mechanisms):
     # Promoting the Mul's output converts the Mul's inputs to 16 bits. The Clip ORT folds into the Add before
     # it then stays in the graph, behind the Add's 8-bit output: the Mul reads 8-bit values on a 16-bit grid.
     gate = dict(switchable.setting(["hs6"]).quant)[("gate", "/a/mul")]
-    assert gate.bits == 8 and gate.params.scale == pytest.approx(a8["gate"].scale)
-    assert gate.scale < a8["gate"].scale / 200
+    assert gate.bits == 8 and gate.params.step == pytest.approx(a8["gate"].step)
+    assert gate.scale < a8["gate"].step / 200
     # conv3's bias follows the scale its input arrives with.
     assert any(b.edge == ("r2", "/b/conv3") for b in switchable._biases)
     feed = switchable.parameter_feed(switchable.setting(["r2"]))

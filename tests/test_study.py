@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from conftest import chain_feeds, make_chain_model, requires_qnn
 from mpstudio.data import FeedList, TaskMetric
 from mpstudio.errors import MpstudioError
 from mpstudio.plan import PrecisionPlan
+from mpstudio.store import STALE_AFTER_S
 from mpstudio.study import Study, pareto_mask
 
 
@@ -114,14 +117,32 @@ def test_jobs_left_running_by_a_dead_process_are_pending_again(chain_study, tmp_
     assert chain_study.submit(PrecisionPlan.a16w8()) == job  # no duplicate queueing
     chain_study.close()
     db = sqlite3.connect(tmp_path / "study" / "study.sqlite")
-    with db:  # what a process killed mid-evaluation leaves behind
-        db.execute("UPDATE jobs SET status = 'running', owner = 'elsewhere:999999999' WHERE id = ?", (job,))
+    with db:  # what a process of this host killed mid-evaluation leaves behind (no such pid runs)
+        db.execute("UPDATE jobs SET status = 'running', owner = ? WHERE id = ?", (f"{socket.gethostname()}:999999999", job))
     db.close()
     study = Study.open(tmp_path / "study")
     assert study.jobs().set_index("job_id").loc[job, "status"] == "pending"
     done = study.run_pending()
     assert [e.name for e in done] == ["a16w8"]
     assert study.jobs().set_index("job_id").loc[job, "status"] == "done"
+    study.close()
+
+
+def test_work_of_another_host_is_judged_by_its_heartbeat(chain_study, tmp_path):
+    job = chain_study.submit(PrecisionPlan.a8w8().promote(["x"]))
+    chain_study.close()
+    db = sqlite3.connect(tmp_path / "study" / "study.sqlite")
+    with db:  # a process on another machine sharing the folder: alive while its heartbeat is fresh
+        db.execute("UPDATE jobs SET status = 'running', owner = 'elsewhere:12', updated = ? WHERE id = ?",
+                   (time.time(), job))
+    study = Study.open(tmp_path / "study")
+    assert study.jobs().set_index("job_id").loc[job, "status"] == "running"
+    assert study.store.claim_job() is None
+    with db:
+        db.execute("UPDATE jobs SET updated = ? WHERE id = ?", (time.time() - 2 * STALE_AFTER_S, job))
+    db.close()
+    assert study.jobs().set_index("job_id").loc[job, "status"] == "pending"
+    assert study.store.claim_job() == job
     study.close()
 
 

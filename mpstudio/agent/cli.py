@@ -40,6 +40,21 @@ def add_parser(subparsers) -> None:
                        help=f"default htp_arch for runs that do not set it (default {DEFAULT_HTP_ARCH})")
     serve.add_argument("--soc-model", default=None, help="default soc_model for runs that do not set it")
     serve.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (default: all cores)")
+    limits = serve.add_argument_group("limits", "What one client may make the agent hold (docs/agent.md)")
+    limits.add_argument("--max-inputs-mb", type=float, default=None,
+                        help="largest total size of a run's input arrays once decompressed (default: --max-upload-mb)")
+    limits.add_argument("--max-store-mb", type=float, default=10240.0,
+                        help="disk kept for uploaded models; the least recently used are evicted (default 10240)")
+    limits.add_argument("--max-uploads", type=int, default=2, help="uploads in progress at once (default 2)")
+    limits.add_argument("--max-connections", type=int, default=128, help="open connections (default 128)")
+    limits.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a client has to send a request's headers (default 10)")
+    limits.add_argument("--body-timeout", type=float, default=30.0,
+                        help="longest pause, in seconds, in the middle of a request body (default 30)")
+    limits.add_argument("--request-timeout", type=float, default=600.0,
+                        help="seconds a client has to send a whole request, body included (default 600)")
+    serve.add_argument("--http", default="auto", choices=("auto", "h11", "httptools"),
+                       help="HTTP parser (default: httptools when installed, else h11)")
     serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     serve.set_defaults(func=run_serve)
 
@@ -53,7 +68,9 @@ def run_serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, token=token, workdir=args.workdir, max_upload_mb=args.max_upload_mb,
         run_timeout_s=args.run_timeout, max_queue=args.max_queue, max_sessions=args.max_sessions,
         device_name=args.device_name, htp_arch=args.htp_arch, soc_model=args.soc_model,
-        intra_op_threads=args.threads,
+        intra_op_threads=args.threads, max_inputs_mb=args.max_inputs_mb, max_store_mb=args.max_store_mb,
+        max_uploads=args.max_uploads, max_connections=args.max_connections, header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout, request_timeout_s=args.request_timeout, http=args.http,
     )
     try:
         config.check()

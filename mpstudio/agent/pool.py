@@ -17,8 +17,9 @@ from ..errors import MpstudioError
 from .client import AgentClient
 from .protocol import AgentError, RunResult
 
-# Statuses that say the agent (not the request) is in trouble: try the job elsewhere.
-_AGENT_TROUBLE = (502, 503, 504)
+# Statuses that say the agent (not the request) is in trouble: try the job elsewhere. 507: its model
+# store is full of models in use.
+_AGENT_TROUBLE = (502, 503, 504, 507)
 
 
 class AgentPool:

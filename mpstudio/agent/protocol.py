@@ -9,7 +9,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import math
 import re
+import struct
 import zipfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MpstudioError
+from ..sources import RUN_LATENCY_SOURCES, Latency
 
 API_PREFIX = "/v1"
 TOKEN_ENV = "MPSTUDIO_AGENT_TOKEN"
@@ -30,7 +33,6 @@ RESULT_MEMBER = "__result__"
 _MODEL_ID = re.compile(r"[0-9a-f]{64}")
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 
-LATENCY_SOURCES = ("measured", "emulator")
 
 
 class AgentError(MpstudioError):
@@ -81,22 +83,120 @@ def encode_npz(arrays: dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def decode_npz(data: bytes) -> dict[str, np.ndarray]:
-    """Arrays from `.npz` bytes; a pickled member is refused (pickles can run code when loaded)."""
+# A run's .npz holds a few arrays: more members than this is an attack on the zip parser, not inputs.
+MAX_NPZ_MEMBERS = 1024
+
+
+def decode_npz(data: bytes, max_bytes: int | None = None) -> dict[str, np.ndarray]:
+    """Arrays from `.npz` bytes, read without trusting the archive.
+
+    A pickled member is refused (pickles can run code when loaded), and so is any member that is not an
+    `.npy` array. With `max_bytes`, the arrays' total size is bounded *before* anything is decompressed or
+    allocated: the zip's declared sizes and each `.npy` header's shape and dtype are checked first, so a
+    small compressed archive (a "zip bomb") or a header declaring a huge shape is refused at once.
+    """
     if not bytes(data[:4]) == b"PK\x03\x04":  # np.load would take anything else for a pickle or .npy
         raise MpstudioError("the inputs are not a valid .npz archive (make them with numpy.savez)")
+    members = _zip_member_count(data)
+    if members > MAX_NPZ_MEMBERS:
+        raise MpstudioError(f"the .npz has {members} members; at most {MAX_NPZ_MEMBERS} arrays are accepted")
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            entries = archive.infolist()
+            _check_declared_sizes(entries, max_bytes)
+            arrays = {}
+            budget = max_bytes
+            for entry in entries:
+                name, array = _read_member(archive, entry, budget)
+                arrays[name] = array
+                if budget is not None:
+                    budget -= array.nbytes
+            return arrays
+    except MpstudioError:
+        raise
     except ValueError as exc:
         if "pickle" in str(exc).lower():
             raise MpstudioError(
                 "the inputs .npz holds a pickled (object) array, which the agent refuses; "
                 "send numeric arrays only"
             ) from None
-        raise MpstudioError(f"the inputs are not a valid .npz archive: {exc}") from None
-    except (OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise MpstudioError(f"the inputs are not a valid .npz archive: {exc}") from None
+        raise MpstudioError(f"the inputs are not a valid .npz archive: {_first_line(exc)}") from None
+    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, RuntimeError) as exc:
+        raise MpstudioError(f"the inputs are not a valid .npz archive: {_first_line(exc)}") from None
+
+
+def npz_declared_bytes(data: bytes) -> int:
+    """What an .npz's members add up to once decompressed, by its zip directory alone (no decompression);
+    for deciding where to decode it. Anything unreadable counts as huge."""
+    try:
+        if _zip_member_count(data) > MAX_NPZ_MEMBERS:
+            return 1 << 62
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return sum(entry.file_size for entry in archive.infolist())
+    except (MpstudioError, zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return 1 << 62
+
+
+def _zip_member_count(data: bytes) -> int:
+    """The member count of a zip's end-of-central-directory record, read before zipfile builds an index of
+    every member (an archive of millions of empty members would cost gigabytes of Python objects)."""
+    tail = bytes(data[-(22 + 0xFFFF):])
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        raise MpstudioError("the inputs are not a valid .npz archive (no end of central directory)")
+    (count,) = struct.unpack_from("<H", tail, at + 10)
+    return count if count != 0xFFFF else MAX_NPZ_MEMBERS + 1  # 0xFFFF: a zip64 count, far too many anyway
+
+
+def _check_declared_sizes(entries: list[zipfile.ZipInfo], max_bytes: int | None) -> None:
+    for entry in entries:
+        if not entry.filename.endswith(".npy"):
+            raise MpstudioError(f"the .npz member {entry.filename[:80]!r} is not an .npy array; "
+                                "send arrays made with numpy.savez only")
+    if max_bytes is None:
+        return
+    # zipfile never inflates a member past its declared size, so the declared sizes bound the work.
+    declared = sum(entry.file_size for entry in entries)
+    if declared > max_bytes + _NPY_HEADER_ALLOWANCE * len(entries):
+        raise AgentError(
+            f"the .npz holds {declared / 2**20:.1f} MB of arrays once decompressed, more than the limit of "
+            f"{max_bytes / 2**20:g} MB (send smaller inputs, or start the agent with a larger --max-inputs-mb)", 413)
+
+
+# Room per member for the .npy header, on top of the array data counted against the limit.
+_NPY_HEADER_ALLOWANCE = 64 * 1024
+
+
+def _read_member(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, budget: int | None) -> tuple[str, np.ndarray]:
+    """One member's array: its .npy header is parsed and its declared size checked before allocation."""
+    from numpy.lib import format as npy
+
+    with archive.open(entry) as member:
+        version = npy.read_magic(member)
+        if version not in ((1, 0), (2, 0)):  # 3.0 only adds utf-8 field names of structured dtypes
+            raise MpstudioError(f"the .npz member {entry.filename[:80]!r} has .npy version {version}; "
+                                "send plain numeric arrays (numpy.savez)")
+        read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+        shape, _, dtype = read_header(member)
+        if dtype.hasobject:
+            raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
+        if nbytes > entry.file_size:
+            raise MpstudioError(f"the .npz member {entry.filename[:80]!r} declares shape {list(shape)} of {dtype} "
+                                f"but holds only {entry.file_size} bytes")
+        if budget is not None and nbytes > budget:
+            raise AgentError(
+                f"the .npz member {entry.filename[:80]!r} holds {nbytes / 2**20:.1f} MB once decompressed "
+                f"(shape {list(shape)} of {dtype}), more than the {budget / 2**20:.1f} MB left under the inputs "
+                "limit (send smaller inputs, or start the agent with a larger --max-inputs-mb)", 413)
+    with archive.open(entry) as member:
+        array = npy.read_array(member, allow_pickle=False)
+    return entry.filename[: -len(".npy")], array
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def b64encode(data: bytes) -> str:
@@ -137,18 +237,21 @@ class LatencyStats:
     backend: str
 
     def __post_init__(self):
-        if self.source not in LATENCY_SOURCES:
-            raise ValueError(f"latency source must be one of {LATENCY_SOURCES}, not {self.source!r}")
+        if self.source not in RUN_LATENCY_SOURCES:
+            raise ValueError(f"latency source must be one of {RUN_LATENCY_SOURCES}, not {self.source!r}")
+
+    @property
+    def latency(self) -> Latency:
+        """The median, labelled with its source: the one latency type every part of mpstudio shows."""
+        return Latency.from_stats(self)
 
     @property
     def is_device_latency(self) -> bool:
-        return self.source == "measured"
+        return self.latency.is_device_latency
 
     @property
     def label(self) -> str:
-        if self.source == "emulator":
-            return f"HTP emulator host time on {self.device} (not device latency)"
-        return f"measured {self.backend} latency on {self.device}"
+        return self.latency.label
 
     @classmethod
     def from_times(cls, times_ns: list[int], *, source: str, device: str, backend: str) -> "LatencyStats":

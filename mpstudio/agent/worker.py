@@ -107,17 +107,38 @@ class WorkerHandle:
         return self._ready
 
     def call(self, request: dict, timeout: float) -> dict:
-        """Send one request and return the worker's result; raise AgentError on failure, hang or crash."""
+        """Send one request and return the worker's result; raise AgentError on failure, hang or crash.
+
+        A worker found dead before the request reaches it (it died while idle) is replaced first, so the
+        request runs on the fresh one instead of failing.
+        """
         with self._lock:
+            self._revive()
             self._wait_ready()
             try:
-                self._conn.send(request)
+                self._send(request)
                 if not self._conn.poll(timeout):
                     raise self._timed_out(timeout)
                 reply = self._conn.recv()
             except (EOFError, OSError):
                 raise self._died() from None
         return self._result(reply)
+
+    def _revive(self) -> None:
+        """Replace a worker that exited while nobody was talking to it."""
+        if self._process is not None and not self._process.is_alive():
+            pid, code = self.pid, self._exitcode()
+            log.warning("worker %s had exited while idle (exit code %s); starting a new one", pid, code)
+            self._replace()
+
+    def _send(self, request: dict) -> None:
+        """Send a request; when the pipe is already broken the worker never saw it: replace it and resend."""
+        try:
+            self._conn.send(request)
+        except OSError:
+            self._revive()
+            self._wait_ready()
+            self._conn.send(request)
 
     def _timed_out(self, timeout: float) -> AgentError:
         """Kill and replace a worker that overran; the error the request gets."""
@@ -149,16 +170,20 @@ class WorkerHandle:
         """`call` for an asyncio server: waits on the pipe in the event loop instead of a thread.
 
         Saves two thread hand-offs per request, which on a busy small machine are most of the agent's
-        overhead. Falls back to `call` in a thread where the loop cannot watch a pipe (Windows) or while
-        the worker is still starting.
+        overhead. Falls back to `call` in a thread where the loop cannot watch a pipe (Windows), while the
+        worker is starting, and when it has to be restarted.
         """
         loop = asyncio.get_running_loop()
-        if os.name == "nt" or self._ready is None or not hasattr(loop, "add_reader") \
+        if os.name == "nt" or self._ready is None or not self.alive or not hasattr(loop, "add_reader") \
                 or not self._lock.acquire(blocking=False):
             return await loop.run_in_executor(None, self.call, request, timeout)
         try:
+            self._conn.send(request)
+        except OSError:  # died while idle, just now: `call` replaces it and sends there
+            self._lock.release()
+            return await loop.run_in_executor(None, self.call, request, timeout)
+        try:
             try:
-                self._conn.send(request)
                 readable = loop.create_future()
                 fd = self._conn.fileno()
                 loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))

@@ -19,7 +19,8 @@ import numpy as np
 from ..cache import cache_root
 from ..data import DataSource, NpzFolder, TaskMetric
 from ..errors import MpstudioError
-from ..model import PreparedModel, metadata, prepare_model
+from ..metrics import cer_metric, ctc_charset
+from ..model import PreparedModel, prepare_model
 
 MODEL_FILE = "ch_PP-OCRv4_rec_infer.onnx"
 INPUT_NAME = "x"
@@ -93,14 +94,6 @@ def load_demo(calibration_lines: int = 100, evaluation_lines: int = 100, seed: i
 
 
 # ---- text ------------------------------------------------------------------------------------------------
-def ctc_charset(prepared: PreparedModel) -> list[str]:
-    """Class index -> character: 0 is the CTC blank, then the model's `character` list, then a space."""
-    chars = metadata(prepared.model).get("character")
-    if not chars:
-        raise MpstudioError("the demo model has no 'character' metadata; is it the PP-OCRv4 recognizer?")
-    return ["<blank>"] + chars.split("\n") + [" "]
-
-
 _ASCII_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
 
 
@@ -188,42 +181,3 @@ def render_dataset(texts: list[str], folder: Path, seed: int) -> None:
         np.savez(folder / "samples" / f"{i:06d}.npz", **{INPUT_NAME: preprocess_line(rgb)})
     # Written last: its presence marks a complete dataset.
     (folder / "texts.txt").write_text("\n".join(texts) + "\n")
-
-
-# ---- metric ----------------------------------------------------------------------------------------------
-def ctc_greedy_decode(probabilities: np.ndarray, charset: list[str]) -> str:
-    """Argmax per timestep, drop repeats, drop blanks."""
-    best = np.asarray(probabilities).reshape(-1, probabilities.shape[-1]).argmax(axis=-1)
-    chars, previous = [], -1
-    for index in best:
-        if index != previous and index != 0:
-            chars.append(charset[index] if index < len(charset) else "")
-        previous = index
-    return "".join(chars)
-
-
-def edit_distance(a: str, b: str) -> int:
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        current = [i]
-        for j, cb in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
-        previous = current
-    return previous[-1]
-
-
-def character_error_rate(predictions: list[str], references: list[str]) -> float:
-    """Total edit distance over total reference length."""
-    errors = sum(edit_distance(p, r) for p, r in zip(predictions, references))
-    return errors / max(1, sum(len(r) for r in references))
-
-
-def cer_metric(references: tuple[str, ...], charset: list[str]) -> TaskMetric:
-    def cer(outputs: list[dict[str, np.ndarray]]) -> float:
-        if len(outputs) != len(references):
-            raise MpstudioError(f"CER needs {len(references)} outputs (one per evaluation line), got {len(outputs)}")
-        # Lines are cropped with margins, where the model may read a space: compare the stripped text.
-        predictions = [ctc_greedy_decode(next(iter(o.values()))[0], charset).strip() for o in outputs]
-        return character_error_rate(predictions, list(references))
-
-    return TaskMetric(name="CER", fn=cer, higher_is_better=False)

@@ -3,15 +3,15 @@ predictions, for one float model and its QDQ models."""
 
 from .analysis import SensitivityReport, analyze, check_prediction
 from .isolation import IsolationResult, OutputScorer, Region, SwitchableModel, isolation_scores, tensor_regions
-from .qdq import QdqTensor, QuantParams, quantized_tensors
 from .ranking import (Prediction, PredictionCheck, namespace_regions, predict, qnn_region, rank_tensors,
                       selection_region)
 from .scores import tensor_scores, weight_scores
-from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB, ErrorAccumulator
+from ..metrics import ErrorAccumulator
+from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB
 
 __all__ = [
     "COSINE_THRESHOLD", "SNR_THRESHOLD_DB", "ErrorAccumulator", "IsolationResult", "OutputScorer", "Prediction",
-    "PredictionCheck", "QdqTensor", "QuantParams", "Region", "SensitivityReport", "SwitchableModel", "analyze",
-    "check_prediction", "isolation_scores", "namespace_regions", "predict", "qnn_region", "quantized_tensors",
+    "PredictionCheck", "Region", "SensitivityReport", "SwitchableModel", "analyze",
+    "check_prediction", "isolation_scores", "namespace_regions", "predict", "qnn_region",
     "rank_tensors", "selection_region", "tensor_regions", "tensor_scores", "weight_scores",
 ]

@@ -16,7 +16,7 @@ from ..data import DataSource, Progress, TaskMetric
 from ..errors import MpstudioError
 from ..plan import PrecisionPlan
 from ..quantize import Quantizer
-from . import qdq
+from .. import qdq
 from .isolation import (ISOLATION_COLUMNS, IsolationResult, OutputScorer, Region, SwitchableModel, float_references,
                         float_qdq_session, isolation_scores, own_params, tensor_regions)
 from .ranking import PredictionCheck, Prediction, namespace_regions, predict, rank_tensors, selection_region
@@ -157,8 +157,8 @@ def analyze(
     model_8 = qdq.load(quantizer.generate(PrecisionPlan.a8w8(), progress, cancel))  # read here and by isolation
     model_16 = quantizer.generate(PrecisionPlan.a16w8(), progress, cancel)
     model_plan = quantizer.generate(plan, progress, cancel)
-    params_8 = {t: q.params for t, q in qdq.quantized_tensors(model_8).items()}
-    params_16 = {t: q.params for t, q in qdq.quantized_tensors(model_16).items()}
+    params_8 = {t: q.encoding for t, q in qdq.read(model_8).activations().items()}
+    params_16 = {t: q.encoding for t, q in qdq.read(model_16).activations().items()}
     tensors = tensor_scores(quantizer.float_path, model_plan, graph, data, params_8, params_16, progress, cancel)
     weights = weight_scores(quantizer.prepared.model, graph, progress, cancel)
     result = None

@@ -9,7 +9,7 @@ DequantizeLinear pairs (a convert rounds twice) whose range, scales and zero poi
 A configuration is resolved into those inputs as ORT would quantize the real plan: `get_qnn_qdq_config`
 (through `quantize.qnn_config`) gives each tensor's produced type and its converts; a tensor written with
 its input's parameters (Reshape, Transpose, Slice, AveragePool ...) takes them as its input arrives at its
-producer; a convert uses the parameters ORT computes from the tensor's own range (`qdq.ort_tensor_params`);
+producer; a convert uses the parameters ORT computes from the tensor's own range (`quantize.ort_tensor_params`);
 a Relu/Clip that ORT folds into the op before it in the all-8-bit model stays in the graph when a convert
 touches it, so the value also passes its input's quantization; a bias is requantized to the scale its
 node's input arrives with; 16-bit constants take the all-16-bit model's values. Runs reuse the all-8-bit
@@ -43,9 +43,11 @@ from ..errors import MpstudioError
 from ..evaluate import run_outputs
 from ..graph import node_display_name
 from ..plan import PrecisionPlan
-from ..quantize import CALIBRATION_METHODS, QUANT_TYPES, SIXTEEN_BIT, ResolvedTypes, qnn_config
-from . import qdq
-from .stats import ErrorAccumulator
+from .. import qdq
+from ..qdq import Encoding
+from ..quantize import (CALIBRATION_METHODS, QUANT_TYPES, SIXTEEN_BIT, ResolvedTypes, TensorParams, ort_tensor_params,
+                        qnn_config)
+from ..metrics import OUTPUT_SNR, ErrorAccumulator
 
 _MS_DOMAIN = "com.microsoft"  # ORT's contrib QuantizeLinear takes uint16 at any opset
 _GRAPH_OUTPUT = ""  # the receiver name of an edge into a graph output
@@ -53,7 +55,6 @@ _WEIGHT_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}  # their weights keep 
 _BIAS_OPS = {"Conv", "ConvTranspose", "Gemm"}  # ORT quantizes their bias to int32 at input scale x weight scale
 _FOLDABLE = {"Relu", "Clip"}  # ORT's QDQ quantizer folds these into the op before them
 _INT32 = np.iinfo(np.int32)
-OUTPUT_SNR = "output SNR (dB)"  # the default metric: SNR of all model outputs against the float model's
 
 Edge = tuple[str, str]  # (tensor, receiving node; "" for a graph output)
 
@@ -65,29 +66,29 @@ class EdgeQuant:
     twice). `scale` is the last quantizer's step, the one the receiver's DequantizeLinear carries (and so the
     one a Conv bias is quantized with)."""
 
-    first: qdq.QuantParams
+    first: Encoding
     lo: float
     hi: float
     scale: float
-    second: qdq.QuantParams | None = None
+    second: Encoding | None = None
 
     @classmethod
-    def of(cls, steps: Sequence[qdq.QuantParams]) -> "EdgeQuant":
+    def of(cls, steps: Sequence[Encoding]) -> "EdgeQuant":
         """The value quantized by each of `steps` in turn. Two roundings are kept exactly; of a longer chain
         (a folded activation kept in the graph), the first coarsest one and the finest before it."""
         distinct = [p for i, p in enumerate(steps) if i == 0 or p != steps[i - 1]]
         lo = max(p.clip_range[0] for p in distinct)
         hi = min(p.clip_range[1] for p in distinct)
         if len(distinct) > 2:
-            index = max(range(len(distinct)), key=lambda i: (distinct[i].scale, -i))
-            finer = [p for p in distinct[:index] if p.scale < distinct[index].scale]
-            distinct = ([min(finer, key=lambda p: p.scale)] if finer else []) + [distinct[index]]
-        return cls(distinct[0], lo, hi, steps[-1].scale, distinct[1] if len(distinct) > 1 else None)
+            index = max(range(len(distinct)), key=lambda i: (distinct[i].step, -i))
+            finer = [p for p in distinct[:index] if p.step < distinct[index].step]
+            distinct = ([min(finer, key=lambda p: p.step)] if finer else []) + [distinct[index]]
+        return cls(distinct[0], lo, hi, steps[-1].step, distinct[1] if len(distinct) > 1 else None)
 
     @property
-    def params(self) -> qdq.QuantParams:
+    def params(self) -> Encoding:
         """The coarsest quantization on the way: the precision the receiver gets."""
-        return self.first if self.second is None or self.first.scale >= self.second.scale else self.second
+        return self.first if self.second is None or self.first.step >= self.second.step else self.second
 
     @property
     def bits(self) -> int:
@@ -131,17 +132,17 @@ class SwitchableModel:
     values. `from_quantizer` supplies all of them.
     """
 
-    def __init__(self, qdq_model_8, params_16: Mapping[str, qdq.QuantParams], threads: int | None = None,
+    def __init__(self, qdq_model_8, params_16: Mapping[str, Encoding], threads: int | None = None,
                  float_model: onnx.ModelProto | None = None, graph=None, cuts: int = 6, *,
-                 own_params: qdq.TensorParams | None = None,
+                 own_params: TensorParams | None = None,
                  qdq_model_16=None):
         model_16 = qdq.load(qdq_model_16) if qdq_model_16 is not None else None
         original = qdq.load(qdq_model_8)
         model = _at_opset_of(original, model_16)
         self.float_model, self.graph = float_model, graph
-        self.quantized = qdq.quantized_tensors(model)
+        self.quantized = qdq.read(model).activations()
         self.tensors: list[str] = list(self.quantized)
-        self.params_8 = {t: q.params for t, q in self.quantized.items()}
+        self.params_8 = {t: q.encoding for t, q in self.quantized.items()}
         # A tensor the 16-bit model does not quantize keeps its 8-bit parameters in both settings.
         self.params_16 = {t: params_16.get(t, self.params_8[t]) for t in self.tensors}
         for t, params in self.params_8.items():
@@ -153,7 +154,7 @@ class SwitchableModel:
         # Without ORT's own parameters: a folded activation's input has the activation's range, and the
         # all-8/16-bit models' parameters stand in for the rest.
         inputs_of_folded = {source: t for t, (source, _) in self._folded.items()}
-        own = own_params or qdq.TensorParams({}, {}, {}, {})
+        own = own_params or TensorParams({}, {}, {}, {})
         self._own = {
             (kind, bits): {**{source: base[t] for source, t in inputs_of_folded.items()}, **base, **table}
             for kind, bits, base, table in (
@@ -189,7 +190,7 @@ class SwitchableModel:
         """The switchable model of `quantizer`'s all-8-bit plan, resolving configurations as its real plans."""
         model_8 = qdq.load(quantizer.generate(PrecisionPlan.a8w8()))
         model_16 = quantizer.generate(PrecisionPlan.a16w8())
-        params_16 = {t: q.params for t, q in qdq.quantized_tensors(model_16).items()}
+        params_16 = {t: q.encoding for t, q in qdq.read(model_16).activations().items()}
         return cls(model_8, params_16, threads, quantizer.prepared.model, quantizer.graph, cuts,
                    own_params=own_params(quantizer), qdq_model_16=model_16)
 
@@ -375,10 +376,10 @@ class SwitchableModel:
         p = _input_names(edge)
         first, second = quant.first, quant.second or quant.first  # rounding twice on one grid is rounding once
         return {p["lo"]: np.array(quant.lo, np.float32), p["hi"]: np.array(quant.hi, np.float32),
-                p["scale"]: np.array(first.scale, np.float32),
-                p["zp"]: np.array(first.zero_point - first.qmin, np.uint16),
-                p["scale_2"]: np.array(second.scale, np.float32),
-                p["zp_2"]: np.array(second.zero_point - second.qmin, np.uint16)}
+                p["scale"]: np.array(first.step, np.float32),
+                p["zp"]: np.array(first.zero - first.qmin, np.uint16),
+                p["scale_2"]: np.array(second.step, np.float32),
+                p["zp_2"]: np.array(second.zero - second.qmin, np.uint16)}
 
     def _first_uses(self) -> dict[str, int]:
         """Switch input -> index of the first node that reads it."""
@@ -553,24 +554,12 @@ class _PlanQuant:
     def __init__(self, model: SwitchableModel, overrides: Mapping, default):
         self.model, self.overrides = model, overrides
         self.types = ResolvedTypes(dict(overrides), default)
-        self._written: dict[str, qdq.QuantParams] = {}
+        self._written: dict[str, Encoding] = {}
 
-    def own(self, tensor: str, quant_type, kind: str = "written") -> qdq.QuantParams:
+    def own(self, tensor: str, quant_type, kind: str = "written") -> Encoding:
         return self.model._own[kind, 16 if quant_type in SIXTEEN_BIT else 8][tensor]
 
-    def converted(self, tensor: str, node: str):
-        """The type `node` receives `tensor` in through a convert, or None."""
-        entries = self.overrides.get(tensor)
-        convert = entries[0].get("convert") if entries else None
-        if convert and (not convert.get("recv_nodes") or node in convert["recv_nodes"]):
-            return convert.get("quant_type", self.types.default)
-        return None
-
-    def _has_convert(self, tensor: str) -> bool:
-        entries = self.overrides.get(tensor)
-        return bool(entries and entries[0].get("convert"))
-
-    def written(self, tensor: str) -> qdq.QuantParams:
+    def written(self, tensor: str) -> Encoding:
         """The parameters `tensor`'s producer writes it with."""
         known = self._written.get(tensor)
         if known is None:
@@ -582,10 +571,10 @@ class _PlanQuant:
             self._written[tensor] = known
         return known
 
-    def received(self, tensor: str, node: str) -> list[qdq.QuantParams]:
+    def received(self, tensor: str, node: str) -> list[Encoding]:
         """The quantizations `tensor` passes on its way to `node`, in order."""
         steps = [self.written(tensor)]
-        convert = self.converted(tensor, node) if node != _GRAPH_OUTPUT else None
+        convert = self.types.converted(tensor, node) if node != _GRAPH_OUTPUT else None
         if convert is not None:
             steps.append(self.own(tensor, convert, "convert"))
         return steps
@@ -595,12 +584,12 @@ class _PlanQuant:
         folded = self.model._folded.get(tensor)
         # ORT folds the Relu/Clip again unless a convert touches its input or output; then the value also
         # passes the input's quantization before the activation.
-        if folded is not None and (self._has_convert(folded[0]) or self._has_convert(tensor)):
+        if folded is not None and (self.types.has_convert(folded[0]) or self.types.has_convert(tensor)):
             steps = self.received(*folded) + steps
         return EdgeQuant.of(steps)
 
 
-def own_params(quantizer) -> qdq.TensorParams:
+def own_params(quantizer) -> TensorParams:
     """The parameters ORT computes for every tensor of `quantizer`'s model from its own range."""
     cache = quantizer.calibrate()
     method = CALIBRATION_METHODS[quantizer.method]
@@ -608,29 +597,17 @@ def own_params(quantizer) -> qdq.TensorParams:
     config_8 = qnn_config(model, graph, PrecisionPlan.a8w8(), method)
     config_16 = qnn_config(model, graph, PrecisionPlan.a16w8(), method)
     def table(config, range_only):
-        return qdq.ort_tensor_params(model, cache.path, config, range_only)
+        return ort_tensor_params(model, cache.path, config, range_only)
 
-    return qdq.TensorParams(written_8=table(config_8, False), written_16=table(config_16, False),
+    return TensorParams(written_8=table(config_8, False), written_16=table(config_16, False),
                             convert_8=table(config_8, True), convert_16=table(config_16, True))
 
 
 def _dequantized_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Float constant name -> its dequantized value in `model`, for per-tensor quantized initializers."""
-    inits = {i.name: i for i in model.graph.initializer}
-    out = {}
-    for node in model.graph.node:
-        if node.op_type != "DequantizeLinear" or len(node.input) < 3:
-            continue
-        if not all(name in inits for name in node.input[:3]):
-            continue
-        name = node.output[0].removesuffix(qdq.DEQUANTIZED_SUFFIX)
-        scale = numpy_helper.to_array(inits[node.input[1]])
-        if name == node.output[0] or scale.size != 1:
-            continue
-        q = numpy_helper.to_array(inits[node.input[0]]).astype(np.int64)
-        zero = numpy_helper.to_array(inits[node.input[2]]).astype(np.int64).reshape(())
-        out[name] = np.asarray((q - zero).astype(np.float32) * scale.astype(np.float32).reshape(()), np.float32)
-    return out
+    read = qdq.read(model)
+    values = {name: read.dequantized_constant(name) for name in read.params()}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 class CachedSamples:

@@ -22,8 +22,10 @@ from ..errors import MpstudioError
 from ..graph import ModelGraph
 from ..quantize import weight_axis
 from ..runtime import create_session
-from . import qdq
-from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB, ErrorAccumulator
+from .. import qdq
+from ..qdq import Encoding
+from ..metrics import ErrorAccumulator
+from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB, local_error
 
 # Columns of `tensor_scores` (one row per float activation tensor, in topological order):
 #   tensor, kind (input/activation/output), op (producer op type, "" for a graph input), node (producer),
@@ -40,14 +42,14 @@ def tensor_scores(
     qdq_model,
     graph: ModelGraph,
     data: DataSource,
-    params_8: Mapping[str, qdq.QuantParams],
-    params_16: Mapping[str, qdq.QuantParams],
+    params_8: Mapping[str, Encoding],
+    params_16: Mapping[str, Encoding],
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
 ) -> pd.DataFrame:
     """Accumulated and local error of every activation tensor of `graph` over `data` (see TENSOR_COLUMNS)."""
     qdq_model = qdq.load(qdq_model)
-    counterparts = qdq.quantized_tensors(qdq_model)
+    counterparts = qdq.read(qdq_model).activations()
     activations = graph.activations()
     inputs = set(graph.inputs)
     exposed_float = [t for t in activations if t not in inputs]
@@ -74,7 +76,7 @@ def tensor_scores(
                 continue
             x = np.ravel(np.asarray(float_values[t], dtype=np.float32))
             for params, acc in widths.values():
-                acc.add_noise(x, qdq.local_error(x, params))
+                acc.add_noise(x, local_error(x, params))
         del float_values, qdq_values
         if progress:
             progress(i + 1, total, "scoring tensors")
@@ -92,7 +94,7 @@ def tensor_scores(
             "namespace": node.namespace if node else "",
             "matched": acc is not None,
             "qdq_tensor": counterparts[t].post if t in counterparts else "",
-            "bits": counterparts[t].params.bits if t in counterparts else np.nan,
+            "bits": counterparts[t].encoding.bits if t in counterparts else np.nan,
             "snr_db": acc.snr_db if acc else np.nan,
             "cosine": acc.cosine if acc else np.nan,
             "mse": acc.mse if acc else np.nan,

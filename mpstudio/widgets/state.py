@@ -24,6 +24,7 @@ from ..layout import GraphLayout, collapsible_namespaces, layout_graph
 from ..model import parse_shape_args
 from ..plan import PrecisionPlan
 from ..sensitivity import SensitivityReport
+from ..sources import LATENCY_SOURCES
 from ..study import Study
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,6 @@ SCORES = {"SNR (dB)": "snr_db", "cosine": "cosine", "isolation gain": "isolation
           "latency share": "latency_share", "rank": "rank"}
 SCORE_ATTENTION = {"snr_db": "low", "cosine": "low", "isolation_gain": "high", "latency_share": "high", "rank": "low"}
 RUNNERS = {"this process": "local", "local agent": "agent", "remote agent": "remote"}
-LATENCY_SOURCES = ("estimate", "emulator", "measured")
 
 # Columns of StudioState.tensors (one row per activation tensor, in topological order):
 #   tensor, node (its producer; "" for a graph input), op, namespace, kind, bits (8 or 16 in the current plan),

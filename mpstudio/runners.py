@@ -1,0 +1,89 @@
+"""Where a study's plans run: in this process (ORT's CPU EP or the local HTP backend) or over agents.
+
+A runner produces a model's outputs on a data source, names the source of the accuracy it gives (so CPU
+numerics, the HTP emulator and a device are never confused), and measures latency where it can.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from .data import Cancelled, DataSource, Feed, Progress
+from .sources import Latency
+
+CPU_SOURCE = "ORT CPU QDQ"
+
+
+class InProcess:
+    """Runs models in this process: ORT's CPU EP, or the HTP backend of this machine's onnxruntime-qnn."""
+
+    agent = None
+
+    def source(self, backend: str) -> str:
+        if backend == "cpu":
+            return CPU_SOURCE
+        from .runtime import htp_is_emulated
+
+        return f"{'HTP emulator' if htp_is_emulated() else 'HTP'} on {socket.gethostname()}"
+
+    def outputs(self, path: Path, data: DataSource, backend: str, options: dict | None, progress: Progress | None,
+                cancel) -> list[Feed]:
+        from .evaluate import run_outputs
+
+        return run_outputs(path, data, backend, options, progress, cancel)
+
+    def measure(self, path: Path, feed: Feed, options: dict):
+        return None  # latency is measured on an agent, whose worker owns the session and the clock
+
+
+class OverAgent:
+    """Runs models on an AgentClient, or spreads samples over an AgentPool (anything with `run`, `info`)."""
+
+    def __init__(self, agent):
+        self.agent = agent
+
+    def source(self, backend: str) -> str:
+        if backend == "cpu":
+            return CPU_SOURCE
+        agents = getattr(self.agent, "agents", None)
+        info = (agents[0] if agents else self.agent).info()
+        return f"HTP emulator on {info.device}" if info.htp_emulated else f"HTP on {info.device}"
+
+    def outputs(self, path: Path, data: DataSource, backend: str, options: dict | None, progress: Progress | None,
+                cancel) -> list[Feed]:
+        feeds = list(data.feeds())
+        options = options or {}
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled before the run started")
+        message = f"running {path.stem[:8]} on {backend} over the agent"
+        if progress:
+            progress(0, len(feeds), message)
+        if hasattr(self.agent, "map"):
+            results = self.agent.map(path, feeds, backend=backend, provider_options=options)
+        else:
+            results = []
+            for i, feed in enumerate(feeds):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"cancelled after {i} of {len(feeds)} samples")
+                results.append(self.agent.run(path, feed, backend=backend, provider_options=options))
+                if progress:
+                    progress(i + 1, len(feeds), message)
+        return [dict(r.outputs) for r in results]
+
+    def measure(self, path: Path, feed: Feed, options: dict):
+        """The median latency of one sample on the agent's HTP backend (measured on a device, emulator time on
+        an x86_64 host), or None when the agent returned none."""
+        result = self.agent.run(path, feed, backend="htp", provider_options=options, warmup=2, iterations=10,
+                                outputs=False)
+        return Latency.from_stats(result.latency) if result.latency is not None else None
+
+
+def runner_for(agent) -> InProcess | OverAgent:
+    """The runner of `agent`: None for this process, an AgentClient or AgentPool for agents."""
+    if isinstance(agent, (InProcess, OverAgent)):
+        return agent
+    return InProcess() if agent is None else OverAgent(agent)
+
+
+__all__ = ["InProcess", "OverAgent", "runner_for", "CPU_SOURCE"]

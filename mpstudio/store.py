@@ -1,0 +1,436 @@
+"""A study's results on disk: plans, accuracy and latency results, queued evaluations and searches, in SQLite.
+
+WAL mode, each result committed in one transaction when it is measured, so a study killed at any moment
+reopens with every finished evaluation. Work in progress (a running job, a running search) belongs to an
+owner process that keeps a heartbeat; work whose owner is gone is free again, and nothing is marked
+abandoned just because another process opened the study.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import MpstudioError
+from .sources import Latency
+
+DB_FILE = "study.sqlite"
+# A heartbeat older than this means its owner is gone (owners on another host are judged by it alone).
+STALE_AFTER_S = 120.0
+# The WAL is folded into the database file at least this often while results are written.
+CHECKPOINT_EVERY_S = 30.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS plans (
+    id INTEGER PRIMARY KEY, hash TEXT UNIQUE NOT NULL, name TEXT NOT NULL, origin TEXT NOT NULL,
+    plan_json TEXT NOT NULL, sixteen_bit INTEGER NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS accuracy (
+    id INTEGER PRIMARY KEY, plan_id INTEGER NOT NULL REFERENCES plans(id), backend TEXT NOT NULL,
+    source TEXT NOT NULL, metric TEXT NOT NULL, value REAL NOT NULL, higher_is_better INTEGER NOT NULL,
+    snr_db REAL, cosine REAL, samples INTEGER NOT NULL, seconds REAL NOT NULL, created REAL NOT NULL,
+    UNIQUE (plan_id, source));
+CREATE TABLE IF NOT EXISTS latency (
+    id INTEGER PRIMARY KEY, plan_id INTEGER NOT NULL REFERENCES plans(id), source TEXT NOT NULL,
+    place TEXT NOT NULL, ms REAL NOT NULL, detail TEXT NOT NULL, created REAL NOT NULL,
+    UNIQUE (plan_id, source, place));
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY, plan_id INTEGER NOT NULL REFERENCES plans(id), backend TEXT NOT NULL,
+    status TEXT NOT NULL, search_id INTEGER, owner TEXT, error TEXT, created REAL NOT NULL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS searches (
+    id INTEGER PRIMARY KEY, spec TEXT NOT NULL, status TEXT NOT NULL, result TEXT, created REAL NOT NULL,
+    updated REAL NOT NULL, owner TEXT);
+"""
+# Columns added after the first format; added to older stores when they are opened.
+_ADDED_COLUMNS = {"searches": {"owner": "TEXT"}}
+
+# Columns of `StudyStore.evaluations()`: one row per (plan, accuracy source), with the plan's latencies.
+#   plan_id, plan_hash, name, origin, sixteen_bit (activation tensors at 16 bits), backend (cpu/htp),
+#   accuracy_source (e.g. "ORT CPU QDQ", "HTP emulator on <host>", "HTP on <device>"), metric, value,
+#   higher_is_better, snr_db, cosine (outputs against the float model), samples, seconds,
+#   latency_ms, latency_source (estimate/measured/emulator), latency_where, latency_label,
+#   plus `estimate_ms` (the cost model, always present when latency.py could read the model).
+EVALUATION_COLUMNS = [
+    "plan_id", "plan_hash", "name", "origin", "sixteen_bit", "backend", "accuracy_source", "metric", "value",
+    "higher_is_better", "snr_db", "cosine", "samples", "seconds", "latency_ms", "latency_source",
+    "latency_where", "latency_label", "estimate_ms", "created",
+]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One plan's accuracy from one source, with the latencies known for that plan."""
+
+    plan_id: int
+    plan_hash: str
+    name: str
+    backend: str
+    accuracy_source: str
+    metric: str
+    value: float
+    higher_is_better: bool
+    snr_db: float | None
+    cosine: float | None
+    samples: int
+    seconds: float
+    latencies: tuple = ()  # of latency.Latency
+    cached: bool = False  # True when the study already had this result
+
+    def latency(self, source: str = "estimate"):
+        return next((lat for lat in self.latencies if lat.source == source), None)
+
+    def describe(self) -> str:
+        lat = ", ".join(str(lat) for lat in self.latencies) or "no latency"
+        return f"{self.name}: {self.metric} {self.value:.4f} [{self.accuracy_source}]; {lat}"
+
+
+@dataclass(frozen=True)
+class AccuracyRecord:
+    """What one evaluation measured, as the store keeps it."""
+
+    backend: str
+    source: str
+    metric: str
+    value: float
+    higher_is_better: bool
+    snr_db: float | None
+    cosine: float | None
+    samples: int
+    seconds: float
+
+
+def this_process() -> str:
+    """The owner name of work this process runs: host:pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_alive(owner: str | None, updated: float, now: float | None = None) -> bool:
+    """Whether the process named `owner` (host:pid) still runs: checked directly on this host, by the age of
+    its heartbeat (`updated`) elsewhere."""
+    host, _, pid = (owner or "").rpartition(":")
+    if not pid.isdigit():
+        return False
+    if host == socket.gethostname():
+        return _pid_alive(int(pid))
+    return (now or time.time()) - updated < STALE_AFTER_S
+
+
+class StudyStore:
+    """The SQLite file of one study (see the module docstring). Thread-safe within a process."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.owner = this_process()
+        self._lock = threading.RLock()
+        self._db = _connect(self.path)
+        self._last_checkpoint = time.monotonic()
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.DatabaseError:
+                pass  # another process holds the database: its own close checkpoints
+            self._db.close()
+
+    # ---- plans ----
+    def add_plan(self, plan_hash: str, name: str, origin: str, plan_json: dict, sixteen_bit: int) -> int:
+        """The id of the plan with `plan_hash`, stored now if it is new."""
+        with self._transaction() as db:
+            row = db.execute("SELECT id FROM plans WHERE hash = ?", (plan_hash,)).fetchone()
+            if row:
+                return int(row[0])
+            return int(db.execute(
+                "INSERT INTO plans (hash, name, origin, plan_json, sixteen_bit, created) VALUES (?, ?, ?, ?, ?, ?)",
+                (plan_hash, name, origin, json.dumps(plan_json), sixteen_bit, time.time())).lastrowid)
+
+    def plan_row(self, plan_id: int | str) -> tuple[dict, str] | None:
+        """(plan JSON, name) of a plan by id, hash or unique hash prefix; None when there is none."""
+        with self._lock:
+            if isinstance(plan_id, (int, np.integer)) or str(plan_id).isdigit():
+                row = self._db.execute("SELECT plan_json, name FROM plans WHERE id = ?", (int(plan_id),)).fetchone()
+            else:
+                rows = self._db.execute("SELECT plan_json, name FROM plans WHERE hash LIKE ?",
+                                        (f"{plan_id}%",)).fetchall()
+                if len(rows) > 1:
+                    raise MpstudioError(f"plan hash prefix {plan_id!r} is ambiguous ({len(rows)} plans); give more of it")
+                row = rows[0] if rows else None
+        return (json.loads(row[0]), row[1]) if row else None
+
+    def plan_id(self, plan_hash: str) -> int | None:
+        with self._lock:
+            row = self._db.execute("SELECT id FROM plans WHERE hash = ?", (plan_hash,)).fetchone()
+        return int(row[0]) if row else None
+
+    def plans(self) -> pd.DataFrame:
+        """Columns: plan_id, plan_hash, name, origin, sixteen_bit, created."""
+        return self._query("SELECT id AS plan_id, hash AS plan_hash, name, origin, sixteen_bit, created FROM plans "
+                           "ORDER BY id")
+
+    # ---- results ----
+    def record(self, plan_id: int, accuracy: AccuracyRecord, latencies=()) -> None:
+        """Store one evaluation's accuracy and latencies in one transaction."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO accuracy (plan_id, backend, source, metric, value, higher_is_better, snr_db,"
+                " cosine, samples, seconds, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (plan_id, accuracy.backend, accuracy.source, accuracy.metric, float(accuracy.value),
+                 int(accuracy.higher_is_better), accuracy.snr_db, accuracy.cosine, accuracy.samples,
+                 accuracy.seconds, time.time()))
+            for latency in latencies:
+                if latency is not None:
+                    self._insert_latency(db, plan_id, latency)
+        self._maybe_checkpoint()
+
+    def result_count(self) -> int:
+        """How many accuracy results the store holds."""
+        with self._lock:
+            try:
+                return int(self._db.execute("SELECT COUNT(*) FROM accuracy").fetchone()[0])
+            except sqlite3.DatabaseError as exc:
+                raise MpstudioError(f"the study store {self.path} could not be read: {exc}") from exc
+
+    def record_latency(self, plan_id: int, latency) -> None:
+        with self._transaction() as db:
+            self._insert_latency(db, plan_id, latency)
+
+    def evaluation(self, plan_id: int, source: str) -> Evaluation | None:
+        """The stored evaluation of a plan from one accuracy source, with every latency of the plan."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT p.hash, p.name, a.backend, a.source, a.metric, a.value, a.higher_is_better, a.snr_db, a.cosine,"
+                " a.samples, a.seconds FROM accuracy a JOIN plans p ON p.id = a.plan_id WHERE a.plan_id = ? AND"
+                " a.source = ?", (plan_id, source)).fetchone()
+            if row is None:
+                return None
+            lats = self._db.execute("SELECT ms, source, place, detail FROM latency WHERE plan_id = ? ORDER BY source",
+                                    (plan_id,)).fetchall()
+        latencies = tuple(Latency(ms=ms, source=src, where=place, detail=detail) for ms, src, place, detail in lats)
+        return Evaluation(plan_id, row[0], row[1], row[2], row[3], row[4], float(row[5]), bool(row[6]), row[7], row[8],
+                          int(row[9]), float(row[10]), latencies, cached=True)
+
+    def evaluations(self) -> pd.DataFrame:
+        """Every evaluated plan with its accuracy and latency (EVALUATION_COLUMNS; one row per accuracy source
+        and latency source, so a plan measured on a device appears once with its estimate, once measured)."""
+        frame = self._query(
+            """SELECT p.id AS plan_id, p.hash AS plan_hash, p.name, p.origin, p.sixteen_bit, a.backend,
+                      a.source AS accuracy_source, a.metric, a.value, a.higher_is_better, a.snr_db, a.cosine,
+                      a.samples, a.seconds, l.ms AS latency_ms, l.source AS latency_source,
+                      l.place AS latency_where, e.ms AS estimate_ms, a.created
+               FROM accuracy a JOIN plans p ON p.id = a.plan_id
+               LEFT JOIN latency l ON l.plan_id = a.plan_id
+               LEFT JOIN latency e ON e.plan_id = a.plan_id AND e.source = 'estimate'
+               ORDER BY a.created, l.source""")
+        frame["higher_is_better"] = frame["higher_is_better"].astype(bool)
+        frame["latency_label"] = [_latency_label(s, w) for s, w in zip(frame["latency_source"], frame["latency_where"])]
+        return frame[EVALUATION_COLUMNS]
+
+    # ---- jobs: queued evaluations that survive a kill ----
+    def submit(self, plan_id: int, backend: str, search_id: int | None) -> int:
+        """A pending job for (plan, backend), or the one already pending or running."""
+        now = time.time()
+        with self._transaction() as db:
+            row = db.execute("SELECT id FROM jobs WHERE plan_id = ? AND backend = ? AND status IN ('pending', 'running')",
+                             (plan_id, backend)).fetchone()
+            if row:
+                return int(row[0])
+            return int(db.execute(
+                "INSERT INTO jobs (plan_id, backend, status, search_id, created, updated) VALUES (?, ?, 'pending', ?, ?, ?)",
+                (plan_id, backend, search_id, now, now)).lastrowid)
+
+    def jobs(self) -> pd.DataFrame:
+        """Columns: job_id, plan_id, backend, status (pending/running/done/failed), search_id, error, owner."""
+        frame = self._query("SELECT id AS job_id, plan_id, backend, status, search_id, error, owner, created, updated"
+                            " FROM jobs ORDER BY id")
+        return _settle(frame)
+
+    def job(self, job_id: int) -> tuple[int, str]:
+        with self._lock:
+            row = self._db.execute("SELECT plan_id, backend FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise MpstudioError(f"this study has no job {job_id}")
+        return int(row[0]), str(row[1])
+
+    def claim_job(self, job_id: int | None = None) -> int | None:
+        """Mark a job running for this process: the oldest pending one (or one a dead process left running), or
+        `job_id`; its id, or None when there is none to take."""
+        now = time.time()
+        with self._transaction() as db:
+            where = "" if job_id is None else " AND id = ?"
+            args = () if job_id is None else (job_id,)
+            rows = db.execute(f"SELECT id, status, owner, updated FROM jobs WHERE status IN ('pending', 'running')"
+                              f"{where} ORDER BY id", args).fetchall()
+            free = next((r[0] for r in rows if r[1] == "pending" or not owner_alive(r[2], r[3], now)), None)
+            if free is None:
+                return None
+            db.execute("UPDATE jobs SET status = 'running', owner = ?, updated = ? WHERE id = ?",
+                       (self.owner, now, free))
+            return int(free)
+
+    def finish_job(self, job_id: int, status: str, error: str | None) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE jobs SET status = ?, error = ?, owner = NULL, updated = ? WHERE id = ?",
+                       (status, error, time.time(), job_id))
+
+    # ---- searches (their spec and state; mpstudio.search runs them) ----
+    def start_search(self, spec: dict) -> int:
+        """Record a search run by this process; an unfinished search with the same spec is continued instead of
+        duplicated. A search another live process runs is not taken over."""
+        text = json.dumps(spec, sort_keys=True)
+        now = time.time()
+        with self._transaction() as db:
+            row = db.execute("SELECT id, status, owner, updated FROM searches WHERE spec = ? AND status != 'done' "
+                             "ORDER BY id DESC LIMIT 1", (text,)).fetchone()
+            if row and row[1] == "running" and row[2] != self.owner and owner_alive(row[2], row[3], now):
+                raise MpstudioError(f"search {row[0]} with the same settings is running in another process "
+                                    f"({row[2]}); wait for it or stop it first")
+            if row:
+                db.execute("UPDATE searches SET status = 'running', owner = ?, updated = ? WHERE id = ?",
+                           (self.owner, now, row[0]))
+                return int(row[0])
+            return int(db.execute("INSERT INTO searches (spec, status, owner, created, updated) "
+                                  "VALUES (?, 'running', ?, ?, ?)", (text, self.owner, now, now)).lastrowid)
+
+    def heartbeat(self, search_id: int) -> None:
+        """Say that this process still runs the search (a search calls it as it evaluates)."""
+        with self._transaction() as db:
+            db.execute("UPDATE searches SET updated = ? WHERE id = ? AND owner = ?", (time.time(), search_id, self.owner))
+        self._maybe_checkpoint()
+
+    def finish_search(self, search_id: int, status: str, result: dict | None) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE searches SET status = ?, result = ?, owner = NULL, updated = ? WHERE id = ?",
+                       (status, json.dumps(_jsonable(result)) if result is not None else None, time.time(), search_id))
+        self.checkpoint()
+
+    def searches(self) -> pd.DataFrame:
+        """Columns: search_id, spec (dict), status (running/done/cancelled/failed/interrupted), result (dict or
+        None), owner. A search whose owner process is gone reads as interrupted."""
+        frame = self._query("SELECT id AS search_id, spec, status, result, owner, created, updated FROM searches"
+                            " ORDER BY id")
+        frame["spec"] = frame["spec"].map(json.loads)
+        # An empty column reads back as NaN, not None: only text is JSON.
+        frame["result"] = frame["result"].map(lambda r: json.loads(r) if isinstance(r, str) else None)
+        return _settle(frame, running_gone="interrupted")
+
+    # ---- housekeeping ----
+    def checkpoint(self) -> None:
+        """Fold the write-ahead log into the database file, so the file alone holds every result."""
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.DatabaseError:
+                pass  # busy: the next checkpoint folds it
+            self._last_checkpoint = time.monotonic()
+
+    def _maybe_checkpoint(self) -> None:
+        if time.monotonic() - self._last_checkpoint >= CHECKPOINT_EVERY_S:
+            self.checkpoint()
+
+    def _insert_latency(self, db, plan_id: int, latency) -> None:
+        db.execute("INSERT OR REPLACE INTO latency (plan_id, source, place, ms, detail, created) VALUES (?, ?, ?, ?, ?, ?)",
+                   (plan_id, latency.source, latency.where, float(latency.ms), latency.detail, time.time()))
+
+    def _query(self, sql: str) -> pd.DataFrame:
+        with self._lock:
+            try:
+                return pd.read_sql_query(sql, self._db)
+            except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+                raise MpstudioError(f"the study store {self.path} could not be read: {exc}") from exc
+
+    @contextmanager
+    def _transaction(self):
+        with self._lock:
+            try:
+                with self._db:  # commits on success, rolls back on error
+                    yield self._db
+            except sqlite3.DatabaseError as exc:
+                raise MpstudioError(f"the study store {self.path} failed: {exc}") from exc
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # Switching to WAL and setting up the schema need the database to themselves for a moment; another
+    # process opening the same new study gets "locked" at once rather than waiting, so wait here.
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            return _connect_once(path)
+        except MpstudioError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _connect_once(path: Path) -> sqlite3.Connection:
+    db = None
+    try:
+        db = sqlite3.connect(path, timeout=30.0, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a commit survives a killed process
+        db.execute("PRAGMA foreign_keys=ON")
+        db.execute("BEGIN IMMEDIATE")  # one process at a time sets up or upgrades the schema
+        for statement in filter(str.strip, _SCHEMA.split(";")):
+            db.execute(statement)
+        for table, columns in _ADDED_COLUMNS.items():
+            have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+            for column, kind in columns.items():
+                if column not in have:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        db.commit()
+        return db
+    except sqlite3.DatabaseError as exc:
+        if db is not None:
+            db.close()
+        raise MpstudioError(f"{path} is not a readable study store ({exc}); move it aside to start the study "
+                            "afresh") from exc
+
+
+def _settle(frame: pd.DataFrame, running_gone: str = "pending") -> pd.DataFrame:
+    """Rows marked running whose owner process is gone read as `running_gone`."""
+    if len(frame):
+        now = time.time()
+        gone = [status == "running" and not owner_alive(owner, updated, now)
+                for status, owner, updated in zip(frame["status"], frame["owner"], frame["updated"])]
+        frame.loc[gone, "status"] = running_gone
+    return frame
+
+
+def _jsonable(value):
+    """`value` with non-finite floats as None: JSON has no NaN, and other readers reject it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _latency_label(source, where) -> str:
+    if source is None or (isinstance(source, float) and np.isnan(source)):
+        return ""
+    return Latency(ms=0.0, source=source, where=where).label
+
+
+__all__ = ["StudyStore", "Evaluation", "AccuracyRecord", "EVALUATION_COLUMNS", "DB_FILE", "this_process",
+           "owner_alive"]

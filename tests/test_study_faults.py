@@ -1,0 +1,218 @@
+"""Studies under faults: two processes creating one study, a deleted write-ahead log, a read while a search
+runs elsewhere, and damaged study.json files. Real processes, real SQLite files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import onnx
+import pytest
+
+from conftest import chain_feeds, make_chain_model
+from mpstudio.data import FeedList
+from mpstudio.errors import MpstudioError
+from mpstudio.plan import PrecisionPlan
+from mpstudio.study import STUDY_FILE, Study
+
+_CREATE = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from conftest import chain_feeds
+    from mpstudio.data import FeedList
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.study import Study
+    start = float(sys.argv[1])
+    while time.time() < start:
+        time.sleep(0.005)
+    study = Study.create({folder!r}, {model!r}, FeedList(chain_feeds(6)), FeedList(chain_feeds(4, seed=3)))
+    print(study.evaluate(PrecisionPlan.a8w8()).value)
+    study.close()
+""")
+
+
+def _model(tmp_path, **kwargs):
+    path = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(**kwargs), path)
+    return path
+
+
+def test_two_processes_creating_one_study_make_one_that_works(tmp_path):
+    model, folder = _model(tmp_path), tmp_path / "study"
+    code = _CREATE.format(tests=os.path.dirname(__file__), folder=str(folder), model=str(model))
+    start = str(time.time() + 4)  # both start together, after their imports
+    runs = [subprocess.Popen([sys.executable, "-c", code, start], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    outs = [run.communicate(timeout=300) for run in runs]
+    # One creates it; the other either waits and opens it, or is told it exists. Neither breaks it.
+    codes = [run.returncode for run in runs]
+    assert 0 in codes, outs
+    for run, (out, err) in zip(runs, outs):
+        assert run.returncode == 0 or "already holds a study" in err, err
+    with Study.open(folder) as study:
+        assert (folder / "model.onnx").exists()
+        assert study.evaluate(PrecisionPlan.a16w8()).value > 0
+    assert not list(folder.glob(".creating*"))
+
+
+def test_a_deleted_write_ahead_log_is_reported_not_hidden(tmp_path):
+    folder = tmp_path / "study"
+    study = Study.create(folder, _model(tmp_path), FeedList(chain_feeds(6)), FeedList(chain_feeds(4, seed=3)))
+    study.evaluate(PrecisionPlan.a8w8())
+    study.evaluate(PrecisionPlan.a16w8())
+    # Another connection keeps the log from being folded in, as a search running elsewhere would.
+    holder = sqlite3.connect(folder / "study.sqlite")
+    holder.execute("BEGIN")
+    holder.execute("SELECT COUNT(*) FROM plans").fetchone()
+    wal = folder / "study.sqlite-wal"
+    copy = {p.name: p.read_bytes() for p in folder.glob("study.sqlite*")}
+    holder.rollback()
+    holder.close()
+    study.close()
+    # What a user gets who copies the study without its -wal file (or deletes it) mid-search.
+    for name, data in copy.items():
+        (folder / name).write_bytes(data)
+    assert wal.exists() and wal.stat().st_size  # the results live in the log until a checkpoint
+    wal.unlink()
+    for extra in folder.glob("study.sqlite-shm"):
+        extra.unlink()
+    with pytest.raises(MpstudioError, match=r"write-ahead log .*deleted"):
+        Study.open(folder)
+
+
+def test_results_are_checkpointed_into_the_database_file(tmp_path, monkeypatch):
+    import mpstudio.store as store
+
+    monkeypatch.setattr(store, "CHECKPOINT_EVERY_S", 0.0)
+    folder = tmp_path / "study"
+    study = Study.create(folder, _model(tmp_path), FeedList(chain_feeds(6)), FeedList(chain_feeds(4, seed=3)))
+    study.evaluate(PrecisionPlan.a8w8())
+    study.evaluate(PrecisionPlan.a16w8())
+    # While the study is still open, the database file alone (no -wal) holds both results.
+    copy = tmp_path / "copy.sqlite"
+    copy.write_bytes((folder / "study.sqlite").read_bytes())
+    with sqlite3.connect(copy) as db:
+        assert db.execute("SELECT COUNT(*) FROM accuracy").fetchone()[0] == 2
+    study.close()
+
+
+_SLOW_SEARCH = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from conftest import chain_feeds
+    from mpstudio.data import FeedList
+    from mpstudio.search import search
+    from mpstudio.study import Study
+    from pathlib import Path
+    study = Study.create({folder!r}, {model!r}, FeedList(chain_feeds(8)), FeedList(chain_feeds(6, seed=3)))
+    release = Path({release!r})
+
+    def hold(*args):  # the walk waits here until the test lets it go on
+        while not release.exists():
+            time.sleep(0.05)
+
+    search(study, "a16w8+2%", max_evaluations=14, weights="per-tensor", progress=hold)
+    study.close()
+""")
+
+
+def _wait_for_a_running_search(folder, process) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        db = folder / "study.sqlite"
+        if db.exists():
+            try:
+                with sqlite3.connect(db, timeout=10) as conn:
+                    if conn.execute("SELECT COUNT(*) FROM searches WHERE status = 'running'").fetchone()[0]:
+                        return
+            except sqlite3.OperationalError:
+                pass  # the store is being created
+        time.sleep(0.1)
+    raise AssertionError(f"no search started: {process.stdout.read().decode() if process.poll() is not None else ''}")
+
+
+def test_study_show_during_a_live_search_neither_crashes_nor_interrupts_it(tmp_path):
+    folder = tmp_path / "study"
+    release = tmp_path / "release"
+    code = _SLOW_SEARCH.format(tests=os.path.dirname(__file__), folder=str(folder), model=str(_model(tmp_path)),
+                               release=str(release))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    search = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_a_running_search(folder, search)
+        for _ in range(2):
+            show = subprocess.run([sys.executable, "-m", "mpstudio", "study", "show", str(folder)], env=env,
+                                  capture_output=True, text=True, timeout=120)
+            assert show.returncode == 0 and "Traceback" not in show.stderr, show.stderr
+        with Study.open(folder) as study:  # a reader in this process marks nothing
+            assert study.searches()["status"].tolist() == ["running"]
+        assert search.poll() is None, "the search stopped while it was being read"
+        assert "running now in another process" in show.stdout
+        release.touch()
+        assert search.wait(timeout=300) == 0, search.stdout.read().decode()
+    finally:
+        if search.poll() is None:
+            search.send_signal(signal.SIGKILL)
+        search.wait()
+    with Study.open(folder) as study:  # it went on to the end
+        assert study.searches()["status"].tolist() == ["done"]
+
+
+def test_a_killed_search_reads_as_interrupted(tmp_path):
+    folder = tmp_path / "study"
+    code = _SLOW_SEARCH.format(tests=os.path.dirname(__file__), folder=str(folder), model=str(_model(tmp_path)),
+                               release=str(tmp_path / "never"))
+    search = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    _wait_for_a_running_search(folder, search)
+    search.send_signal(signal.SIGKILL)
+    search.wait()
+    with Study.open(folder) as study:
+        assert study.searches()["status"].tolist() == ["interrupted"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "JSON object"),
+    ('{"format": 1}', "lacks or mistypes"),
+    ('{"format": 1, "inputs": "x", "metric": {}}', "lacks or mistypes"),
+    ('{"format": 1, "inputs": [3], "metric": {}}', "lacks or mistypes"),
+    ('{"format": 99, "inputs": ["x"], "metric": {}}', "format 99"),
+    (b"\xff\xfe\x00garbage", "not text"),
+    ("", "not valid JSON"),
+])
+def test_damaged_study_json_gives_a_clean_error(tmp_path, text, message):
+    folder = tmp_path / "study"
+    Study.create(folder, _model(tmp_path), FeedList(chain_feeds(4)), FeedList(chain_feeds(2, seed=3))).close()
+    path = folder / STUDY_FILE
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(MpstudioError, match=message):
+        Study.open(folder)
+    show = subprocess.run([sys.executable, "-m", "mpstudio", "study", "show", str(folder)], capture_output=True,
+                          text=True, timeout=120)
+    assert show.returncode == 2 and "Traceback" not in show.stderr and "mpstudio: error" in show.stderr
+
+
+def test_a_study_without_its_model_says_so(tmp_path):
+    folder = tmp_path / "study"
+    Study.create(folder, _model(tmp_path), FeedList(chain_feeds(4)), FeedList(chain_feeds(2, seed=3))).close()
+    (folder / "model.onnx").unlink()
+    with pytest.raises(MpstudioError, match="no model.onnx"):
+        Study.open(folder)
+
+
+def test_searches_with_nan_results_read_back(tmp_path):
+    folder = tmp_path / "study"
+    study = Study.create(folder, _model(tmp_path), FeedList(chain_feeds(4)), FeedList(chain_feeds(2, seed=3)))
+    done = study.start_search({"target": "x"})
+    study.finish_search(done, "done", {"gap": float("nan"), "path": [1, 2]})
+    study.start_search({"target": "y"})  # a running search with no result yet, beside a finished one
+    frame = study.searches()
+    assert frame["result"].iloc[0] == {"gap": None, "path": [1, 2]} and frame["result"].iloc[1] is None
+    assert json.loads(json.dumps(frame["result"].tolist()))
+    study.close()
