@@ -82,6 +82,11 @@ def _quantize(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(path.read_bytes())
     print(f"{plan.summary()} -> {out}")
+    if args.htp_arch:
+        from .latency import estimate_latency
+
+        estimate = estimate_latency(out, args.htp_arch)
+        print(f"estimated latency: {estimate.htp}\n                   {estimate.latency}")
     return 0
 
 
@@ -289,7 +294,7 @@ def _add_prepare_parser(sub) -> None:
 
 
 def _add_quantize_parser(sub) -> None:
-    q = sub.add_parser("quantize", help="write the QDQ model of a precision plan")
+    q = sub.add_parser("quantize", help="write the QDQ model of a precision plan (and print its estimated latency)")
     q.add_argument("model", help="float ONNX model")
     q.add_argument("--data", required=True, help="folder of calibration samples (.npz per sample, keys = input names)")
     q.add_argument("--plan", help="precision plan JSON (default: all 8-bit)")
@@ -298,6 +303,7 @@ def _add_quantize_parser(sub) -> None:
     q.add_argument("--samples", type=int, help="use only the first N calibration samples")
     q.add_argument("--method", default="minmax", choices=["minmax", "entropy", "percentile"], help="calibration method")
     q.add_argument("--cache", help="cache folder for calibration ranges and generated models")
+    q.add_argument("--htp-arch", default="75", help="HTP architecture of the printed latency estimate")
     _add_quiet_arg(q)
     q.set_defaults(func=_quantize)
 

@@ -52,18 +52,21 @@ CREATE TABLE IF NOT EXISTS searches (
     updated REAL NOT NULL, owner TEXT);
 """
 # Columns added after the first format; added to older stores when they are opened.
-_ADDED_COLUMNS = {"searches": {"owner": "TEXT"}}
+# Latency scope and interval: empty in rows stored before them (Latency fills the scope in, no interval).
+_ADDED_COLUMNS = {"searches": {"owner": "TEXT"},
+                  "latency": {"includes": "TEXT", "low_ms": "REAL", "high_ms": "REAL"}}
 
 # Columns of `StudyStore.evaluations()`: one row per (plan, accuracy source), with the plan's latencies.
 #   plan_id, plan_hash, name, origin, sixteen_bit (activation tensors at 16 bits), backend (cpu/htp),
 #   accuracy_source (e.g. "ORT CPU QDQ", "HTP emulator on <host>", "HTP on <device>"), metric, value,
 #   higher_is_better, snr_db, cosine (outputs against the float model), samples, seconds,
-#   latency_ms, latency_source (estimate/measured/emulator), latency_where, latency_label,
+#   latency_ms, latency_source (estimate/measured/emulator), latency_where, latency_label (what the figure is
+#   and includes), latency_low_ms / latency_high_ms (the estimate's interval; NaN without one),
 #   plus `estimate_ms` (the cost model, always present when latency.py could read the model).
 EVALUATION_COLUMNS = [
     "plan_id", "plan_hash", "name", "origin", "sixteen_bit", "backend", "accuracy_source", "metric", "value",
     "higher_is_better", "snr_db", "cosine", "samples", "seconds", "latency_ms", "latency_source",
-    "latency_where", "latency_label", "estimate_ms", "created",
+    "latency_where", "latency_label", "latency_low_ms", "latency_high_ms", "estimate_ms", "created",
 ]
 
 
@@ -213,9 +216,11 @@ class StudyStore:
                 " a.source = ?", (plan_id, source)).fetchone()
             if row is None:
                 return None
-            lats = self._db.execute("SELECT ms, source, place, detail FROM latency WHERE plan_id = ? ORDER BY source",
+            lats = self._db.execute("SELECT ms, source, place, detail, includes, low_ms, high_ms FROM latency"
+                                    " WHERE plan_id = ? ORDER BY source",
                                     (plan_id,)).fetchall()
-        latencies = tuple(Latency(ms=ms, source=src, where=place, detail=detail) for ms, src, place, detail in lats)
+        latencies = tuple(Latency(ms=ms, source=src, where=place, detail=detail, includes=includes or "", low_ms=low,
+                                  high_ms=high) for ms, src, place, detail, includes, low, high in lats)
         return Evaluation(plan_id, row[0], row[1], row[2], row[3], row[4], float(row[5]), bool(row[6]), row[7], row[8],
                           int(row[9]), float(row[10]), latencies, cached=True)
 
@@ -226,13 +231,17 @@ class StudyStore:
             """SELECT p.id AS plan_id, p.hash AS plan_hash, p.name, p.origin, p.sixteen_bit, a.backend,
                       a.source AS accuracy_source, a.metric, a.value, a.higher_is_better, a.snr_db, a.cosine,
                       a.samples, a.seconds, l.ms AS latency_ms, l.source AS latency_source,
-                      l.place AS latency_where, e.ms AS estimate_ms, a.created
+                      l.place AS latency_where, l.includes AS latency_includes, l.low_ms AS latency_low_ms,
+                      l.high_ms AS latency_high_ms, e.ms AS estimate_ms, a.created
                FROM accuracy a JOIN plans p ON p.id = a.plan_id
                LEFT JOIN latency l ON l.plan_id = a.plan_id
                LEFT JOIN latency e ON e.plan_id = a.plan_id AND e.source = 'estimate'
                ORDER BY a.created, l.source""")
         frame["higher_is_better"] = frame["higher_is_better"].astype(bool)
-        frame["latency_label"] = [_latency_label(s, w) for s, w in zip(frame["latency_source"], frame["latency_where"])]
+        frame["latency_label"] = [_latency_label(s, w, i) for s, w, i in
+                                  zip(frame["latency_source"], frame["latency_where"], frame["latency_includes"])]
+        for column in ("latency_low_ms", "latency_high_ms"):
+            frame[column] = frame[column].astype(float)
         return frame[EVALUATION_COLUMNS]
 
     # ---- jobs: queued evaluations that survive a kill ----
@@ -338,8 +347,10 @@ class StudyStore:
             self.checkpoint()
 
     def _insert_latency(self, db, plan_id: int, latency) -> None:
-        db.execute("INSERT OR REPLACE INTO latency (plan_id, source, place, ms, detail, created) VALUES (?, ?, ?, ?, ?, ?)",
-                   (plan_id, latency.source, latency.where, float(latency.ms), latency.detail, time.time()))
+        db.execute("INSERT OR REPLACE INTO latency (plan_id, source, place, ms, detail, created, includes, low_ms,"
+                   " high_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (plan_id, latency.source, latency.where, float(latency.ms), latency.detail, time.time(),
+                    latency.includes, latency.low_ms, latency.high_ms))
 
     def _query(self, sql: str) -> pd.DataFrame:
         with self._lock:
@@ -426,10 +437,10 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _latency_label(source, where) -> str:
+def _latency_label(source, where, includes=None) -> str:
     if source is None or (isinstance(source, float) and np.isnan(source)):
         return ""
-    return Latency(ms=0.0, source=source, where=where).label
+    return Latency(ms=0.0, source=source, where=where, includes=includes if isinstance(includes, str) else "").label
 
 
 __all__ = ["StudyStore", "Evaluation", "AccuracyRecord", "EVALUATION_COLUMNS", "DB_FILE", "this_process",

@@ -372,6 +372,9 @@ class Study:
             return "\n".join(lines)
         lines.append(f"accuracy from {frame['accuracy_source'].iloc[0]}; latency: {frame['latency_label'].iloc[0]}")
         show = frame[["plan_id", "name", "origin", "sixteen_bit", "value", "latency_ms", "pareto"]].copy()
+        if frame["latency_low_ms"].notna().any():  # an estimate's interval, beside it
+            show.insert(6, "interval (ms)", [f"{lo:.3f}-{hi:.3f}" if lo == lo else "-"
+                                             for lo, hi in zip(frame["latency_low_ms"], frame["latency_high_ms"])])
         show["pareto"] = show["pareto"].map({True: "*", False: ""})
         show = show.rename(columns={"value": self.metric_name, "latency_ms": "latency (ms)", "pareto": "front",
                                     "sixteen_bit": "16-bit"})

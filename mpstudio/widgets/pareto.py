@@ -15,7 +15,7 @@ from .base import laid_out_once, shows_errors
 from .state import StudioState
 
 _EMPTY = {"plan_id": [], "name": [], "origin": [], "value": [], "latency_ms": [], "sixteen_bit": [], "front": [],
-          "color": [], "marker": [], "size": [], "accuracy_source": [], "latency_label": []}
+          "color": [], "marker": [], "size": [], "accuracy_source": [], "latency_label": [], "interval": []}
 
 
 class ParetoPlot(pn.viewable.Viewer):
@@ -58,7 +58,7 @@ class ParetoPlot(pn.viewable.Viewer):
                                 text_font_size="11px", text_color="#333"))
         fig.add_tools(HoverTool(renderers=[points], tooltips=[
             ("plan", "@plan_id: @name (@origin)"), ("accuracy", "@value{0.0000}"),
-            ("latency", "@latency_ms{0.000} ms"), ("16-bit tensors", "@sixteen_bit"),
+            ("latency", "@latency_ms{0.000} ms"), ("interval", "@interval"), ("16-bit tensors", "@sixteen_bit"),
             ("on the front", "@front"), ("accuracy from", "@accuracy_source"), ("latency", "@latency_label")]),
             TapTool(renderers=[points]))
         fig.x_range.range_padding = fig.y_range.range_padding = 0.25  # room for the baselines' labels
@@ -90,6 +90,7 @@ class ParetoPlot(pn.viewable.Viewer):
                 "size": [13 if b else 10 for b in baseline],
                 "accuracy_source": frame["accuracy_source"].tolist(),
                 "latency_label": frame["latency_label"].tolist(),
+                "interval": [_interval(lo, hi) for lo, hi in zip(frame["latency_low_ms"], frame["latency_high_ms"])],
             }
             pts = frame[on_front].sort_values("latency_ms")
             front = {"x": pts["latency_ms"].astype(float).tolist(), "y": pts["value"].astype(float).tolist()}
@@ -135,3 +136,10 @@ class ParetoPlot(pn.viewable.Viewer):
         plan_id = self.points.data["plan_id"][new[-1]]
         if plan_id is not None and not (isinstance(plan_id, float) and math.isnan(plan_id)):
             self.state.load_plan(int(plan_id))
+
+
+def _interval(low, high) -> str:
+    """The estimate's interval for the hover, or a dash for a latency without one (a measurement)."""
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "-"
+    return f"{low:.3f}-{high:.3f} ms (cost model's interval)"
