@@ -241,6 +241,7 @@ class _Op:
     cls: str = ""  # cost class (OP_CLASSES)
     kind: str = "compute"  # "compute", "convert", "io", "graph"
     hidden_by: int = -1  # index of the matrix op whose time can hide this activation's HVX time
+    absorbed: list = field(default_factory=list)  # tensors a fused pattern (SiLU, Gelu) now reads inside itself
 
 
 @dataclass
@@ -436,6 +437,7 @@ def _fuse_gated(graph: _OpGraph, gate: _Op, fused: str) -> None:
     if mul is None or mul.op_type != "Mul" or {name for name, _, _ in mul.inputs} != {x, gate.outputs[0][0]}:
         return
     gate.engine = "fused"
+    mul.absorbed = [gate.outputs[0][0]]
     mul.op_type, mul.cls = fused, _HVX_CLASS[fused]
     mul.inputs = [i for i in mul.inputs if i[0] == x][:1]
 
@@ -465,6 +467,7 @@ def _fuse_gelu(graph: _OpGraph, erf: _Op) -> None:
     for op in group:
         if op is not last:
             op.engine = "fused"
+            last.absorbed += [name for name, _, _ in op.outputs]
     last.op_type, last.cls, last.engine = "Gelu", "transcendental", "hvx"
     last.inputs = [(x, pre.inputs[0][1], pre.inputs[0][2])]
 
@@ -1037,6 +1040,8 @@ class _PromotionAnalysis:
             for name, _, n in op.inputs:
                 self.consumers[name].add(i)
                 self.elements[name] = n
+            for name in op.absorbed:  # a fused pattern still reads its inner tensors in the QDQ model
+                self.consumers[name].add(i)
             for name, _, n in op.outputs:
                 self.producer[name] = i
                 self.elements[name] = n

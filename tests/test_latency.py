@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import numpy as np
@@ -13,8 +15,10 @@ from conftest import IR, conv_feeds, make_conv_model
 from mpstudio.agent.protocol import LatencyStats
 from mpstudio.data import FeedList
 from mpstudio.errors import MpstudioError
-from mpstudio.latency import (HTP_ARCHS, OP_COLUMNS, Latency, LatencyEstimate, estimate_latency, htp_arch,
-                              promotion_costs)
+from latency_profile import PROFILE, fingerprint, quantized
+from mpstudio.agent.protocol import OpProfile
+from mpstudio.latency import (HTP_ARCHS, HTP_ONLY, OP_COLUMNS, WITH_CPU_IO, Latency, LatencyEstimate, calibrate,
+                              estimate_latency, htp_arch, promotion_costs)
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
@@ -101,13 +105,21 @@ def conv_net(tmp_path_factory):
 
 
 # ---- Latency --------------------------------------------------------------------------------------------------
-def test_latency_labels_always_name_the_source():
-    assert Latency(1.5, "estimate", "HTP v75 (cost model)").label == "estimate, HTP v75 cost model"
+def test_latency_labels_name_the_source_and_what_the_figure_includes():
+    # A latency stored before scopes existed (no `includes`) reads as what it was: an estimate with CPU I/O.
+    assert (Latency(1.5, "estimate", "HTP v75 (cost model)").label
+            == "estimate, HTP v75 cost model, HTP + CPU graph I/O")
+    htp = Latency(1.2, "estimate", "HTP v75 (cost model)", includes=HTP_ONLY, low_ms=1.0, high_ms=1.5)
+    assert htp.label == "estimate, HTP v75 cost model, HTP only" and htp.interval == "1.000-1.500 ms"
+    assert str(htp) == "1.200 ms [1.000-1.500 ms] (estimate, HTP v75 cost model, HTP only)"
+    calibrated = Latency(1.0, "estimate", "HTP v75 (cost model, calibrated on Galaxy S24)")
+    assert calibrated.label.startswith("estimate, calibrated on Galaxy S24, HTP v75 cost model")
+    assert calibrated.calibrated_on == "Galaxy S24"
     measured = Latency(2.0, "measured", "Galaxy S24")
-    assert measured.label == "measured on Galaxy S24" and measured.is_device_latency
+    assert measured.label == "measured on Galaxy S24, whole session run" and measured.is_device_latency
     emulated = Latency(300.0, "emulator", "x86_64 host")
     assert "not device latency" in emulated.label and not emulated.is_device_latency
-    assert str(measured) == "2.000 ms (measured on Galaxy S24)"
+    assert str(measured) == "2.000 ms (measured on Galaxy S24, whole session run)"
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -116,6 +128,9 @@ def test_latency_labels_always_name_the_source():
     dict(ms=float("nan"), source="estimate", where="HTP v75 (cost model)"),
     dict(ms="fast", source="measured", where="phone"),
     dict(ms=1.0, source="measured", where=""),
+    dict(ms=1.0, source="estimate", where="HTP v75 (cost model)", includes="everything"),
+    dict(ms=1.0, source="estimate", where="HTP v75 (cost model)", low_ms=0.5),
+    dict(ms=1.0, source="estimate", where="HTP v75 (cost model)", low_ms=1.2, high_ms=1.5),
 ])
 def test_latency_rejects_bad_values(kwargs):
     with pytest.raises(MpstudioError):
@@ -123,8 +138,10 @@ def test_latency_rejects_bad_values(kwargs):
 
 
 def test_latency_round_trips_and_checks_its_dict():
-    latency = Latency(0.75, "estimate", "HTP v73 (cost model)", "QDQ")
+    latency = Latency(0.75, "estimate", "HTP v73 (cost model)", "QDQ", HTP_ONLY, 0.6, 0.9)
     assert Latency.from_dict(latency.to_dict()) == latency
+    old = Latency.from_dict({"ms": 0.75, "source": "estimate", "where": "HTP v73 (cost model)", "detail": "QDQ"})
+    assert old.includes == WITH_CPU_IO and old.low_ms is None
     with pytest.raises(MpstudioError, match="missing"):
         Latency.from_dict({"ms": 1.0, "source": "measured"})
     with pytest.raises(MpstudioError, match="unknown"):
@@ -157,45 +174,44 @@ def test_every_arch_is_accepted_and_an_unknown_one_lists_the_valid(single_conv):
 
 
 # ---- hand-computed values -------------------------------------------------------------------------------------------
-def test_one_conv_matches_the_formulas(single_conv):
+def test_one_conv_prices_its_macs_types_and_bytes(single_conv):
     a8, a16 = single_conv
     arch = HTP_ARCHS["75"]
     macs = 1 * 32 * 8 * 8 * 32 * 9  # batch x cout x output pixels x cin x kernel
-    weight_bytes = 32 * 32 * 9 * 1 + 32 * 4  # uint8 weights, int32 bias
-
-    def expected(act_bytes, divisor):
-        compute = macs * divisor / (arch.hmx_macs_per_cycle * arch.hmx_efficiency * arch.clock_ghz * 1e9) * 1e3
-        memory = (2 * 32 * 64 * act_bytes / (arch.vtcm_gbs * 1e9) + weight_bytes / (arch.ddr_gbs * 1e9)) * 1e3
-        return compute, memory, max(compute, memory) + arch.op_overhead_us / 1e3
-
-    for model, act_bytes, divisor, act_type in ((a8, 1, 1.0, "uint8"), (a16, 2, arch.rate_16x8, "uint16")):
-        estimate = estimate_latency(model, "75")
-        conv = estimate.ops.set_index("node").loc["conv"]
-        compute, memory, ms = expected(act_bytes, divisor)
+    rows = [estimate_latency(m, "75").ops.set_index("node").loc["conv"] for m in (a8, a16)]
+    for conv, act_type in zip(rows, ("uint8", "uint16")):
         assert conv["macs"] == macs and conv["act_type"] == act_type and conv["weight_type"] == "uint8"
-        assert conv["weight_bytes"] == weight_bytes
-        assert conv["compute_ms"] == pytest.approx(compute, rel=1e-9)
-        assert conv["memory_ms"] == pytest.approx(memory, rel=1e-9)
-        assert conv["ms"] == pytest.approx(ms, rel=1e-9)
-        assert conv["bound"] == ("compute" if compute >= memory and compute > arch.op_overhead_us / 1e3 else
-                                 "memory" if memory > arch.op_overhead_us / 1e3 else "overhead")
-        # Graph I/O on the CPU: float x read and quantized x written, quantized y read and float y written.
-        io = estimate.ops[estimate.ops["kind"] == "io"]
-        assert set(io["op_type"]) == {"QuantizeLinear", "DequantizeLinear"}
-        assert io["ms"].sum() == pytest.approx(2 * 32 * 64 * (4 + act_bytes) / (arch.cpu_io_gbs * 1e9) * 1e3)
-        assert estimate.ms == pytest.approx(ms + io["ms"].sum() + arch.graph_overhead_us / 1e3)
-        assert estimate.ops["share"].sum() == pytest.approx(1.0)
-        assert list(estimate.ops.columns) == list(OP_COLUMNS)
+        assert conv["weight_bytes"] == 32 * 32 * 9 * 1 + 32 * 4  # uint8 weights, int32 bias
+        assert conv["engine"] == "hmx" and conv["op_class"] == "hmx"
+        assert conv["ms"] == pytest.approx(max(conv["compute_ms"], conv["memory_ms"]) + conv["overhead_ms"])
+    # 16-bit activations: the 16x8 matrix rate and twice the activation bytes.
+    assert rows[1]["compute_ms"] / rows[0]["compute_ms"] == pytest.approx(arch.costs.rate_16x8)
+    assert rows[1]["act_bytes"] == 2 * rows[0]["act_bytes"]
+
+
+def test_the_estimate_says_what_it_includes_and_carries_an_interval(single_conv):
+    estimate = estimate_latency(single_conv[0], "75")
+    ops = estimate.ops
+    io = ops[ops["kind"] == "io"]
+    assert set(io["op_type"]) == {"QuantizeLinear", "DequantizeLinear"} and (io["engine"] == "cpu").all()
+    assert estimate.htp.includes == HTP_ONLY and estimate.latency.includes == WITH_CPU_IO
+    assert estimate.htp_ms == pytest.approx(ops.loc[ops["kind"] != "io", "ms"].sum())
+    assert estimate.ms == pytest.approx(estimate.htp_ms + io["ms"].sum())
+    for latency in (estimate.htp, estimate.latency):
+        assert latency.low_ms < latency.ms < latency.high_ms
+    # An all-8-bit model's interval is the fit's spread of absolute w8a8 figures.
+    factor = estimate.htp.high_ms / estimate.htp.ms
+    assert factor == pytest.approx(np.exp(HTP_ARCHS["75"].spread.absolute), rel=1e-6)
+    assert ops["share"].sum() == pytest.approx(1.0) and list(ops.columns) == list(OP_COLUMNS)
 
 
 def test_low_channel_conv_pays_for_hmx_padding(tmp_path):
-    q = quantizer_for(make_single_conv(cin=3, cout=32, size=16), (1, 3, 16, 16), tmp_path)
-    conv = estimate_latency(q.generate(PrecisionPlan.a8w8())).ops.set_index("node").loc["conv"]
-    arch = HTP_ARCHS["75"]
-    padded = 32 * 16 * 16 * 32 * 9  # 3 input channels occupy a whole 32-channel block
-    assert conv["macs"] == 32 * 16 * 16 * 3 * 9
-    assert conv["compute_ms"] == pytest.approx(
-        padded / (arch.hmx_macs_per_cycle * arch.hmx_efficiency * arch.clock_ghz * 1e9) * 1e3)
+    narrow = quantizer_for(make_single_conv(cin=3, cout=32, size=16), (1, 3, 16, 16), tmp_path / "n")
+    full = quantizer_for(make_single_conv(cin=32, cout=32, size=16), (1, 32, 16, 16), tmp_path / "f")
+    rows = [estimate_latency(q.generate(PrecisionPlan.a8w8())).ops.set_index("node").loc["conv"]
+            for q in (narrow, full)]
+    assert rows[0]["macs"] * 32 == rows[1]["macs"] * 3
+    assert rows[0]["compute_ms"] == pytest.approx(rows[1]["compute_ms"])  # 3 channels fill a 32-channel block
 
 
 # ---- models that are not (or not quite) QDQ ---------------------------------------------------------------------
@@ -238,9 +254,11 @@ def test_estimate_is_labelled_estimate_everywhere(single_conv):
     assert isinstance(estimate, LatencyEstimate)
     assert estimate.latency.source == "estimate" and not estimate.latency.is_device_latency
     assert estimate.latency.where == "HTP v73 (cost model)"
-    assert estimate.latency.label == "estimate, HTP v73 cost model"
-    assert estimate.summary().split("(", 1)[1].startswith("estimate")
+    assert estimate.latency.label == "estimate, HTP v73 cost model, HTP + CPU graph I/O"
+    assert estimate.htp.label == "estimate, HTP v73 cost model, HTP only"
+    assert "estimate" in estimate.summary() and HTP_ONLY in estimate.summary()
     assert estimate.to_dict()["latency"]["source"] == "estimate"
+    assert estimate.to_dict()["htp"]["includes"] == HTP_ONLY
 
 
 # ---- mixed precision on a small net ----------------------------------------------------------------------------------
@@ -293,7 +311,7 @@ def test_demo_a16w8_costs_more_than_a8w8_and_mixed_lies_between(demo_models, arc
     assert 1.2 < e16.ms / e8.ms < 2.2  # published w8a16/w8a8 ratios lie around 1.5-2 (docs/latency.md)
     assert em.converts > 0 and em.convert_ms > 0 and e8.converts == 0
     for e in (e8, e16, em):
-        assert e.latency.label == f"estimate, HTP v{arch} cost model"
+        assert e.latency.label == f"estimate, HTP v{arch} cost model, HTP + CPU graph I/O"
 
 
 def test_demo_promotion_costs_are_fast_positive_and_predictive(demo_models):
@@ -312,26 +330,137 @@ def test_demo_more_promoted_tensors_never_cost_less(demo_models):
     q, a8, a16, _, costs = demo_models
     assert (costs > 0).all()  # from an all-8-bit plan every single promotion costs time
     for order in (list(costs.sort_values().index), list(costs.sort_values(ascending=False).index)):
-        times = [estimate_latency(a8).ms]
+        estimates = [estimate_latency(a8)]
         for k in (5, 40, 160):
-            times.append(estimate_latency(q.generate(PrecisionPlan.a8w8().promote(order[:k]))).ms)
-        # A bigger set can only save the converts between its members: at most a few per mille.
-        assert all(later >= earlier * 0.995 for earlier, later in zip(times, times[1:])), times
-        assert times[-1] > times[0]
+            estimates.append(estimate_latency(q.generate(PrecisionPlan.a8w8().promote(order[:k]))))
+        # A bigger set can only save the converts between its members: never more than they cost.
+        for earlier, later in zip(estimates, estimates[1:]):
+            assert later.ms >= earlier.ms - earlier.convert_ms, (earlier.ms, later.ms, earlier.convert_ms)
+        assert estimates[-1].ms > estimates[0].ms
     # Many precision boundaries can cost more than all-16-bit: converts are not free.
     assert estimate_latency(a16).ms > estimate_latency(a8).ms
 
 
 # ---- against published device measurements ------------------------------------------------------------------
-def test_mobilenet_v2_ratios_lie_in_the_published_range(tmp_path):
+def test_mobilenet_v2_matches_its_published_figures(tmp_path):
     q = quantizer_for(make_mobilenet_v2(), (1, 3, 224, 224), tmp_path)
     a8, a16 = q.generate(PrecisionPlan.a8w8()), q.generate(PrecisionPlan.a16w8())
-    for arch in ("73", "75", "79"):
-        htp = [estimate_latency(m, arch) for m in (a8, a16, q.float_path)]
-        ms = [float(e.ops.loc[e.ops["kind"] != "io", "ms"].sum()) for e in htp]
-        # AI Hub, MobileNet-v2 (QNN DLC): w8a16/w8a8 1.68-1.76 and float/w8a8 1.85-1.99 on these generations.
-        assert 1.3 < ms[1] / ms[0] < 2.0
-        assert 1.5 < ms[2] / ms[0] < 2.5
-    # AI Hub, Galaxy S24 (v75): 0.326 ms w8a8. The cost model is calibrated to be within 30 % of it.
-    v75 = float(estimate_latency(a8, "75").ops.query("kind != 'io'")["ms"].sum())
-    assert v75 == pytest.approx(0.326, rel=0.3)
+    # AI Hub, MobileNet-v2 (QNN DLC; benchmarks/data): w8a8, w8a16, float ms on S24 (v75) and S25 (v79).
+    for arch, published in (("75", (0.326, 0.572, 0.603)), ("79", (0.223, 0.375, 0.444))):
+        ms = [estimate_latency(m, arch).htp_ms for m in (a8, a16, q.float_path)]
+        assert ms[0] == pytest.approx(published[0], rel=0.3)
+        assert ms[1] / ms[0] == pytest.approx(published[1] / published[0], rel=0.15)
+        assert ms[2] / ms[0] == pytest.approx(published[2] / published[0], rel=0.15)
+
+
+# ---- fusions QNN makes -----------------------------------------------------------------------------------------
+def _model(nodes, inits, shape, out_shape) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "fusions", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def test_silu_runs_as_one_op_overlapping_its_conv(tmp_path):
+    q = Quantizer(prepare_model(onnx.load(str(_silu_model_path(tmp_path)))), FeedList(_silu_feeds()), tmp_path / "q")
+    ops = estimate_latency(q.generate(PrecisionPlan.a8w8())).ops.set_index("node")
+    assert ops.loc["conv1_sigmoid", "engine"] == "fused" and ops.loc["conv1_sigmoid", "ms"] == 0
+    silu = ops.loc["conv1_mul"]
+    assert silu["op_type"] == "SiLU" and silu["op_class"] == "transcendental"
+    assert silu["hidden_ms"] > 0  # runs on HVX while HMX computes the conv before it
+    # A Relu after a conv costs nothing: ORT folds it into the conv's quantization, or QNN fuses it.
+    assert "dw_relu" not in ops.index or ops.loc["dw_relu", "engine"] == "fused"
+
+
+def test_gelu_and_bias_fold_like_qnn(tmp_path):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.1, (64, 64)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.zeros(64, np.float32), "b"),
+             numpy_helper.from_array(np.float32(2 ** 0.5), "sqrt2"), numpy_helper.from_array(np.float32(1), "one"),
+             numpy_helper.from_array(np.float32(0.5), "half")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+             helper.make_node("Add", ["mm", "b"], ["h"], name="bias"),
+             helper.make_node("Div", ["h", "sqrt2"], ["d"], name="div"),
+             helper.make_node("Erf", ["d"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "one"], ["e1"], name="add1"),
+             helper.make_node("Mul", ["h", "e1"], ["g"], name="mul"),
+             helper.make_node("Mul", ["g", "half"], ["y"], name="mul_half")]
+    model = _model(nodes, inits, [1, 16, 64], [1, 16, 64])
+    feeds = [{"x": np.random.default_rng(i).normal(0, 1, (1, 16, 64)).astype(np.float32)} for i in range(2)]
+    q = Quantizer(prepare_model(model), FeedList(feeds), tmp_path)
+    for path in (q.generate(PrecisionPlan.a8w8()), q.float_path):
+        ops = estimate_latency(path).ops
+        running = ops[(ops["engine"] != "fused") & (ops["kind"] == "compute")]
+        # ORT's preparation may make MatMul+Add a Gemm between reshapes; either way the bias costs nothing and
+        # the five element-wise ops of the GELU run as one.
+        assert sorted(set(running["op_type"]) - {"Reshape"}) in (["Gelu", "MatMul"], ["Gelu", "Gemm"])
+        assert (running["op_type"] == "Gelu").sum() == 1
+
+
+def _silu_model_path(tmp_path):
+    from latency_profile import silu_net
+
+    path = tmp_path / "silu.onnx"
+    onnx.save(silu_net(), str(path))
+    return path
+
+
+def _silu_feeds():
+    from latency_profile import feeds
+
+    return feeds()
+
+
+# ---- recalibration on a device's per-op profile ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """The recorded per-op HTP profile (tests/latency_profile.py) and the model it was recorded on."""
+    data = json.loads(PROFILE.read_text())
+    model = quantized(tmp_path_factory.mktemp("profiled"))
+    if fingerprint(model) != data["model"]:
+        pytest.skip("the profiled model changed: re-record with python tests/latency_profile.py")
+    return model, OpProfile.from_dict(data["profile"]), data["median_ms"]
+
+
+def _per_op_error(estimate, profile, total_ms) -> float:
+    """Time-weighted mean |log(estimated / profiled)| over the profiled ops that map to the model's ops."""
+    ops = estimate.ops[estimate.ops["kind"].isin(["compute", "convert"]) & (estimate.ops["engine"] != "fused")]
+    by_node = ops.groupby("node")["ms"].sum()
+    costs = np.array([op.cost for op in profile.ops])
+    scale = (total_ms - estimate.io_ms - estimate.arch.costs.graph_overhead_us / 1e3) / costs.sum()
+    err, weight = 0.0, 0.0
+    for op, cost in zip(profile.ops, costs):
+        est = sum(by_node.get(n, 0.0) for n in op.onnx_nodes)
+        if est > 0 and cost > 0:
+            err += cost * abs(np.log(est / (cost * scale)))
+            weight += cost
+    return err / weight
+
+
+def test_recalibration_moves_estimates_toward_the_profile(recorded):
+    model, profile, total_ms = recorded
+    assert profile.source == "emulator" and profile.unit == "cycles"
+    before = estimate_latency(model, "75")
+    calibration = calibrate([(model, profile, total_ms)], "75", allow_emulator=True)
+    after = estimate_latency(model, calibration.arch)
+    assert _per_op_error(after, profile, total_ms) < 0.7 * _per_op_error(before, profile, total_ms)
+    profiled_htp = total_ms - before.io_ms
+    assert abs(np.log(after.htp_ms / profiled_htp)) < abs(np.log(before.htp_ms / profiled_htp))
+    assert after.latency.label.startswith("estimate, calibrated on x86_64 host (HTP emulator host time, not device "
+                                          "latency), HTP v75 cost model")
+    assert after.htp.low_ms < after.htp_ms < after.htp.high_ms
+    assert set(calibration.classes["op_class"]) >= {"hmx", "transcendental", "depthwise"}
+    assert "calibrated on" in calibration.describe()
+    # The promotion costs the search uses follow the calibrated model.
+    recal = promotion_costs(model, ["conv1_silu"], calibration.arch)
+    assert recal["conv1_silu"] != pytest.approx(promotion_costs(model, ["conv1_silu"], "75")["conv1_silu"])
+
+
+def test_recalibration_refuses_emulator_time_unless_asked(recorded):
+    model, profile, total_ms = recorded
+    with pytest.raises(MpstudioError, match="not device latency"):
+        calibrate([(model, profile, total_ms)], "75")
+    with pytest.raises(MpstudioError, match="at least one"):
+        calibrate([], "75")
+    without = dataclasses.replace(profile, ops=())
+    with pytest.raises(MpstudioError, match="no profiled op"):
+        calibrate([(model, without, total_ms)], "75", allow_emulator=True)
