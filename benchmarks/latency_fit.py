@@ -50,7 +50,7 @@ RATIO_TOLERANCE, ABSOLUTE_TOLERANCE = 0.15, 0.30
 SHARED = [("rate_16x8", 2.0, 1.0, 4.0), ("rate_fp16", 2.5, 1.0, 6.0), ("hvx_16bit", 2.0, 1.0, 4.0),
           ("hvx_fp16", 2.5, 1.0, 6.0), ("transcendental", 2.0, 0.5, 8.0), ("transcendental_16", 2.0, 1.0, 8.0),
           ("transcendental_fp16", 2.0, 1.0, 8.0), ("normalize", 6.0, 1.0, 30.0),
-          ("op_cycles", 1500.0, 200.0, 10000.0), ("overlap", 0.5, 0.0, 1.0),
+          ("op_cycles", 1500.0, 200.0, 10000.0), ("overlap", 0.5, 0.01, 1.0),
           ("memory_efficiency", 0.7, 0.2, 1.0)]
 PER_ARCH = [("hmx_gmacs", 10000.0, 1000.0, 40000.0), ("clock_ghz", 1.0, 0.2, 3.0), ("fp16_factor", 1.0, 0.5, 2.0)]
 FIT_ARCHS = ("73", "75", "79")
@@ -219,7 +219,8 @@ def report(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def held_out(cache: Path, archs) -> pd.DataFrame:
     rows = []
-    names = [a.name for a in ARCHITECTURES if not a.published]
+    # ViT's quantized figures are held out too: the file's only ones ran 72 layers on the CPU.
+    names = [a.name for a in ARCHITECTURES if not a.published] + ["vit"]
     feats = features(cache, names)
     for name in names:
         for arch in FIT_ARCHS:
@@ -227,6 +228,12 @@ def held_out(cache: Path, archs) -> pd.DataFrame:
             rows.append({"model": name, "arch": "v" + arch, "w8a8_ms": ms["w8a8"], "w8a16_ms": ms["w8a16"],
                          "float_ms": ms["float"], "r16": ms["w8a16"] / ms["w8a8"], "rfp": ms["float"] / ms["w8a8"]})
     return pd.DataFrame(rows)
+
+
+def _tflite_vit(path: Path) -> list[tuple[str, float]]:
+    frame = pd.read_csv(path)
+    rows = frame[(frame["model"] == "vit") & (frame["precision"] == "w8a8") & (frame["runtime"] == "tflite")]
+    return list(zip(rows["device"], rows["latency_ms"]))
 
 
 def main(argv=None) -> int:
@@ -272,12 +279,17 @@ def main(argv=None) -> int:
           f"absolute rows: {len(table)}, worst {table['abs_err'].abs().max():.1%}, outside +-30 %: {bad_abs}; "
           f"median |abs err| {table['abs_err'].abs().median():.1%}")
     held = held_out(cache, archs)
-    print("\nHeld out (never seen by the fit; no published figures, so only plausibility): estimated ms and ratios")
+    print("\nHeld out (never seen by the fit; no usable published figures, so only plausibility): estimated ms, "
+          "ratios")
     print(held.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     lo16, hi16 = table["r16_pub"].min(), table["r16_pub"].max()
-    lofp, hifp = table["rfp_pub"].min(), table["rfp_pub"].max()
+    w8a8 = table[table["abs_precision"] == "w8a8"]
+    lofp, hifp = w8a8["rfp_pub"].min(), w8a8["rfp_pub"].max()
     print(f"published ranges: w8a16/w8a8 {lo16:.2f}-{hi16:.2f}, float/w8a8 {lofp:.2f}-{hifp:.2f} "
           "(a model of many small ops sits low, one of large activations high)")
+    print("vit: its quantized rows are held out (CPU fallback in the file); its float row is fitted. For reference "
+          "only, tflite w8a8 (not a runtime that matters): " + ", ".join(
+              f"{d} {ms:.3f} ms" for d, ms in _tflite_vit(args.data)))
     ok = bad_ratio == 0 and bad_abs == 0
     print("\nPASS" if ok else "\nFAIL: targets missed (ratios within +-15 %, absolute within +-30 %)")
     return 0 if ok else 1
