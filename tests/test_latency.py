@@ -464,3 +464,40 @@ def test_recalibration_refuses_emulator_time_unless_asked(recorded):
     without = dataclasses.replace(profile, ops=())
     with pytest.raises(MpstudioError, match="no profiled op"):
         calibrate([(model, without, total_ms)], "75", allow_emulator=True)
+
+
+# ---- stored with a study ----------------------------------------------------------------------------------------
+def test_a_study_keeps_scope_and_interval_and_reads_rows_stored_before_them(tmp_path, single_conv):
+    import sqlite3
+
+    from mpstudio.store import AccuracyRecord, StudyStore
+
+    path = tmp_path / "study.sqlite"
+    # A store written before scopes and intervals existed: its latency table lacks their columns.
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE latency (id INTEGER PRIMARY KEY, plan_id INTEGER NOT NULL, source TEXT NOT NULL,"
+                " place TEXT NOT NULL, ms REAL NOT NULL, detail TEXT NOT NULL, created REAL NOT NULL,"
+                " UNIQUE (plan_id, source, place))")
+    old.execute("INSERT INTO latency (plan_id, source, place, ms, detail, created) VALUES"
+                " (1, 'estimate', 'HTP v75 (cost model)', 0.5, 'QDQ', 0)")
+    old.commit()
+    old.close()
+    store = StudyStore(path)
+    try:
+        first = store.add_plan("h1", "old", "user", {}, 0)
+        assert first == 1
+        accuracy = AccuracyRecord("cpu", "ORT CPU QDQ", "snr", 30.0, True, 30.0, 1.0, 4, 0.1)
+        store.record(first, accuracy)
+        stored = store.evaluation(first, "ORT CPU QDQ").latency("estimate")
+        assert stored.includes == WITH_CPU_IO and stored.low_ms is None
+        assert stored.label == "estimate, HTP v75 cost model, HTP + CPU graph I/O"
+        second = store.add_plan("h2", "new", "user", {}, 0)
+        estimate = estimate_latency(single_conv[0], "75")
+        store.record(second, accuracy, [estimate.latency])
+        assert store.evaluation(second, "ORT CPU QDQ").latency("estimate") == estimate.latency
+        frame = store.evaluations().set_index("name")
+        assert frame.loc["new", "latency_low_ms"] == pytest.approx(estimate.latency.low_ms)
+        assert math.isnan(frame.loc["old", "latency_high_ms"])
+        assert frame.loc["new", "latency_label"].endswith("HTP + CPU graph I/O")
+    finally:
+        store.close()
