@@ -36,10 +36,10 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from latency_models import ARCHITECTURES, build  # noqa: E402
+from latency_models import ARCHITECTURES, build
 
-from mpstudio import latency  # noqa: E402
-from mpstudio.cache import cache_root  # noqa: E402
+from mpstudio import latency
+from mpstudio.cache import cache_root
 
 DATA = Path(__file__).resolve().parent / "data" / "aihub_published_latency.csv"
 DEVICE_ARCH = {"Samsung Galaxy S24": "75", "Samsung Galaxy S25": "79", "QCS8550 (Proxy)": "73",

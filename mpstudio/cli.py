@@ -91,11 +91,11 @@ def _quantize(args) -> int:
 
 
 def _demo(args) -> int:
+    from .cache import cache_root
     from .demos import load_demo
     from .evaluate import evaluate
     from .plan import PrecisionPlan
     from .quantize import Quantizer
-    from .cache import cache_root
 
     # The first N evaluation lines are the same whatever N: lines are drawn in order from one seed.
     demo = load_demo(evaluation_lines=args.samples) if args.samples else load_demo()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -31,8 +30,18 @@ from .errors import MpstudioError
 from .model import load_model
 from .qdq import GRAPH_OUTPUT_SUFFIX
 from .qdq import read as read_qdq
+
 # Latency's home is sources.py; imported here for callers of the cost model.
-from .sources import HTP_ONLY, LATENCY_SCOPES, LATENCY_SOURCES, SESSION_RUN, WITH_CPU_IO, Latency, milliseconds  # noqa: F401
+from .sources import (  # noqa: F401
+    HTP_ONLY,
+    LATENCY_SCOPES,
+    LATENCY_SOURCES,
+    SESSION_RUN,
+    WITH_CPU_IO,
+    Latency,
+    milliseconds,
+)
+
 
 # ---- constants -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)

@@ -9,16 +9,25 @@ import math
 import numpy as np
 import onnx
 import pytest
+from conftest import IR, conv_feeds, make_conv_model
+from latency_profile import PROFILE, fingerprint, quantized
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import IR, conv_feeds, make_conv_model
-from mpstudio.agent.protocol import LatencyStats
+from mpstudio.agent.protocol import LatencyStats, OpProfile
 from mpstudio.data import FeedList
 from mpstudio.errors import MpstudioError
-from latency_profile import PROFILE, fingerprint, quantized
-from mpstudio.agent.protocol import OpProfile
-from mpstudio.latency import (HTP_ARCHS, HTP_ONLY, OP_COLUMNS, WITH_CPU_IO, Latency, LatencyEstimate, calibrate,
-                              estimate_latency, htp_arch, promotion_costs)
+from mpstudio.latency import (
+    HTP_ARCHS,
+    HTP_ONLY,
+    OP_COLUMNS,
+    WITH_CPU_IO,
+    Latency,
+    LatencyEstimate,
+    calibrate,
+    estimate_latency,
+    htp_arch,
+    promotion_costs,
+)
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
