@@ -129,12 +129,12 @@ class HtpArch:
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
 FIT_SOURCE = "fitted 2026-11-23 by benchmarks/latency_fit.py on aihub_published_latency.csv"
-_FITTED_COSTS = dict(rate_16x8=1.224, rate_fp16=3.603, hvx_16bit=2.793, hvx_fp16=2.018, transcendental=4.972,
-    transcendental_16=1.048, transcendental_fp16=2.192, normalize=5.773, op_cycles=1113.0, overlap=1.0,
+_FITTED_COSTS = dict(rate_16x8=1.102, rate_fp16=3.088, hvx_16bit=2.991, hvx_fp16=1.85, transcendental=4.313,
+    transcendental_16=1.122, transcendental_fp16=2.526, normalize=5.544, op_cycles=1300.0, overlap=1.0,
     memory_efficiency=1.0)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=13150.0, clock_ghz=0.4021, fp16_factor=0.9215), "75": dict(hmx_gmacs=19120.0,
-    clock_ghz=0.6447, fp16_factor=0.9796), "79": dict(hmx_gmacs=25390.0, clock_ghz=1.047, fp16_factor=0.9935)}
-_FITTED_SPREAD = dict(absolute=0.1315, wide16=0.1163, fp16=0.1722)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=11950.0, clock_ghz=0.4261, fp16_factor=1.012), "75": dict(hmx_gmacs=18420.0,
+    clock_ghz=0.6925, fp16_factor=1.143), "79": dict(hmx_gmacs=25320.0, clock_ghz=1.118, fp16_factor=1.131)}
+_FITTED_SPREAD = dict(absolute=0.1438, wide16=0.1347, fp16=0.1645)
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)

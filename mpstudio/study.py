@@ -541,7 +541,7 @@ def _default_name(plan: PrecisionPlan, sixteen_bit: int) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")  # threads and processes write too
     tmp.write_text(text)
     os.replace(tmp, path)
 
