@@ -212,6 +212,16 @@ def _study_show(args) -> int:
     return 0
 
 
+def _study_calibrate(args) -> int:
+    from .study import Study
+
+    with Study.open(args.folder) as study:
+        calibration = study.recalibrate(args.device, allow_emulator=args.allow_emulator)
+        print(calibration.describe())
+        print(study.summary())
+    return 0
+
+
 def _study_resume(args) -> int:
     from contextlib import ExitStack
 
@@ -376,6 +386,13 @@ def _add_study_parser(sub) -> None:
     _add_runner_args(resume)
     _add_quiet_arg(resume)
     resume.set_defaults(func=_study_resume)
+    calibrate = st_sub.add_parser("calibrate", help="refit the HTP cost model on the per-op profiles of a device's "
+                                                    "runs and re-estimate every plan")
+    calibrate.add_argument("folder", help="study folder")
+    calibrate.add_argument("--device", help="the device whose profiles to use (default: the one with the most)")
+    calibrate.add_argument("--allow-emulator", action="store_true",
+                           help="accept HTP emulator profiles (host time: the label says so)")
+    calibrate.set_defaults(func=_study_calibrate)
 
 
 def _add_export_parser(sub) -> None:

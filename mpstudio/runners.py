@@ -33,8 +33,10 @@ class InProcess:
 
         return run_outputs(path, data, backend, options, progress, cancel)
 
-    def measure(self, path: Path, feed: Feed, options: dict):
-        return None  # latency is measured on an agent, whose worker owns the session and the clock
+    on_device = False
+
+    def measure(self, path: Path, feed: Feed, options: dict, profile: bool = False):
+        return None, None  # latency is measured on an agent, whose worker owns the session and the clock
 
 
 class OverAgent:
@@ -71,12 +73,19 @@ class OverAgent:
                     progress(i + 1, len(feeds), message)
         return [dict(r.outputs) for r in results]
 
-    def measure(self, path: Path, feed: Feed, options: dict):
-        """The median latency of one sample on the agent's HTP backend (measured on a device, emulator time on
-        an x86_64 host), or None when the agent returned none."""
+    @property
+    def on_device(self) -> bool:
+        """Whether the agent's HTP is a real NPU (its timings are device latency), not the x86_64 emulator."""
+        agents = getattr(self.agent, "agents", None)
+        return not (agents[0] if agents else self.agent).info().htp_emulated
+
+    def measure(self, path: Path, feed: Feed, options: dict, profile: bool = False):
+        """(the median latency of one sample on the agent's HTP backend: measured on a device, emulator time on
+        an x86_64 host; its per-op profile when `profile`), each None when the agent returned none."""
         result = self.agent.run(path, feed, backend="htp", provider_options=options, warmup=2, iterations=10,
-                                outputs=False)
-        return Latency.from_stats(result.latency) if result.latency is not None else None
+                                outputs=False, profile=profile)
+        latency = Latency.from_stats(result.latency) if result.latency is not None else None
+        return latency, result.profile if profile else None
 
 
 def runner_for(agent) -> InProcess | OverAgent:

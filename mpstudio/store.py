@@ -347,6 +347,8 @@ class StudyStore:
             self.checkpoint()
 
     def _insert_latency(self, db, plan_id: int, latency) -> None:
+        if latency.source == "estimate":  # one estimate per plan: the cost model as it is now (maybe recalibrated)
+            db.execute("DELETE FROM latency WHERE plan_id = ? AND source = 'estimate'", (plan_id,))
         db.execute("INSERT OR REPLACE INTO latency (plan_id, source, place, ms, detail, created, includes, low_ms,"
                    " high_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    (plan_id, latency.source, latency.where, float(latency.ms), latency.detail, time.time(),

@@ -42,6 +42,8 @@ STUDY_FILE = "study.json"
 # The number of accuracy results the store has committed, written beside it: a store that holds fewer was
 # damaged (e.g. its write-ahead log was deleted before it was folded in).
 RESULTS_FILE = "results.count"
+PROFILES_DIR = "profiles"  # per-op profiles of device runs, one folder per device
+CALIBRATION_FILE = "calibration.json"  # the cost model's scales refitted on a device
 _CONFIG_KEYS = {"format": int, "inputs": list, "metric": dict}
 
 
@@ -231,7 +233,7 @@ class Study:
         return runner_for(runner).source(backend)
 
     def evaluate(self, plan: PrecisionPlan, backend: str = "cpu", runner=None, *, origin: str = "user",
-                 measure_latency: bool = True, progress: Progress | None = None,
+                 measure_latency: bool = True, profile: bool | None = None, progress: Progress | None = None,
                  cancel: threading.Event | None = None) -> Evaluation:
         """Accuracy of `plan` on the evaluation data, with its latency; stored in the study at once.
 
@@ -239,6 +241,10 @@ class Study:
         AgentPool (the samples spread over its agents). With an agent on `htp`, the latency of one sample
         is measured there too (`measured` on a device, `emulator` on an x86_64 host). The cost model's
         estimate is always stored. A plan already evaluated from the same source is not run again.
+
+        On a device (an agent whose HTP is a real NPU) the run is also profiled per op (`profile` None: on a
+        device only; True: on the emulator too), the profile kept in the study, and the cost model recalibrated
+        on that device's profiles (`recalibrate`).
         """
         if backend not in BACKENDS:
             raise MpstudioError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -262,10 +268,17 @@ class Study:
         latencies = []
         if measure_latency:
             latencies.append(self._estimate(path))
+            measured = profiled = None
             if backend == "htp" and runs.agent is not None:
-                latencies.append(runs.measure(path, self.evaluation_data.sample(0), {"htp_arch": self.htp_arch}))
+                profile = runs.on_device if profile is None else profile
+                measured, profiled = runs.measure(path, self.evaluation_data.sample(0), {"htp_arch": self.htp_arch},
+                                                  profile)
+                latencies.append(measured)
         self.store.record(plan_id, record, latencies)
         self._count_results()
+        if measure_latency and measured is not None and profiled is not None:
+            self._keep_profile(plan_id, measured, profiled)
+            self.recalibrate(measured.where, allow_emulator=not measured.is_device_latency)
         stored = self.store.evaluation(plan_id, source)
         assert stored is not None
         return dataclasses.replace(stored, cached=False)
@@ -424,9 +437,72 @@ class Study:
         from .latency import estimate_latency
 
         try:
-            return estimate_latency(path, htp_arch=self.htp_arch).latency
+            return estimate_latency(path, htp_arch=self.cost_arch).latency
         except MpstudioError:
             return None  # the cost model cannot read this model; the accuracy still counts
+
+    # ---- the cost model, recalibrated on a device's profiles ----
+    @property
+    def cost_arch(self):
+        """The HtpArch the study's estimates use: the study's architecture, recalibrated on a device when
+        `recalibrate` has run (its estimates then say "calibrated on <device>")."""
+        from .latency import htp_arch
+
+        if getattr(self, "_cost_arch", None) is None:
+            base = htp_arch(self.htp_arch)
+            path = self.folder / CALIBRATION_FILE
+            if path.exists():
+                saved = json.loads(path.read_text())
+                base = dataclasses.replace(base, scales=dict(saved["scales"]), calibrated_on=saved["calibrated_on"])
+            self._cost_arch = base
+        return self._cost_arch
+
+    def profiles(self) -> pd.DataFrame:
+        """Per-op profiles kept from device runs. Columns: plan_id, device, total_ms, path."""
+        rows = []
+        for path in sorted((self.folder / PROFILES_DIR).glob("*/*.json")):
+            saved = json.loads(path.read_text())
+            rows.append({"plan_id": saved["plan_id"], "device": saved["device"], "total_ms": saved["total_ms"],
+                         "path": path})
+        return pd.DataFrame(rows, columns=["plan_id", "device", "total_ms", "path"])
+
+    def recalibrate(self, device: str | None = None, *, allow_emulator: bool = False):
+        """Refit the cost model to the per-op profiles this study keeps of `device` (default: the device with
+        the most), use it for every estimate from now on, and re-estimate every stored plan. Emulator
+        profiles are host time: used only with `allow_emulator`, and the label says so. Returns the
+        `latency.Calibration`."""
+        from .agent.protocol import OpProfile
+        from .latency import calibrate, htp_arch
+
+        kept = self.profiles()
+        if kept.empty:
+            raise MpstudioError("this study keeps no per-op profiles yet: evaluate plans on a device's agent "
+                                "(backend htp) first")
+        device = device or kept["device"].value_counts().index[0]
+        chosen = kept[kept["device"] == device]
+        if chosen.empty:
+            raise MpstudioError(f"no profiles of {device!r}; this study has profiles of: "
+                                f"{', '.join(sorted(kept['device'].unique()))}")
+        runs = [(self.quantizer.generate(self.plan(int(row.plan_id))),
+                 OpProfile.from_dict(json.loads(Path(row.path).read_text())["profile"]), float(row.total_ms))
+                for row in chosen.itertuples()]
+        calibration = calibrate(runs, htp_arch(self.htp_arch), allow_emulator=allow_emulator)
+        _atomic_write(self.folder / CALIBRATION_FILE, json.dumps(
+            {"calibrated_on": calibration.arch.calibrated_on, "scales": dict(calibration.arch.scales),
+             "device": device, "plans": calibration.plans}, indent=2) + "\n")
+        self._cost_arch = calibration.arch
+        for plan_id in self.plans()["plan_id"]:
+            latency = self._estimate(self.quantizer.generate(self.plan(int(plan_id))))
+            if latency is not None:
+                self.store.record_latency(int(plan_id), latency)
+        return calibration
+
+    def _keep_profile(self, plan_id: int, measured, profile) -> None:
+        folder = self.folder / PROFILES_DIR / _slug(measured.where)
+        folder.mkdir(parents=True, exist_ok=True)
+        _atomic_write(folder / f"{plan_id}.json", json.dumps(
+            {"plan_id": plan_id, "device": measured.where, "source": measured.source, "total_ms": measured.ms,
+             "profile": profile.to_dict()}) + "\n")
 
     def _count_results(self) -> None:
         _atomic_write(self.folder / RESULTS_FILE, f"{self.store.result_count()}\n")
@@ -538,6 +614,10 @@ def _default_name(plan: PrecisionPlan, sixteen_bit: int) -> str:
     base = plan.base_name + ("-pc" if plan.per_channel else "")
     n16 = sixteen_bit if plan.activation_type == "uint8" else 0
     return f"{base}+{n16}x16" if n16 else (base if not plan.overrides else f"{base}+{len(plan.overrides)}ov")
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:80] or "device"
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -204,3 +204,33 @@ def test_htp_evaluation_records_emulator_latency_apart(chain_study):
     assert "not device latency" in emulator.label
     front = chain_study.front("emulator")
     assert len(front) == 1 and front["latency_label"].iloc[0] == emulator.label
+
+
+@requires_qnn
+def test_profiled_htp_runs_recalibrate_the_studys_cost_model(chain_study):
+    """A real local agent profiles each HTP run per op; the study keeps the profiles, refits the cost model on
+    them and re-estimates every plan, labelled with where it was calibrated. On x86_64 the agent's HTP is the
+    emulator, whose host time the study uses only because the run asked for it (`profile=True`)."""
+    import math
+
+    from mpstudio.agent import LocalAgent
+
+    before = {p.name: chain_study.estimate(p).ms for p in (PrecisionPlan.a8w8(), PrecisionPlan.a16w8())}
+    with LocalAgent() as agent:
+        assert chain_study.evaluate(PrecisionPlan.a8w8(), "htp", agent.client).latency("emulator") is not None
+        assert chain_study.profiles().empty  # emulator runs are not profiled unless asked
+        chain_study.evaluate(PrecisionPlan.a16w8(), "cpu")
+        a16 = chain_study.evaluate(PrecisionPlan.a16w8(), "htp", agent.client, profile=True)
+    kept = chain_study.profiles()
+    assert kept["plan_id"].tolist() == [chain_study.plan_id(PrecisionPlan.a16w8())]
+    frame = chain_study.evaluations()
+    estimates = frame[frame["latency_source"] == "estimate"].drop_duplicates("plan_id")
+    assert estimates["latency_label"].str.contains("calibrated on").all()
+    assert (frame.groupby(["plan_id", "accuracy_source"])["latency_source"].apply(lambda s: (s == "estimate").sum())
+            <= 1).all()  # one estimate per plan, the recalibrated one
+    measured = a16.latency("emulator").ms
+    after = chain_study.estimate(PrecisionPlan.a16w8()).ms
+    assert abs(math.log(after / measured)) < abs(math.log(before["a16w8"] / measured))
+    reopened = Study.open(chain_study.folder)  # the calibration is part of the study
+    assert "calibrated on" in reopened.estimate(PrecisionPlan.a8w8()).label
+    reopened.close()
