@@ -19,7 +19,7 @@ from bokeh.palettes import RdYlGn11, YlOrRd9
 from bokeh.plotting import figure
 from bokeh.transform import factor_cmap, factor_mark
 
-from .base import laid_out_once, shows_errors
+from .base import View, laid_out_once, shows_errors
 from .state import SCORE_ATTENTION, SCORES, StudioState
 
 WINDOW_LAYERS = 36  # layers shown at first in a tall graph; the minimap shows them all
@@ -35,7 +35,7 @@ _STYLE_COLUMNS = ["score", "bits", "line_width", "tensor", *_HOVER_COLUMNS]
 _BITS = list(_MARKERS)
 
 
-class GraphView(pn.viewable.Viewer):
+class GraphView(View):
     """The graph: tap or box-select nodes, promote/demote them, find by name, collapse namespaces."""
 
     state = param.ClassSelector(class_=StudioState)
@@ -315,6 +315,7 @@ class GraphView(pn.viewable.Viewer):
         if patch:
             self.nodes.patch(patch)
         self._style_mapper()
+        self._centre_on_top_ranked()
 
     def _on_selection(self, *_):
         count = len(self.state.selection)
