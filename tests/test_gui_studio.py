@@ -134,12 +134,49 @@ def test_clicking_table_rows_selects_in_the_graph_without_a_server_error(page, s
     assert server_log.errors() == []
 
 
-def test_the_graph_opens_on_the_top_ranked_tensor_and_names_tensors(page, studio):
-    state = open_studio(page, studio)
+@pytest.fixture(scope="module")
+def deep_studio(tmp_path_factory):
+    """A studio on a 120-node residual net fed inputs quantization represents exactly (multiples of 1/255 in
+    [0, 1]): its most sensitive tensor is then deep in the model, below the window shown at the top."""
+    import numpy as np
+    import onnx
+
+    from gui_models import make_residual_model
+    from mpstudio.data import FeedList
+    from mpstudio.study import Study
+    from mpstudio.widgets import Studio, StudioState
+
+    folder = tmp_path_factory.mktemp("gui-deep")
+    onnx.save(make_residual_model(120, size=8), folder / "deep.onnx")
+    rng = np.random.default_rng(0)
+    feeds = FeedList([{"x": (rng.integers(0, 256, (1, 3, 8, 8)) / 255).astype(np.float32)} for _ in range(12)],
+                     name="grid")
+    study = Study.create(folder / "study", folder / "deep.onnx", feeds, name="deep residual net")
+    study.sensitivity()
+    states = []
+
+    def session():
+        state = StudioState(study)
+        states.append(state)
+        return Studio(state).template()
+
+    server = PanelServer(session)
+    server.states = states
+    yield server
+    for state in states:
+        state.close()
+    server.stop()
+
+
+def test_the_graph_opens_on_the_top_ranked_tensor_and_names_tensors(page, deep_studio):
+    from mpstudio.widgets.graph_view import WINDOW_LAYERS
+
+    state = open_studio(page, deep_studio)
     row, tensor = top_ranked_row(page, state)
-    y = source_column(page, "nodes", "y")[row]
+    ys = source_column(page, "nodes", "y")
+    assert ys[row] < max(ys) - WINDOW_LAYERS, "the top-ranked tensor is in the model's first window"
     start, end = y_range(page, "graph")
-    assert start < y < end
+    assert start < ys[row] < end
     assert source_column(page, "nodes", "tensor")[row] == tensor  # what the hover shows
     labels = page.evaluate("""() => {
       for (const m of Bokeh.documents[0].all_models)

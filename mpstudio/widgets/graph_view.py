@@ -351,8 +351,12 @@ class GraphView(View):
             return
         x, y = self.nodes.data["x"][row], self.nodes.data["y"][row]
         y_range, x_range = self.figure.y_range, self.figure.x_range
-        half = (y_range.end - y_range.start) / 2
-        y_range.update(start=y - half, end=y + half)
+        height = y_range.end - y_range.start
+        ys = np.asarray(self.nodes.data["y"], dtype=float)
+        top, bottom = float(ys.max()) + 1, float(ys.min()) - 1
+        # Centred on the node, but not past the graph's ends (no half-empty window at the top or bottom).
+        start = min(max(y - height / 2, bottom), top - height) if top - bottom > height else y - height / 2
+        y_range.update(start=start, end=start + height)
         if not x_range.start < x < x_range.end:
             half_x = (x_range.end - x_range.start) / 2
             x_range.update(start=x - half_x, end=x + half_x)

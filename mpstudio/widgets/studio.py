@@ -46,8 +46,8 @@ class Studio(View):
 
     def _error_toast(self):
         error = pn.pane.Alert(pn.bind(_text, self.state.param.error), alert_type="danger", sizing_mode="stretch_width",
-                              css_classes=["mpstudio-error"], margin=(0, 5))
-        dismiss = pn.widgets.Button(name="\u2715", button_type="light", width=36, height=32, margin=(4, 5),
+                              css_classes=["mpstudio-error"], margin=(5, 5), min_height=40)
+        dismiss = pn.widgets.Button(name="\u2715", button_type="light", width=36, height=32, margin=(8, 5),
                                     description="Dismiss this message", css_classes=["mpstudio-dismiss"])
         dismiss.on_click(self._on_dismiss)
         return pn.Row(error, dismiss, visible=self.state.param.error.rx().rx.bool(), width=560,
