@@ -178,3 +178,60 @@ FIGURE_BOX = """
 def figure_box(page, name: str):
     """The page rectangle of the figure called `name`."""
     return page.evaluate(FIGURE_BOX, name)
+
+
+def drag_box(page, points, rows, pad: float = 6.0):
+    """Drag a box-select around the screen `points` of `rows`; the rows whose points fall inside the box."""
+    box = [points[i] for i in rows]
+    x0, x1 = min(p[0] for p in box) - pad, max(p[0] for p in box) + pad
+    y0, y1 = min(p[1] for p in box) - pad, max(p[1] for p in box) + pad
+    inside = [i for i, (x, y) in enumerate(points) if x0 <= x <= x1 and y0 <= y <= y1]
+    page.mouse.move(x0, y0)
+    page.mouse.down()
+    page.mouse.move((x0 + x1) / 2, (y0 + y1) / 2, steps=5)
+    page.mouse.move(x1, y1, steps=5)
+    page.mouse.up()
+    return inside
+
+
+def visible_rows(page, figure: str, points, count: int, margin: float = 40.0):
+    """`count` consecutive source rows whose screen points lie well inside the figure (the graph opens on the
+    most sensitive region, so which rows are in view depends on the ranking)."""
+    frame = figure_box(page, figure)
+    inside = [frame["x"] + margin <= x <= frame["x"] + frame["width"] - margin
+              and frame["y"] + margin <= y <= frame["y"] + frame["height"] - margin for x, y in points]
+    for start in range(len(points) - count + 1):
+        if all(inside[start:start + count]):
+            return list(range(start, start + count))
+    raise AssertionError(f"no {count} consecutive nodes in view")
+
+
+Y_RANGE = """
+(name) => {
+  const model = Bokeh.documents[0].get_model_by_name(name);
+  return model == null ? null : [model.y_range.start, model.y_range.end];
+}
+"""
+
+
+def y_range(page, figure: str):
+    return page.evaluate(Y_RANGE, figure)
+
+
+def top_ranked_row(page, state):
+    """The graph's source row drawing the top-ranked tensor, and that tensor."""
+    ranked = state.tensors.dropna(subset=["rank"])
+    tensor = ranked.loc[ranked["rank"].idxmin(), "tensor"]
+    node = state.tensors.set_index("tensor").loc[tensor, "node"] or f"input:{tensor}"
+    return source_column(page, "nodes", "id").index(node), tensor
+
+
+def wait_centred(page, state, timeout: float = 30.0):
+    """Wait until the graph's window shows the top-ranked tensor's node (it opens on the most sensitive region)."""
+    row, _ = top_ranked_row(page, state)
+    y = source_column(page, "nodes", "y")[row]
+
+    def shown():
+        span = y_range(page, "graph")
+        return span is not None and span[0] + 0.5 <= y <= span[1] - 0.5
+    wait_until(shown, timeout, message="the graph did not open on the top-ranked tensor")

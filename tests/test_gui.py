@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gui_support import (PanelServer, chromium_path, free_port, make_small_study, screen_points, selected_rows,
-                         source_column, table_selection, wait_for_bokeh, wait_until)
+from gui_support import (PanelServer, chromium_path, drag_box, free_port, make_small_study, screen_points,
+                         selected_rows, source_column, table_selection, visible_rows, wait_for_bokeh, wait_centred,
+                         wait_until)
 
 pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
@@ -70,6 +71,7 @@ def open_studio(page, studio):
     state = wait_until(lambda: studio.states[-1] if studio.states else None)
     wait_until(lambda: state.report is not None, 60, message="the sensitivity report did not load")
     wait_until(lambda: len(source_column(page, "nodes", "id") or []) == len(state.layout), 30)
+    wait_centred(page, state)
     return state
 
 
@@ -78,16 +80,8 @@ def test_box_select_promote_evaluate_and_see_the_new_point(page, studio):
     ids = source_column(page, "nodes", "id")
     xs, ys = source_column(page, "nodes", "x"), source_column(page, "nodes", "y")
     points = screen_points(page, "graph", xs, ys)
-    # Drag a box around nodes 3 to 6 (in the initial window, top of the graph).
-    box = points[3:7]
-    x0, x1 = min(p[0] for p in box) - 6, max(p[0] for p in box) + 6
-    y0, y1 = min(p[1] for p in box) - 6, max(p[1] for p in box) + 6
-    inside = [i for i, (x, y) in enumerate(points) if x0 <= x <= x1 and y0 <= y <= y1]
-    page.mouse.move(x0, y0)
-    page.mouse.down()
-    page.mouse.move((x0 + x1) / 2, (y0 + y1) / 2, steps=5)
-    page.mouse.move(x1, y1, steps=5)
-    page.mouse.up()
+    # Drag a box around four nodes in view (the graph opens on the top-ranked tensor).
+    inside = drag_box(page, points, visible_rows(page, "graph", points, 4))
     wait_until(lambda: sorted(selected_rows(page, "nodes")) == inside, 10, message="the box selected other nodes")
     expected = [t for t in state.tensors["tensor"] if state.tensors.set_index("tensor").loc[t, "node"] in
                 {ids[i] for i in inside} or (t in state.study.graph.inputs and f"input:{t}" in {ids[i] for i in inside})]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+import panel as pn
+
 
 def laid_out_once(method):
     """Wrap a view's `__panel__` so that displaying the view again (a notebook cell run twice, a template)
@@ -29,3 +31,20 @@ def shows_errors(handler):
         except MpstudioError as exc:
             self.state.show_error(str(exc))
     return wrapper
+
+
+def save_inline(view, filename, resources="inline", **kwargs):
+    """`view.save(filename)` with BokehJS and Panel's scripts inlined: Panel's default loads them from a CDN,
+    which leaves the page blank offline."""
+    from bokeh.resources import INLINE
+
+    if resources == "inline":
+        resources = INLINE
+    return pn.panel(view).save(filename, resources=resources, **kwargs)
+
+
+class View(pn.viewable.Viewer):
+    """A studio view: its static save renders offline."""
+
+    def save(self, filename, resources="inline", **kwargs):
+        return save_inline(self, filename, resources=resources, **kwargs)

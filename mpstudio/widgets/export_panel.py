@@ -6,7 +6,7 @@ from __future__ import annotations
 import param
 import panel as pn
 
-from .base import laid_out_once
+from .base import View, laid_out_once
 from ..errors import MpstudioError
 from ..export import export_name
 from .state import StudioState
@@ -16,7 +16,7 @@ DOWNLOADS = {"ort": ("TensorQuantOverrides JSON", ".overrides.json"), "qnn": ("E
              "model": ("QDQ model (.onnx)", ".qdq.onnx")}
 
 
-class ExportPanel(pn.viewable.Viewer):
+class ExportPanel(View):
     """One download button per format; each writes the current plan's file when clicked."""
 
     state = param.ClassSelector(class_=StudioState)

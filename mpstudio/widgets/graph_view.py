@@ -1,12 +1,14 @@
 """GraphView: the model as a top-to-bottom DAG, coloured by a score, 8/16-bit visible, with a minimap.
 
 The figures are built once; a new layout (collapse/expand) replaces the sources' data, anything else patches
-the columns that changed. Selection goes both ways between the figure and StudioState.selection.
+the columns that changed. StudioState.selection is the one selection: the figure renders it and a box select or
+tap sets it. State changes reach the figures on the session's event loop, holding the document lock.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import panel as pn
@@ -17,7 +19,7 @@ from bokeh.palettes import RdYlGn11, YlOrRd9
 from bokeh.plotting import figure
 from bokeh.transform import factor_cmap, factor_mark
 
-from .base import laid_out_once, shows_errors
+from .base import View, laid_out_once, shows_errors
 from .state import SCORE_ATTENTION, SCORES, StudioState
 
 WINDOW_LAYERS = 36  # layers shown at first in a tall graph; the minimap shows them all
@@ -33,7 +35,7 @@ _STYLE_COLUMNS = ["score", "bits", "line_width", "tensor", *_HOVER_COLUMNS]
 _BITS = list(_MARKERS)
 
 
-class GraphView(pn.viewable.Viewer):
+class GraphView(View):
     """The graph: tap or box-select nodes, promote/demote them, find by name, collapse namespaces."""
 
     state = param.ClassSelector(class_=StudioState)
@@ -47,6 +49,7 @@ class GraphView(pn.viewable.Viewer):
         self.nodes = ColumnDataSource(data=self._empty())
         self.labels = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0), "label": []})
         self._label_band = (0.0, 0.0)
+        self._centred = False  # the view was moved to the top-ranked tensor since the last layout
         # All edges as one polyline broken by NaNs: one binary array each way instead of thousands of lists.
         self.edges = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0)})
         self.mapper = LinearColorMapper(palette=list(RdYlGn11)[::-1], low=0, high=1, nan_color="#d9d9d9")
@@ -121,7 +124,7 @@ class GraphView(pn.viewable.Viewer):
         fig.y_range.on_change("start", self._on_range)
         fig.y_range.on_change("end", self._on_range)
         hover = HoverTool(renderers=[nodes], tooltips=[
-            ("node", "@id"), ("op", "@op"), ("tensor", "@tensor"), ("bits", "@bits"),
+            ("tensor", "@tensor"), ("node", "@id"), ("op", "@op"), ("bits", "@bits"),
             ("SNR", "@snr_db{0.00} dB"), ("cosine", "@cosine{0.0000}"), ("local SNR 8-bit", "@local_snr_8{0.0} dB"),
             ("isolation gain", "@isolation_gain{0.0000}"), ("rank", "@rank"),
             ("latency share", "@latency_share{0.0%}")])
@@ -174,8 +177,11 @@ class GraphView(pn.viewable.Viewer):
                     found.append(member)
             self._node_tensors.append(found)
         self._row_of_tensor = {t: i for i, ts in enumerate(self._node_tensors) for t in ts}
-        self._labels = [f"{label} ({size})" if kind == "namespace" else label
-                        for label, kind, size in zip(nodes["label"], nodes["kind"], nodes["size"])]
+        # Op nodes are labelled with the tensor they produce too: names are what the ranking and find speak.
+        self._labels = [f"{label} ({size})" if kind == "namespace" else
+                        f"{label}  {_short(ts[0])}" if len(ts) == 1 and kind == "op" else label
+                        for label, kind, size, ts in zip(nodes["label"], nodes["kind"], nodes["size"],
+                                                         self._node_tensors)]
         data = {
             "id": nodes["id"].tolist(), "x": nodes["x"].to_numpy(float), "y": nodes["y"].to_numpy(float),
             "op": [op or "namespace" for op in nodes["op"]], "size": np.where(nodes["kind"] == "namespace", 22.0, 13.0),
@@ -190,9 +196,11 @@ class GraphView(pn.viewable.Viewer):
         finally:
             self._syncing = False
         self._fit_ranges()
+        self._centred = False
+        self._centre_on_top_ranked()
         self._fill_labels(force=True)
         self._style_mapper()
-        self._on_selection()
+        self._draw_selection()
 
     def _fill_labels(self, force: bool = False) -> None:
         """Labels for the nodes within one window's height above and below the visible window."""
@@ -272,10 +280,30 @@ class GraphView(pn.viewable.Viewer):
         self.minimap.y_range.update(start=float(ys.min()) - 1, end=top + 1)
 
     # ---- state -> figure ----
+    def _in_document(self, update) -> None:
+        """Run `update` (which touches Bokeh models) where that is safe. State changes arrive from widget
+        callbacks that Panel runs on the event loop without the document lock, and from worker threads; a
+        served figure is changed in a next-tick callback, which holds the lock, and in one batch."""
+        doc = self.figure.document
+        if doc is None or doc.session_context is None:
+            update()
+            return
+
+        def run():
+            with pn.io.hold(doc):
+                update()
+        try:
+            doc.add_next_tick_callback(run)
+        except Exception:  # the session ended: nothing left to draw
+            pass
+
     def _on_layout(self, *_):
-        self._draw()
+        self._in_document(self._draw)
 
     def _on_scores(self, *_):
+        self._in_document(self._restyle)
+
+    def _restyle(self) -> None:
         if len(self._node_tensors) != len(self.nodes.data["id"]) or self.state.layout is None:
             return
         if len(self.state.tensors) and not self._row_of_tensor:
@@ -287,8 +315,14 @@ class GraphView(pn.viewable.Viewer):
         if patch:
             self.nodes.patch(patch)
         self._style_mapper()
+        self._centre_on_top_ranked()
 
     def _on_selection(self, *_):
+        count = len(self.state.selection)
+        self._summary.object = f"<b>{count}</b> tensor(s) selected" if count else ""
+        self._in_document(self._draw_selection)
+
+    def _draw_selection(self) -> None:
         rows = sorted({self._row_of_tensor[t] for t in self.state.selection if t in self._row_of_tensor})
         if sorted(self.nodes.selected.indices) != rows:
             self._syncing = True
@@ -296,17 +330,33 @@ class GraphView(pn.viewable.Viewer):
                 self.nodes.selected.indices = rows
             finally:
                 self._syncing = False
-        count = len(self.state.selection)
-        self._summary.object = f"<b>{count}</b> tensor(s) selected" if count else ""
 
     def _on_focus(self, event):
-        row = self._row_of_tensor.get(event.new)
+        self._in_document(partial(self._scroll_to, event.new))
+
+    def _centre_on_top_ranked(self) -> None:
+        """Once per layout, when the ranking is known: show the most sensitive region, not the model's top."""
+        if self._centred or self.state.focus:
+            return
+        tensors = self.state.tensors
+        ranked = tensors.dropna(subset=["rank"]) if len(tensors) else tensors
+        if not len(ranked):
+            return
+        self._centred = True
+        self._scroll_to(ranked.loc[ranked["rank"].idxmin(), "tensor"])
+
+    def _scroll_to(self, tensor: str) -> None:
+        row = self._row_of_tensor.get(tensor)
         if row is None:
             return
         x, y = self.nodes.data["x"][row], self.nodes.data["y"][row]
         y_range, x_range = self.figure.y_range, self.figure.x_range
-        half = (y_range.end - y_range.start) / 2
-        y_range.update(start=y - half, end=y + half)
+        height = y_range.end - y_range.start
+        ys = np.asarray(self.nodes.data["y"], dtype=float)
+        top, bottom = float(ys.max()) + 1, float(ys.min()) - 1
+        # Centred on the node, but not past the graph's ends (no half-empty window at the top or bottom).
+        start = min(max(y - height / 2, bottom), top - height) if top - bottom > height else y - height / 2
+        y_range.update(start=start, end=start + height)
         if not x_range.start < x < x_range.end:
             half_x = (x_range.end - x_range.start) / 2
             x_range.update(start=x - half_x, end=x + half_x)
@@ -339,6 +389,11 @@ def _polyline(edges) -> dict:
         xs += [*ex, math.nan]
         ys += [*ey, math.nan]
     return {"x": np.asarray(xs, dtype=float), "y": np.asarray(ys, dtype=float)}
+
+
+def _short(name: str, width: int = 32) -> str:
+    """A tensor name that fits beside its node: its end, which tells tensors of one block apart."""
+    return name if len(name) <= width else "\u2026" + name[-(width - 1):]
 
 
 def _float(value) -> float:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import panel as pn
 import param
 
+from .base import View
 from .state import Job, StudioState
 
 
-class JobRow(pn.viewable.Viewer):
+class JobRow(View):
     """One job: its title, progress bar, message and cancel button."""
 
     job = param.ClassSelector(class_=Job)
@@ -43,7 +44,7 @@ class JobRow(pn.viewable.Viewer):
         self.job.cancel()
 
 
-class JobsView(pn.viewable.Viewer):
+class JobsView(View):
     """The session's jobs, newest first; finished ones stay until newer ones push them out."""
 
     state = param.ClassSelector(class_=StudioState)

@@ -7,11 +7,11 @@ import html
 import panel as pn
 import param
 
-from .base import laid_out_once, shows_errors
+from .base import View, laid_out_once, shows_errors
 from .state import StudioState
 
 
-class ModelPanel(pn.viewable.Viewer):
+class ModelPanel(View):
     """What the studio works on, and what preparing the model found."""
 
     state = param.ClassSelector(class_=StudioState)

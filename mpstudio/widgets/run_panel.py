@@ -8,12 +8,12 @@ import html
 import panel as pn
 import param
 
-from .base import laid_out_once, shows_errors
+from .base import View, laid_out_once, shows_errors
 from .jobs import JobsView
 from .state import StudioState
 
 
-class RunPanel(pn.viewable.Viewer):
+class RunPanel(View):
     """Evaluate and search, with a progress bar and a cancel button for each job and errors as messages."""
 
     state = param.ClassSelector(class_=StudioState)

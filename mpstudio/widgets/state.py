@@ -1,5 +1,6 @@
 """StudioState: the one state object of a studio session (study, plan, selection, jobs, results), shared by
-every view. Views render it and call its actions; long work runs in a worker thread, one job at a time."""
+every view. Views render it and call its actions. Work runs in worker threads, one lane each: opening a model or
+study never waits behind a long analysis, search or evaluation."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ SCORES = {"SNR (dB)": "snr_db", "cosine": "cosine", "isolation gain": "isolation
           "latency share": "latency_share", "rank": "rank"}
 SCORE_ATTENTION = {"snr_db": "low", "cosine": "low", "isolation_gain": "high", "latency_share": "high", "rank": "low"}
 RUNNERS = {"this process": "local", "local agent": "agent", "remote agent": "remote"}
+_LANES = ("open", "long")
 
 # Columns of StudioState.tensors (one row per activation tensor, in topological order):
 #   tensor, node (its producer; "" for a graph input), op, namespace, kind, bits (8 or 16 in the current plan),
@@ -141,8 +143,10 @@ class StudioState(param.Parameterized):
         self.study_folder = Path(study_folder) if study_folder else None
         self.auto_analyze = auto_analyze
         self._doc = session_document()
-        self._queue: queue.Queue[tuple[Job, Callable, Callable | None]] = queue.Queue()
-        self._worker: threading.Thread | None = None
+        # One queue and worker thread per lane, so opening a model (and its errors) never waits behind an
+        # analysis or a search: "open" for opening studies, "long" for work on the open study.
+        self._queues: dict[str, queue.Queue] = {lane: queue.Queue() for lane in _LANES}
+        self._workers: dict[str, threading.Thread] = {}
         self._agent = None  # LocalAgent, started on first use
         self._remote = None
         self._lock = threading.RLock()
@@ -180,6 +184,10 @@ class StudioState(param.Parameterized):
 
     def set_study(self, study: Study) -> None:
         """Show `study`: its graph, its stored results, the all-8-bit plan; then its sensitivity (a job)."""
+        if self.study is not None and study is not self.study:
+            for job in self.jobs:  # work on the previous study has nothing left to show
+                if job.active and job.kind != "open":
+                    job.cancel()
         graph = study.graph
         layout = self._layout(graph, [], study.prepared.sha256)
         self.param.collapsed.objects = collapsible_namespaces(graph)
@@ -384,7 +392,8 @@ class StudioState(param.Parameterized):
     def close(self) -> None:
         """Cancel the jobs and stop the local agent (the session ended)."""
         self.cancel_jobs()
-        self._queue.put(None)  # type: ignore[arg-type]
+        for lane in self._queues.values():
+            lane.put(None)
         if self._agent is not None:
             self._agent.stop()
             self._agent = None
@@ -404,6 +413,10 @@ class StudioState(param.Parameterized):
         """Show a readable error message (and no traceback)."""
         with param.edit_constant(self):
             self.param.update(error=message, message="")
+
+    def dismiss_error(self) -> None:
+        with param.edit_constant(self):
+            self.error = ""
 
     def _activation_set(self) -> set[str]:
         return set(self.tensors["tensor"]) if len(self.tensors) else set()
@@ -489,19 +502,29 @@ class StudioState(param.Parameterized):
     # ---- the job queue ----
     def _submit(self, kind: str, title: str, work: Callable, on_done: Callable | None = None) -> Job:
         job = Job(kind=kind, title=title)
+        lane = "open" if kind == "open" else "long"
+        study = self.study
+        if on_done is not None and kind != "open":
+            # A result for a study that is no longer open must not reach the views.
+            def on_done(result, apply=on_done):
+                if self.study is study:
+                    apply(result)
         with param.edit_constant(self):
             self.jobs = [job, *[j for j in self.jobs if j.active or j.status == "failed"][:7]]
         with self._lock:
-            if self._worker is None or not self._worker.is_alive():
+            worker = self._workers.get(lane)
+            if worker is None or not worker.is_alive():
                 self._doc = session_document() or self._doc
-                self._worker = threading.Thread(target=self._work, name="mpstudio-studio-jobs", daemon=True)
-                self._worker.start()
-        self._queue.put((job, work, on_done))
+                worker = threading.Thread(target=self._work, args=(self._queues[lane],),
+                                          name=f"mpstudio-studio-{lane}", daemon=True)
+                self._workers[lane] = worker
+                worker.start()
+        self._queues[lane].put((job, work, on_done))
         return job
 
-    def _work(self) -> None:
+    def _work(self, jobs: queue.Queue) -> None:
         while True:
-            item = self._queue.get()
+            item = jobs.get()
             if item is None:
                 return
             job, work, on_done = item

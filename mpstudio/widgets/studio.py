@@ -7,7 +7,7 @@ import html
 import panel as pn
 import param
 
-from .base import laid_out_once
+from .base import View, laid_out_once, save_inline
 from .export_panel import ExportPanel
 from .graph_view import GraphView
 from .model_panel import ModelPanel
@@ -19,7 +19,7 @@ from .table import SensitivityTable
 TITLE = "mpstudio: mixed precision for Qualcomm NPUs"
 
 
-class Studio(pn.viewable.Viewer):
+class Studio(View):
     """The graph, the ranking, the Pareto plot and the panels that drive them."""
 
     state = param.ClassSelector(class_=StudioState)
@@ -34,14 +34,34 @@ class Studio(pn.viewable.Viewer):
         self.model = ModelPanel(state=self.state)
 
     def status(self):
-        """The error (if any) and the last message."""
-        error = pn.pane.Alert(pn.bind(_text, self.state.param.error), alert_type="danger",
-                              visible=self.state.param.error.rx().rx.bool(), sizing_mode="stretch_width",
-                              css_classes=["mpstudio-error"], margin=(0, 10))
-        message = pn.pane.HTML(pn.bind(lambda m: f"<span class='mpstudio-message' style='font-size:12px;color:#333'>"
-                                                 f"{html.escape(m)}</span>", self.state.param.message),
-                               sizing_mode="stretch_width", margin=(0, 10))
-        return pn.Column(error, message, sizing_mode="stretch_width")
+        """The last message on one line of fixed height, and the error (if any) as a dismissible toast that
+        floats over the page: showing or hiding it never moves the views."""
+        return pn.Column(self._message(), self._error_toast(), sizing_mode="stretch_width", height=24,
+                         margin=0)
+
+    def _message(self):
+        return pn.pane.HTML(pn.bind(lambda m: f"<span class='mpstudio-message' style='font-size:12px;color:#333;"
+                                              f"white-space:nowrap'>{html.escape(m)}</span>", self.state.param.message),
+                            sizing_mode="stretch_width", height=22, margin=(0, 10))
+
+    def _error_toast(self):
+        error = pn.pane.Alert(pn.bind(_text, self.state.param.error), alert_type="danger", sizing_mode="stretch_width",
+                              css_classes=["mpstudio-error"], margin=(5, 5), min_height=40)
+        dismiss = pn.widgets.Button(name="\u2715", button_type="light", width=36, height=32, margin=(8, 5),
+                                    description="Dismiss this message", css_classes=["mpstudio-dismiss"])
+        dismiss.on_click(self._on_dismiss)
+        return pn.Row(error, dismiss, visible=self.state.param.error.rx().rx.bool(), width=560,
+                      css_classes=["mpstudio-toast"],
+                      styles={"position": "fixed", "top": "64px", "right": "24px", "z-index": "1000",
+                              "background": "white", "border-radius": "6px",
+                              "box-shadow": "0 4px 14px rgba(0, 0, 0, 0.25)"})
+
+    def _on_dismiss(self, event):
+        self.state.dismiss_error()
+
+    def save(self, filename, title: str = TITLE, resources="inline", **kwargs):
+        """A static HTML page of the studio as it is now, rendering offline (scripts inlined)."""
+        return save_inline(self, filename, title=title, resources=resources, **kwargs)
 
     def sidebar(self):
         return [self.model, pn.layout.Divider(), self.run, pn.layout.Divider(), self.export]

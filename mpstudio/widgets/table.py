@@ -8,7 +8,7 @@ import panel as pn
 import param
 from bokeh.models.widgets.tables import NumberFormatter
 
-from .base import laid_out_once, shows_errors
+from .base import View, laid_out_once, shows_errors
 from .state import StudioState
 
 # Shown columns, in order, with their titles.
@@ -27,7 +27,7 @@ def ranking_frame(tensors: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-class SensitivityTable(pn.viewable.Viewer):
+class SensitivityTable(View):
     """Click, shift-click or ctrl-click rows to select tensors; the graph selects them too, and back."""
 
     state = param.ClassSelector(class_=StudioState)

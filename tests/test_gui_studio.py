@@ -1,0 +1,294 @@
+"""The studio's shared selection, errors, job independence, static save and first view, in headless Chromium."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from gui_support import (PanelServer, chromium_path, drag_box, figure_box, make_small_study, screen_points,
+                         selected_rows, source_column, table_selection, top_ranked_row, visible_rows,
+                         wait_for_bokeh, wait_centred, wait_until, y_range)
+
+pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
+              pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
+
+
+class ServerLog(logging.Handler):
+    """Every error the server thread logs (Bokeh, Tornado and Panel report callback failures this way)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def errors(self) -> list[str]:
+        return [self.format(r) for r in self.records if r.levelno >= logging.ERROR or r.exc_info
+                or "Traceback" in r.getMessage() or "pending_writes" in r.getMessage()]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(60000)
+    yield page
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    return make_small_study(tmp_path_factory.mktemp("gui-studio") / "study")
+
+
+@pytest.fixture(scope="module")
+def studio(study):
+    from mpstudio.widgets import Studio, StudioState
+
+    states = []
+
+    def session():
+        state = StudioState(study)
+        states.append(state)
+        return Studio(state).template()
+
+    server = PanelServer(session)
+    server.states = states
+    yield server
+    for state in states:
+        state.close()
+    server.stop()
+
+
+@pytest.fixture
+def server_log():
+    handler = ServerLog()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    yield handler
+    root.removeHandler(handler)
+
+
+def open_studio(page, studio):
+    page.goto(studio.url)
+    wait_for_bokeh(page)
+    state = wait_until(lambda: studio.states[-1] if studio.states else None)
+    wait_until(lambda: state.report is not None, 120, message="the sensitivity report did not load")
+    wait_until(lambda: len(source_column(page, "nodes", "id") or []) == len(state.layout), 60)
+    page.locator(".tabulator-row").first.wait_for(state="visible")
+    wait_centred(page, state)
+    return state
+
+
+def graph_rows(state, tensors, ids):
+    """The graph's source rows drawing `tensors`."""
+    nodes = state.tensors.set_index("tensor")["node"]
+    return sorted({ids.index(nodes[t] or f"input:{t}") for t in tensors})
+
+
+def test_clicking_table_rows_selects_in_the_graph_without_a_server_error(page, studio, server_log):
+    state = open_studio(page, studio)
+    ids = source_column(page, "nodes", "id")
+    rows = page.locator(".tabulator-row")
+    first = rows.nth(0).locator(".tabulator-cell[tabulator-field='tensor']").text_content().strip()
+    rows.nth(0).locator(".tabulator-cell[tabulator-field='tensor']").click()
+    wait_until(lambda: state.selection == [first], 30, message=f"state selection {state.selection}")
+    wait_until(lambda: selected_rows(page, "nodes") == graph_rows(state, [first], ids), 30,
+               message="the graph did not select the clicked row's tensor")
+    third = rows.nth(2).locator(".tabulator-cell[tabulator-field='tensor']").text_content().strip()
+    rows.nth(2).locator(".tabulator-cell[tabulator-field='tensor']").click(modifiers=["Control"])
+    wait_until(lambda: set(state.selection) == {first, third}, 30, message=f"state selection {state.selection}")
+    wait_until(lambda: sorted(selected_rows(page, "nodes")) == graph_rows(state, [first, third], ids), 30,
+               message="the graph did not select both rows' tensors")
+    page.get_by_text("2 tensor(s) selected").first.wait_for(state="visible", timeout=30000)
+
+    # A box select replaces the selection everywhere: the state, the graph's summary and the table.
+    xs, ys = source_column(page, "nodes", "x"), source_column(page, "nodes", "y")
+    points = screen_points(page, "graph", xs, ys)
+    inside = drag_box(page, points, visible_rows(page, "graph", points, 5))
+    boxed = {ids[i] for i in inside}
+    frame = state.tensors
+    expected = {t for t, node in zip(frame["tensor"], frame["node"]) if (node or f"input:{t}") in boxed}
+    wait_until(lambda: set(state.selection) == expected, 30, message=f"state selection {state.selection} is not "
+                                                                     f"{expected}")
+    wait_until(lambda: set(table_selection(page) or []) == expected, 30, message="the table shows another selection")
+    page.get_by_text(f"{len(expected)} tensor(s) selected").first.wait_for(state="visible", timeout=30000)
+    assert sorted(selected_rows(page, "nodes")) == sorted(inside)
+
+    page.get_by_role("button", name="Promote to 16-bit").click()
+    quantizable = {t for t in expected if state.study.graph.tensors[t].quantizable}
+    wait_until(lambda: set(state.plan.overrides) == quantizable, 30,
+               message=f"promoted {set(state.plan.overrides)}, not the selection {quantizable}")
+    assert server_log.errors() == []
+
+
+@pytest.fixture(scope="module")
+def deep_studio(tmp_path_factory):
+    """A studio on a 120-node residual net fed inputs quantization represents exactly (multiples of 1/255 in
+    [0, 1]): its most sensitive tensor is then deep in the model, below the window shown at the top."""
+    import numpy as np
+    import onnx
+
+    from gui_models import make_residual_model
+    from mpstudio.data import FeedList
+    from mpstudio.study import Study
+    from mpstudio.widgets import Studio, StudioState
+
+    folder = tmp_path_factory.mktemp("gui-deep")
+    onnx.save(make_residual_model(120, size=8), folder / "deep.onnx")
+    rng = np.random.default_rng(0)
+    feeds = FeedList([{"x": (rng.integers(0, 256, (1, 3, 8, 8)) / 255).astype(np.float32)} for _ in range(12)],
+                     name="grid")
+    study = Study.create(folder / "study", folder / "deep.onnx", feeds, name="deep residual net")
+    study.sensitivity()
+    states = []
+
+    def session():
+        state = StudioState(study)
+        states.append(state)
+        return Studio(state).template()
+
+    server = PanelServer(session)
+    server.states = states
+    yield server
+    for state in states:
+        state.close()
+    server.stop()
+
+
+def test_the_graph_opens_on_the_top_ranked_tensor_and_names_tensors(page, deep_studio):
+    from mpstudio.widgets.graph_view import WINDOW_LAYERS
+
+    state = open_studio(page, deep_studio)
+    row, tensor = top_ranked_row(page, state)
+    ys = source_column(page, "nodes", "y")
+    assert ys[row] < max(ys) - WINDOW_LAYERS, "the top-ranked tensor is in the model's first window"
+    start, end = y_range(page, "graph")
+    assert start < ys[row] < end
+    assert source_column(page, "nodes", "tensor")[row] == tensor  # what the hover shows
+    labels = page.evaluate("""() => {
+      for (const m of Bokeh.documents[0].all_models)
+        if (m.type === "ColumnDataSource" || m.constructor.__name__ === "ColumnDataSource") {
+          const data = m.data instanceof Map ? m.data : new Map(Object.entries(m.data));
+          if (data.has("label")) return Array.from(data.get("label"));
+        }
+      return null; }""")
+    assert any(tensor[-20:] in label for label in labels), labels[:5]
+
+
+PAINTED = """
+(name) => {
+  const model = Bokeh.documents[0].get_model_by_name(name);
+  const view = model == null ? null : Bokeh.index.find_one(model);
+  if (view == null) return 0;
+  const canvas = view.canvas_view.primary.canvas;
+  const ctx = canvas.getContext("2d");
+  const pixels = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+  let painted = 0;
+  for (let i = 0; i < pixels.length; i += 4)
+    if (pixels[i + 3] > 0 && (pixels[i] < 240 || pixels[i + 1] < 240 || pixels[i + 2] < 240)) painted++;
+  return painted;
+}
+"""
+
+
+def layout_positions(page):
+    pareto = figure_box(page, "pareto")
+    caption = page.get_by_text("Sensitivity ranking").first.bounding_box()
+    graph = figure_box(page, "graph")
+    return [pareto["x"], pareto["y"], pareto["height"], caption["x"], caption["y"], graph["y"], graph["height"]]
+
+
+def test_an_error_is_dismissible_and_does_not_move_the_views(page, studio):
+    state = open_studio(page, studio)
+    before = layout_positions(page)
+    assert not state.selection
+    page.get_by_role("button", name="Promote to 16-bit").click()  # nothing selected: a user error
+    toast = page.locator(".alert-danger").get_by_text("select tensors first").first
+    toast.wait_for(state="visible", timeout=30000)
+    during = layout_positions(page)
+    assert all(abs(a - b) <= 3 for a, b in zip(before, during)), (before, during)
+    # The axis title of the Pareto plot stays above the ranking's caption.
+    pareto = figure_box(page, "pareto")
+    caption = page.get_by_text("Sensitivity ranking").first.bounding_box()
+    assert pareto["y"] + pareto["height"] <= caption["y"] + 1
+    page.get_by_role("button", name="\u2715").click()
+    toast.wait_for(state="hidden", timeout=30000)
+    wait_until(lambda: state.error == "", 30)
+    after = layout_positions(page)
+    assert all(abs(a - b) <= 3 for a, b in zip(before, after)), (before, after)
+
+
+def test_a_bad_model_error_does_not_wait_behind_a_long_job(page, studio, tmp_path):
+    import threading
+
+    state = open_studio(page, studio)
+    release = threading.Event()
+
+    def long_work(progress, cancel):  # an analysis that lasts until the test ends
+        while not (release.is_set() or cancel.is_set()):
+            progress(0, 1, "analysing")
+            release.wait(0.2)
+        return None
+
+    job = state._submit("analyze", "a long analysis", long_work)
+    try:
+        wait_until(lambda: job.status == "running", 30)
+        bad = tmp_path / "broken.onnx"
+        bad.write_bytes(b"\x08\x07not a model")
+        page.get_by_placeholder("path/to/model.onnx").fill(str(bad))
+        page.get_by_placeholder("path/to/samples/").fill(str(tmp_path))
+        page.get_by_placeholder("path/to/samples/").press("Enter")
+        page.get_by_role("button", name="Open model").click()
+        message = page.locator(".alert-danger").get_by_text("broken.onnx").first
+        message.wait_for(state="visible", timeout=30000)
+        assert "is not a readable ONNX model" in message.text_content()
+        assert job.status == "running"  # the error did not wait for the analysis
+    finally:
+        release.set()
+    assert job.wait(30)
+
+
+def test_a_static_save_renders_offline(browser, study, tmp_path):
+    import re
+
+    from mpstudio.widgets import Studio, StudioState
+
+    state = StudioState(study)
+    try:
+        assert state.jobs[0].wait(120)
+        path = tmp_path / "studio.html"
+        Studio(state).save(str(path))
+        graph_path = tmp_path / "graph.html"
+        Studio(state).graph.save(str(graph_path))
+    finally:
+        state.close()
+    for saved in (path, graph_path):
+        text = saved.read_text()
+        assert not re.findall(r"<script[^>]*\bsrc=[\"']https?://", text), saved
+        assert "Bokeh.set_log_level" in text or "BokehJS" in text  # BokehJS itself is in the page
+    context = browser.new_context(viewport={"width": 1600, "height": 1000}, offline=True)
+    try:
+        page = context.new_page()
+        page.route("http*://**", lambda route: route.abort())  # nothing from the network
+        page.goto(path.as_uri())
+        wait_for_bokeh(page, 120000)
+        box = wait_until(lambda: figure_box(page, "graph"), 60, message="the saved page shows no graph")
+        assert box["width"] > 100 and box["height"] > 100
+        # The graph's canvas has been painted: nodes and edges, not a blank rectangle.
+        painted = wait_until(lambda: page.evaluate(PAINTED, "graph") or None, 60, message="the graph is blank")
+        assert painted > 200, painted
+    finally:
+        context.close()
