@@ -271,11 +271,13 @@ def test_a_static_save_renders_offline(browser, study, tmp_path):
         assert state.jobs[0].wait(120)
         path = tmp_path / "studio.html"
         Studio(state).save(str(path))
-        graph_path = tmp_path / "graph.html"
-        Studio(state).graph.save(str(graph_path))
+        graph_path, pareto_path = tmp_path / "graph.html", tmp_path / "pareto.html"
+        studio = Studio(state)
+        studio.graph.save(str(graph_path))
+        studio.pareto.save(str(pareto_path))
     finally:
         state.close()
-    for saved in (path, graph_path):
+    for saved in (path, graph_path, pareto_path):
         text = saved.read_text()
         assert not re.findall(r"<script[^>]*\bsrc=[\"']https?://", text), saved
         assert "Bokeh.set_log_level" in text or "BokehJS" in text  # BokehJS itself is in the page

@@ -11,14 +11,14 @@ import param
 from bokeh.models import ColumnDataSource, HoverTool, LabelSet, TapTool
 from bokeh.plotting import figure
 
-from .base import laid_out_once, shows_errors
+from .base import View, laid_out_once, shows_errors
 from .state import StudioState
 
 _EMPTY = {"plan_id": [], "name": [], "origin": [], "value": [], "latency_ms": [], "sixteen_bit": [], "front": [],
           "color": [], "marker": [], "size": [], "accuracy_source": [], "latency_label": [], "interval": []}
 
 
-class ParetoPlot(pn.viewable.Viewer):
+class ParetoPlot(View):
     """Every evaluation of the study as a point; tap one to load its plan into the graph."""
 
     state = param.ClassSelector(class_=StudioState)
