@@ -31,7 +31,8 @@ Rows (wall time from the float model to the scored result, calibration included)
   an acceptance function that exports the sim's current QDQ model and scores it with the one evaluator
   against the target (phase 2: AIMET's binary search over its cumulative order). "evals" counts acceptance
   calls, which include AIMET's float and all-8/all-16 checks.
-"sweeps" counts AIMET's sensitivity runs on `--sweep-samples` samples each.
+"sweeps" counts AIMET's sensitivity runs on `--sweep-samples` samples each; "16-bit" counts the tensors
+quantized to 16 bits in the final QDQ model.
 
 Gates (exit 1 when one fails): mpstudio's pick reaches the target; no AIMET result that reaches the target
 has a lower estimated latency than mpstudio's pick; the whole run takes at most `--budget-minutes`.
@@ -45,6 +46,7 @@ import argparse
 import hashlib
 import logging
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -108,12 +110,12 @@ class Evaluator:
 
 
 def sixteen_bit_tensors(path: Path) -> int:
-    """Activation tensors quantized to 16 bits in a QDQ model (QuantizeLinear nodes with a 16-bit zero point)."""
+    """Tensors quantized to 16 bits in a QDQ model: the inputs of QuantizeLinear nodes with a 16-bit zero point."""
     model = onnx.load(path, load_external_data=False)
     types = {i.name: i.data_type for i in model.graph.initializer}
     wide = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
-    return sum(1 for n in model.graph.node
-               if n.op_type == "QuantizeLinear" and len(n.input) > 2 and types.get(n.input[2]) in wide)
+    return len({n.input[0] for n in model.graph.node
+                if n.op_type == "QuantizeLinear" and len(n.input) > 2 and types.get(n.input[2]) in wide})
 
 
 # ---- the study ------------------------------------------------------------------------------------------------
@@ -286,8 +288,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the search target: a metric value or a baseline like a16w8+10%% (default 0.02: CER)")
     parser.add_argument("--study", help="use this study's model, data and metric instead of the demo")
     parser.add_argument("--no-aimet", action="store_true", help="skip AIMET's rows even when aimet-onnx is installed")
-    parser.add_argument("--sweep-samples", type=int, default=2,
-                        help="calibration samples per AIMET sensitivity run (default 2)")
+    parser.add_argument("--sweep-samples", type=int, default=1,
+                        help="calibration samples per AIMET sensitivity run (default 1, as AIMET's Lite-MP example)")
     parser.add_argument("--budget-minutes", type=float, default=15.0)
     parser.add_argument("--keep", help="keep the study and the exported models here")
     return parser.parse_args(argv)
@@ -296,6 +298,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
+    load_before = os.getloadavg()[0]
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="mpstudio-bench-search-"))
     shutil.rmtree(root / "study", ignore_errors=True)
     shutil.rmtree(root / "aimet", ignore_errors=True)
@@ -325,7 +328,9 @@ def main(argv=None) -> int:
         study.close()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    print(f"\nwhole run {elapsed / 60:.1f} min")
+    # The machine may be shared: the load says how far the wall times are from an idle machine's.
+    print(f"\nwhole run {elapsed / 60:.1f} min on {os.cpu_count()} cores; 1-minute load average "
+          f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     if failed:
         print("MISSED: " + "; ".join(failed))
         return 1
