@@ -328,9 +328,10 @@ def main(argv=None) -> int:
         study.close()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    # The machine may be shared: the load says how far the wall times are from an idle machine's.
-    print(f"\nwhole run {elapsed / 60:.1f} min on {os.cpu_count()} cores; 1-minute load average "
-          f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+    # The machine may be shared: the load and the CPU time say how far the wall times are from an idle machine's.
+    cpu = sum(os.times()[:4])
+    print(f"\nwhole run {elapsed / 60:.1f} min wall, {cpu / 60:.1f} min CPU, on {os.cpu_count()} cores; 1-minute "
+          f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     if failed:
         print("MISSED: " + "; ".join(failed))
         return 1
