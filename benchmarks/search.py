@@ -1,151 +1,341 @@
-"""mpstudio's search against an AIMET-AMP-style search on the demo model, in one run.
+"""mpstudio's mixed-precision search against AIMET's (aimet-onnx), on one model, one target, one evaluator.
 
-    python benchmarks/search.py [--target a16w8+10%] [--samples 100] [--amp-groups 24 | --full]
+    python benchmarks/search.py [--target 0.02] [--study DIR] [--no-aimet] [--sweep-samples 2]
+                                [--budget-minutes 15] [--keep DIR]
 
-Both searches evaluate plans the same way (regenerate the QDQ model from the same cached calibration, run
-ORT's CPU QDQ model over the same evaluation lines, score CER) and must reach the same target. Each has its
-own study folder, so neither reuses the other's evaluations.
+Model and data: the built-in demo (PP-OCRv4 text-line recognizer, 100 calibration and 100 evaluation lines,
+scored by CER), or with `--study DIR` the model, data and metric of an existing study. Every method starts
+from the same float model (the one mpstudio quantizes) and calibrates on the same calibration samples; a
+fresh study folder is made for the run, so no stored result is reused.
 
-- AMP-style (the baseline, as AIMET's automatic mixed precision does it): phase 1 evaluates every tensor
-  group once: the all-16-bit plan (a16w8) with that group alone at 8 bits. Phase 2 walks greedily from
-  a16w8, demoting groups cumulatively in order of their phase-1 accuracy loss (least first), evaluating
-  each step, and keeps the last plan that still reaches the target. A group is one activation tensor
-  (AIMET groups quantizers per op; here every op has one output).
-- mpstudio: `mpstudio.search.search` (sensitivity ranking, weights first, gain per latency cost, bisection).
-  Its wall time includes the sensitivity analysis.
+The one evaluator, for every row: the QDQ model a method ends with (mpstudio: the model the study generates
+for the recommended plan; AIMET: `QuantizationSimModel.to_onnx_qdq()`), run on ONNX Runtime's CPU EP with
+default session options (the run `Study.evaluate` makes) over all evaluation samples and scored by the
+study's metric. "est. ms" is mpstudio's HTP cost model (`mpstudio.latency.estimate_latency`) on that same
+QDQ model: an estimate, not a measurement.
 
-Reported: evaluations and wall time of each, the final CER and estimated latency of each, and the ratio of
-evaluations (target: mpstudio uses at most 1/5 of the baseline's).
+Rows (wall time from the float model to the scored result, calibration included):
+- mpstudio: `mpstudio.search.search` (sensitivity analysis, weights first, gain per latency cost, bisection)
+  with its default budget. "evals" counts plans scored on the evaluation data (the baselines too); its
+  sensitivity analysis is inside its wall time.
+- AIMET a8w8: `QuantizationSimModel(param_type=int8, activation_type=int8, config_file="htp_v<arch>")`
+  calibrated with `compute_encodings`: AIMET's own HTP layout, all 8 bits, no search. For reference.
+- AIMET Lite-MP p%: `analyze_per_layer_sensitivity` (one sim run per op with only that op's quantizers on,
+  scored by output PSNR against the float model on the first `--sweep-samples` calibration samples), then
+  `flip_layers_to_higher_precision(p, override_precision=(int8, int16))`: the p% least accurate ops get
+  16-bit activations and keep 8-bit weights (the space mpstudio searches), then recalibration. Lite-MP
+  does not look at the target: the row says whether it reaches it. The a8w8 calibration and the
+  sensitivity pass are shared by the three AIMET Lite-MP rows and counted in each one's time.
+- AIMET AMP: `analyze_mixed_precision_sensitivity(sim, [w8a8, w8a16], PSNR on the same samples)` (phase 1:
+  one sim run per quantizer group per precision, each with only that group quantized) and `apply_amp` with
+  an acceptance function that exports the sim's current QDQ model and scores it with the one evaluator
+  against the target (phase 2: AIMET's binary search over its cumulative order). "evals" counts acceptance
+  calls, which include AIMET's float and all-8/all-16 checks.
+"sweeps" counts AIMET's sensitivity runs on `--sweep-samples` samples each; "16-bit" counts the tensors
+quantized to 16 bits in the final QDQ model.
 
-The AMP-style search needs one evaluation per group before its walk can start: 405 on the demo, about
-15-20 s each on a 2-core machine, so the full run takes hours. By default phase 1 runs on the first
-`--amp-groups` groups and is extrapolated: its evaluation count is exact by definition (one per group, plus
-the two baselines, plus at least one phase-2 step, so the count is a lower bound), its time is the measured
-mean per evaluation times that count (also a lower bound). `--full` runs both phases to the end and reports
-AMP's final plan.
+Gates (exit 1 when one fails): mpstudio's pick reaches the target; no AIMET result that reaches the target
+has a lower estimated latency than mpstudio's pick; the whole run takes at most `--budget-minutes`.
+Without aimet-onnx (`pip install 'mpstudio[aimet]'`) its rows print as skipped and only the first and last
+gates apply.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import logging
+import math
+import os
 import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mpstudio.demos import load_demo  # noqa: E402
-from mpstudio.plan import PrecisionPlan  # noqa: E402
-from mpstudio.search import Target, meets, search  # noqa: E402
-from mpstudio.study import MetricSpec, Study  # noqa: E402
+from mpstudio.evaluate import run_outputs  # noqa: E402
+from mpstudio.latency import estimate_latency  # noqa: E402
+from mpstudio.search import meets, search  # noqa: E402
+from mpstudio.sensitivity import OutputScorer  # noqa: E402
+from mpstudio.sensitivity.isolation import float_references  # noqa: E402
+from mpstudio.study import Study  # noqa: E402
+
+LITE_MP_PERCENTS = (10, 20)
 
 
-def make_study(folder: Path, demo) -> Study:
-    spec = MetricSpec("ctc_cer", demo.metric.name, demo.metric.higher_is_better, {"references": list(demo.texts)})
-    return Study.create(folder, demo.model, demo.calibration, demo.evaluation, spec, name="benchmark")
+@dataclass(frozen=True)
+class Row:
+    """One method's result, as the table prints it."""
+
+    method: str
+    evaluations: int | None
+    sweeps: int | None
+    seconds: float
+    value: float | None
+    estimate_ms: float | None
+    sixteen_bit: int | None
+    reached: bool | None
+    note: str = ""
 
 
-def amp_style(study: Study, target: str, max_groups: int | None) -> dict:
-    """Phase 1: one evaluation per group (demoted alone from a16w8); phase 2: greedy cumulative demotion."""
+class Evaluator:
+    """The one evaluator: a QDQ model on ORT's CPU EP over the study's evaluation data, scored by its metric."""
+
+    def __init__(self, study: Study):
+        self.study = study
+        outputs = [o.name for o in onnx.load(study.quantizer.float_path, load_external_data=False).graph.output]
+        references = [] if study.metric is not None else float_references(
+            study.quantizer.float_path, study.evaluation_data, outputs)
+        self.scorer = OutputScorer(references, outputs, study.metric)
+        self._cache: dict[str, float] = {}
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.study.higher_is_better
+
+    def score(self, path: Path) -> float:
+        key = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        if key not in self._cache:
+            runs = run_outputs(path, self.study.evaluation_data, "cpu")
+            self._cache[key] = self.scorer.score([[r[n] for n in self.scorer.output_names] for r in runs])
+        return self._cache[key]
+
+    def estimate_ms(self, path: Path) -> float:
+        return estimate_latency(path, htp_arch=self.study.htp_arch).ms
+
+
+def sixteen_bit_tensors(path: Path) -> int:
+    """Tensors quantized to 16 bits in a QDQ model: the inputs of QuantizeLinear nodes with a 16-bit zero point."""
+    model = onnx.load(path, load_external_data=False)
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    wide = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
+    return len({n.input[0] for n in model.graph.node
+                if n.op_type == "QuantizeLinear" and len(n.input) > 2 and types.get(n.input[2]) in wide})
+
+
+# ---- the study ------------------------------------------------------------------------------------------------
+def fresh_study(folder: Path, source: str | None) -> Study:
+    """A new study in `folder`: the demo's, or a copy of the model, data and metric of the study at `source`."""
+    if source is None:
+        return Study.demo(folder)
+    with Study.open(source) as given:
+        return Study.create(folder, given.prepared, given.calibration, given.evaluation_data, given.metric_spec,
+                            htp_arch=given.htp_arch, name=f"benchmark copy of {given.name}")
+
+
+# ---- mpstudio ----------------------------------------------------------------------------------------------------
+def run_mpstudio(study: Study, target: str, evaluator: Evaluator):
     started = time.perf_counter()
-    evaluations = 0
-
-    def evaluate(plan):
-        nonlocal evaluations
-        evaluations += 1
-        return study.evaluate(plan, origin="amp")
-
-    a8 = evaluate(PrecisionPlan.a8w8())
-    a16 = evaluate(PrecisionPlan.a16w8())
-    threshold = Target.parse(target).threshold({"a8w8": a8, "a16w8": a16}, study.higher_is_better)
-    all_groups = study.graph.activations()
-    groups = all_groups[:max_groups] if max_groups else all_groups
-    loss = {}
-    phase_1 = time.perf_counter()
-    for i, tensor in enumerate(groups):
-        value = evaluate(PrecisionPlan.a16w8().with_overrides({tensor: "uint8"})).value
-        loss[tensor] = (value - a16.value) if not study.higher_is_better else (a16.value - value)
-        if (i + 1) % 10 == 0:
-            print(f"  amp phase 1: {i + 1}/{len(groups)} groups, {time.perf_counter() - started:.0f} s", flush=True)
-    per_evaluation = (time.perf_counter() - phase_1) / len(groups)
-    best, demoted = a16, []
-    if len(groups) == len(all_groups):
-        for tensor in sorted(groups, key=lambda t: loss[t]):
-            candidate = evaluate(PrecisionPlan.a16w8().with_overrides({t: "uint8" for t in demoted + [tensor]}))
-            if not meets(candidate.value, threshold, study.higher_is_better):
-                break
-            demoted.append(tensor)
-            best = candidate
-        return {"evaluations": evaluations, "seconds": time.perf_counter() - started, "best": best,
-                "threshold": threshold, "demoted": len(demoted), "groups": len(all_groups), "complete": True}
-    # Extrapolated: every group once, the baselines, and at least one step of the walk.
-    count = len(all_groups) + 3
-    return {"evaluations": count, "seconds": per_evaluation * count, "best": None, "threshold": threshold,
-            "demoted": None, "groups": len(all_groups), "complete": False, "measured_groups": len(groups),
-            "per_evaluation": per_evaluation}
+    result = search(study, target)
+    seconds = time.perf_counter() - started
+    path = study.quantizer.generate(study.plan(result.recommended.plan_id))
+    value = evaluator.score(path)
+    note = f"plan {result.recommended.name}; {result.stop_reason}"
+    if not math.isclose(value, result.recommended.value, rel_tol=1e-6, abs_tol=1e-9):
+        note += f"; the study stored {result.recommended.value:.4f}"
+    row = Row("mpstudio search", result.evaluations, None, seconds, value, evaluator.estimate_ms(path),
+              sixteen_bit_tensors(path), meets(value, result.threshold, evaluator.higher_is_better), note)
+    return row, result
 
 
-def main() -> int:
+# ---- AIMET -------------------------------------------------------------------------------------------------------
+def aimet_available() -> bool:
+    try:
+        import aimet_onnx  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _AimetRun:
+    """AIMET's sims on the study's float model and calibration data, exported and scored by the one evaluator."""
+
+    def __init__(self, study: Study, evaluator: Evaluator, threshold: float, folder: Path, sweep_samples: int):
+        import onnxruntime as ort
+        from aimet_onnx.common.utils import AimetLogger
+        from aimet_onnx.utils import make_psnr_eval_fn
+
+        for area in AimetLogger.LogAreas:  # AIMET logs every quantizer at INFO
+            AimetLogger.set_area_logger_level(area, logging.WARNING)
+        self.study, self.evaluator, self.threshold, self.folder = study, evaluator, threshold, folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.float_model = onnx.load(study.quantizer.float_path)
+        self.calibration = [study.calibration.sample(i) for i in range(len(study.calibration))]
+        float_session = ort.InferenceSession(str(study.quantizer.float_path), providers=["CPUExecutionProvider"])
+        psnr = make_psnr_eval_fn(float_session, self.calibration[:sweep_samples], output_indices=None)
+        self.sweeps = 0
+
+        def counted_psnr(session) -> float:
+            self.sweeps += 1
+            return psnr(session)
+
+        self.sensitivity_metric = counted_psnr
+        self.exports = 0
+
+    def sim(self, name: str):
+        from aimet_onnx import QuantizationSimModel, int8
+
+        return QuantizationSimModel(self.float_model, param_type=int8, activation_type=int8,
+                                    config_file=f"htp_v{self.study.htp_arch}", path=str(self.folder / name))
+
+    def export(self, sim, name: str) -> Path:
+        self.exports += 1
+        path = self.folder / f"{name}.onnx"
+        onnx.save(sim.to_onnx_qdq(), path)
+        return path
+
+    def row(self, method: str, path: Path, evaluations: int | None, sweeps: int, seconds: float,
+            note: str = "") -> Row:
+        value = self.evaluator.score(path)
+        return Row(method, evaluations, sweeps, seconds, value, self.evaluator.estimate_ms(path),
+                   sixteen_bit_tensors(path), meets(value, self.threshold, self.evaluator.higher_is_better), note)
+
+    def lite_mp(self) -> list[Row]:
+        from aimet_onnx import analyze_per_layer_sensitivity, int8, int16
+        from aimet_onnx.lite_mp import flip_layers_to_higher_precision
+
+        started = time.perf_counter()
+        sim = self.sim("lite-mp")
+        sim.compute_encodings(self.calibration)
+        base = self.export(sim, "aimet-a8w8")
+        base_seconds = time.perf_counter() - started
+        rows = [self.row("AIMET a8w8 (no search)", base, 1, 0, base_seconds + self._scoring(base),
+                         "HTP config, per-channel int8 weights")]
+        layers = analyze_per_layer_sensitivity(sim, self.sensitivity_metric)
+        shared = time.perf_counter() - started
+        for percent in LITE_MP_PERCENTS:
+            # Flipping the top 20% after the top 10% flips the same set as flipping 20% at once.
+            step = time.perf_counter()
+            flip_layers_to_higher_precision(sim, layers, percent, override_precision=(int8, int16))
+            sim.compute_encodings(self.calibration)
+            path = self.export(sim, f"aimet-lite-mp-{percent}")
+            seconds = shared + time.perf_counter() - step + self._scoring(path)
+            flipped = math.ceil(len(layers) * percent / 100)
+            rows.append(self.row(f"AIMET Lite-MP {percent}%", path, 1, len(layers), seconds,
+                                 f"{flipped} of {len(layers)} ops flipped to W8A16"))
+        return rows
+
+    def amp(self) -> Row:
+        from aimet_onnx.mixed_precision import analyze_mixed_precision_sensitivity, apply_amp, w8a8, w8a16
+
+        started = time.perf_counter()
+        before = self.sweeps
+        sim = self.sim("amp")
+        sensitivity = analyze_mixed_precision_sensitivity(sim, [w8a8, w8a16], self.sensitivity_metric,
+                                                          self.calibration)
+        sweeps = self.sweeps - before
+        calls = []
+
+        def acceptance(_session) -> bool:
+            path = self.export(sim, f"aimet-amp-{len(calls)}")
+            value = self.evaluator.score(path)
+            calls.append(value)
+            return meets(value, self.threshold, self.evaluator.higher_is_better)
+
+        apply_amp(sim, sensitivity, acceptance)
+        path = self.export(sim, "aimet-amp")
+        seconds = time.perf_counter() - started + self._scoring(path)
+        return self.row("AIMET AMP", path, len(calls), sweeps, seconds, "W8A8/W8A16 candidates, binary search")
+
+    def _scoring(self, path: Path) -> float:
+        """Seconds the evaluator takes to score `path` (the result is cached, so the row's scoring is free)."""
+        started = time.perf_counter()
+        self.evaluator.score(path)
+        return time.perf_counter() - started
+
+
+# ---- report ------------------------------------------------------------------------------------------------------
+def print_table(rows: list[Row], metric: str, threshold: float, higher_is_better: bool) -> None:
+    sign = ">=" if higher_is_better else "<="
+    print(f"\ntarget: {metric} {sign} {threshold:.4f}; one evaluator (QDQ model on ORT CPU, all evaluation "
+          "samples); est. ms = HTP cost model estimate")
+    header = f"{'method':<24} {'evals':>5} {'sweeps':>6} {'wall s':>7} {'value':>8} {'target':>6} " \
+             f"{'est. ms':>7} {'16-bit':>6}  note"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        if r.value is None:
+            print(f"{r.method:<24} {r.note}")
+            continue
+        print(f"{r.method:<24} {r.evaluations if r.evaluations is not None else '-':>5} "
+              f"{r.sweeps if r.sweeps is not None else '-':>6} {r.seconds:>7.1f} {r.value:>8.4f} "
+              f"{'met' if r.reached else 'MISSED':>6} {r.estimate_ms:>7.3f} {r.sixteen_bit:>6}  {r.note}")
+
+
+def gates(rows: list[Row], elapsed: float, budget_minutes: float) -> list[str]:
+    """The failed gates, by name (see the module docstring)."""
+    ours, failed = rows[0], []
+    if not ours.reached:
+        failed.append("mpstudio's pick misses the target")
+    cheaper = [r for r in rows[1:] if r.reached and ours.estimate_ms is not None and r.estimate_ms is not None
+               and r.estimate_ms < ours.estimate_ms]
+    if cheaper:
+        failed.append("AIMET reaches the target cheaper (" + ", ".join(
+            f"{r.method} {r.estimate_ms:.3f} ms" for r in cheaper) + f" vs {ours.estimate_ms:.3f} ms)")
+    if elapsed > budget_minutes * 60:
+        failed.append(f"the run took {elapsed / 60:.1f} min (budget {budget_minutes:g} min)")
+    return failed
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="a16w8+10%")
-    parser.add_argument("--samples", type=int, default=100, help="evaluation lines per evaluation")
-    parser.add_argument("--amp-groups", type=int, default=24,
-                        help="time AMP's phase 1 on the first N groups and extrapolate (default 24)")
-    parser.add_argument("--full", action="store_true", help="run AMP's both phases to the end (hours)")
-    parser.add_argument("--weights", default="per-tensor", choices=["per-tensor", "auto"],
-                        help="mpstudio's weight handling; per-tensor (default) searches the same space as AMP")
-    parser.add_argument("--keep", help="keep the study folders here")
-    args = parser.parse_args()
+    parser.add_argument("--target", default="0.02",
+                        help="the search target: a metric value or a baseline like a16w8+10%% (default 0.02: CER)")
+    parser.add_argument("--study", help="use this study's model, data and metric instead of the demo")
+    parser.add_argument("--no-aimet", action="store_true", help="skip AIMET's rows even when aimet-onnx is installed")
+    parser.add_argument("--sweep-samples", type=int, default=1,
+                        help="calibration samples per AIMET sensitivity run (default 1, as AIMET's Lite-MP example)")
+    parser.add_argument("--budget-minutes", type=float, default=15.0)
+    parser.add_argument("--keep", help="keep the study and the exported models here")
+    return parser.parse_args(argv)
 
-    demo = load_demo(evaluation_lines=args.samples)
-    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="mpstudio-bench-search-"))
-    shutil.rmtree(root / "mpstudio", ignore_errors=True)
-    shutil.rmtree(root / "amp", ignore_errors=True)
-    print(f"model: {demo.name}, {len(demo.model.model.graph.node)} nodes, "
-          f"{len(demo.model.graph.activations())} activation tensors; {len(demo.evaluation)} evaluation lines; "
-          f"target {args.target}")
 
-    ours_study = make_study(root / "mpstudio", demo)
-    ours_study.quantizer.calibrate()  # calibration is shared set-up, not search work, for both
+def main(argv=None) -> int:
+    args = parse_args(argv)
     started = time.perf_counter()
-    ours = search(ours_study, args.target, max_evaluations=24, weights=args.weights)
-    ours_seconds = time.perf_counter() - started
-    print(f"\nmpstudio search: {ours.evaluations} evaluations, {ours_seconds:.1f} s (sensitivity analysis included)")
-    print("  " + ours.describe().replace("\n", "\n  "))
-
-    amp_study = make_study(root / "amp", demo)
-    amp_study.quantizer.calibrate()
-    amp = amp_style(amp_study, args.target, None if args.full else args.amp_groups)
-    ours_est = ours.recommended.latency("estimate")
-    if amp["complete"]:
-        best = amp["best"]
-        est = best.latency("estimate")
-        print(f"\nAMP-style search: {amp['evaluations']} evaluations ({amp['groups']} groups in phase 1), "
-              f"{amp['seconds']:.1f} s; final CER {best.value:.4f} with {amp['demoted']} groups demoted to 8 bits"
-              + (f", {est.ms:.3f} ms estimated" if est else ""))
-        print(f"final CER: mpstudio {ours.recommended.value:.4f}" + (f" at {ours_est.ms:.3f} ms" if ours_est else "")
-              + f"; AMP-style {best.value:.4f}" + (f" at {est.ms:.3f} ms" if est else "")
-              + " (estimated latency, HTP cost model)")
-        bound = ""
-    else:
-        print(f"\nAMP-style search: phase 1 timed on {amp['measured_groups']} of {amp['groups']} groups: "
-              f"{amp['per_evaluation']:.1f} s per evaluation; the whole search needs at least {amp['evaluations']} "
-              f"evaluations ({amp['groups']} groups + 2 baselines + 1 walk step), at least "
-              f"{amp['seconds']:.0f} s. Its walk keeps the last plan that reaches the target, so it ends at the "
-              "target too (a16w8 at worst).")
-        print(f"final CER: mpstudio {ours.recommended.value:.4f}" + (f" at {ours_est.ms:.3f} ms" if ours_est else "")
-              + f" (threshold {ours.threshold:.4f})")
-        bound = "at least "
-    ratio = ours.evaluations / amp["evaluations"]
-    print(f"evaluations: {ours.evaluations} vs {bound}{amp['evaluations']} = {'at most ' if bound else ''}{ratio:.3f}x "
-          f"(target <= 0.2: {'met' if ratio <= 0.2 else 'MISSED'}); wall time {ours_seconds:.0f} s vs {bound}"
-          f"{amp['seconds']:.0f} s = {'at most ' if bound else ''}{ours_seconds / amp['seconds']:.3f}x")
-    ours_study.close()
-    amp_study.close()
-    if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
+    load_before = os.getloadavg()[0]
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="mpstudio-bench-search-"))
+    shutil.rmtree(root / "study", ignore_errors=True)
+    shutil.rmtree(root / "aimet", ignore_errors=True)
+    study = fresh_study(root / "study", args.study)
+    try:
+        evaluator = Evaluator(study)
+        print(f"model: {study.name}, {len(study.prepared.model.graph.node)} nodes, "
+              f"{len(study.graph.activations())} activation tensors; {len(study.calibration)} calibration and "
+              f"{len(study.evaluation_data)} evaluation samples; target {args.target}", flush=True)
+        ours, result = run_mpstudio(study, args.target, evaluator)
+        print("mpstudio: " + result.describe().replace("\n", "\n  "), flush=True)
+        rows = [ours]
+        if args.no_aimet:
+            rows.append(Row("AIMET", None, None, 0.0, None, None, None, None, "skipped: --no-aimet"))
+        elif not aimet_available():
+            rows.append(Row("AIMET", None, None, 0.0, None, None, None, None,
+                            "skipped: install the [aimet] extra (pip install 'mpstudio[aimet]')"))
+        else:
+            aimet = _AimetRun(study, evaluator, result.threshold, root / "aimet", args.sweep_samples)
+            rows += aimet.lite_mp()
+            print(f"AIMET Lite-MP done, {time.perf_counter() - started:.0f} s into the run", flush=True)
+            rows.append(aimet.amp())
+        elapsed = time.perf_counter() - started
+        print_table(rows, study.metric_name, result.threshold, study.higher_is_better)
+        failed = gates([r for r in rows if r.value is not None], elapsed, args.budget_minutes)
+    finally:
+        study.close()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    # The machine may be shared: the load and the CPU time say how far the wall times are from an idle machine's.
+    cpu = sum(os.times()[:4])
+    print(f"\nwhole run {elapsed / 60:.1f} min wall, {cpu / 60:.1f} min CPU, on {os.cpu_count()} cores; 1-minute "
+          f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+    if failed:
+        print("MISSED: " + "; ".join(failed))
+        return 1
+    print("all gates met")
     return 0
 
 

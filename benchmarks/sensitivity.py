@@ -1,6 +1,7 @@
-"""The sensitivity engine on the demo model against ORT's tools and the naive loop, in one run.
+"""The sensitivity engine on the demo model: its fidelity (ORT's tools, the naive loop) and its usefulness.
 
     python benchmarks/sensitivity.py [--samples 64] [--isolation-samples 8] [--naive-tensors 0] [--htp-tensors 0]
+                                     [--topk 5,20,50] [--htp-samples 4] [--sections abcd]
 
 (a) Full per-tensor scoring (accumulated SNR of every activation, plus local 8/16-bit error) vs ORT's
     `qdq_loss_debug` (collect_activations on both models + compute_activation_error) on the same samples.
@@ -28,8 +29,18 @@
     thousandths of a dB), and with `--htp-tensors N` the naive loop on the QNN HTP backend (emulated on
     x86_64) for N random tensors.
     Targets: >= 5x faster, Spearman >= 0.9 against the naive loop.
-(c) CER of the real QDQ model when the top-k ranked tensors are promoted vs k random ones.
-Exits 1 if a target of (a) or (b) is missed.
+(a) and (b) check fidelity (the engine computes what a slower method computes); (c) and (d) check
+usefulness (what its ranking buys on the task and on the target's numerics):
+(c) CER of the real QDQ model (ORT CPU, default session, all evaluation lines) when the top-k ranked
+    activation tensors are promoted to 16 bits from the all-8-bit plan vs k random ones (3 draws per k).
+    Target: top-k is better than the mean of the random draws at every k.
+(d) The same plans (all-8-bit, all-16-bit, top-k and the first random draw per k) on the QNN HTP backend
+    (emulated on x86_64; one inference takes about 0.3-2 s, so only `--htp-samples` lines): output SNR
+    against the float model on HTP, on ORT's CPU (default session) and with quantization simulated in float.
+    Targets: Spearman over the plans between CPU and HTP >= 0.8, and top-k better than random-k on HTP at
+    every k.
+`--sections` runs a subset (the isolation scores that (c) and (d) rank by always run).
+Exits 1 if a target of a section that ran is missed.
 """
 
 from __future__ import annotations
@@ -132,6 +143,48 @@ def _htp_loop(quantizer, switchable, scorer, feeds, count: int) -> dict:
     return results
 
 
+HTP_ARCH = "75"
+
+
+def _htp_agreement(quantizer, plans, data, output_names):
+    """Output SNR of each plan on ORT's CPU (default session and fake-quant) and on the QNN HTP backend, over
+    `data`; None when the HTP backend cannot run here. HTP runs in a scratch folder (QNN leaves files in the
+    working directory). One HTP inference takes about 0.3-2 s on the emulator: keep plans x samples small."""
+    import os
+
+    import pandas as pd
+
+    from mpstudio.errors import MpstudioError
+    from mpstudio.runtime import create_session
+    from mpstudio.sensitivity import OutputScorer
+    from mpstudio.sensitivity.isolation import float_qdq_session, float_references
+
+    feeds = list(data.feeds())
+    scorer = OutputScorer(float_references(quantizer.float_path, data, output_names), output_names)
+
+    def snr(session):
+        return scorer.score([session.run(output_names, feed) for feed in feeds])
+
+    rows = []
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="mpstudio-htp-") as tmp:
+        os.chdir(tmp)
+        try:
+            for plan in plans:
+                path = quantizer.generate(plan)
+                started = time.perf_counter()
+                htp = snr(create_session(path, "htp", {"htp_arch": HTP_ARCH}))
+                seconds = time.perf_counter() - started
+                rows.append({"plan": plan.name, "cpu": snr(create_session(path)),
+                             "cpu_fake_quant": snr(float_qdq_session(path)), "htp": htp, "htp_seconds": seconds})
+        except MpstudioError as exc:
+            print(f"(d) the QNN HTP backend cannot run here: {exc}")
+            return None
+        finally:
+            os.chdir(here)
+    return pd.DataFrame(rows)
+
+
 def run_phase(engine: str, samples: int) -> dict | None:
     """The phase's result, or None when the child was killed (out of memory)."""
     out = subprocess.run([sys.executable, __file__, "--phase", engine, "--samples", str(samples)],
@@ -148,6 +201,10 @@ def main() -> int:
     parser.add_argument("--naive-tensors", type=int, default=0, help="a random subset for the naive loop (0: all)")
     parser.add_argument("--htp-tensors", type=int, default=0, help="also run the naive loop on HTP for this many")
     parser.add_argument("--topk", default="5,20,50")
+    parser.add_argument("--sections", default="abcd",
+                        help="which sections to run (default abcd; the isolation scores of (b) always run)")
+    parser.add_argument("--htp-samples", type=int, default=4,
+                        help="evaluation lines per plan for (d) on the HTP backend (0: skip (d))")
     parser.add_argument("--phase", choices=["ort", "mpstudio"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
@@ -168,34 +225,35 @@ def main() -> int:
     failures = []
 
     # ---- (a) -------------------------------------------------------------------------------------------------
-    ours = run_phase("mpstudio", args.samples)
-    print(f"    mpstudio scoring at {args.samples} samples: {ours['seconds']:.1f} s, peak RSS {ours['peak_mb']:.0f} MB")
-    ort_side = run_phase("ort", args.samples)
-    if ort_side is None:
-        # ORT keeps every sample's activations of both models; at 64 demo samples that exceeds this machine's
-        # memory. Measure it at a quarter of the samples and extrapolate linearly (its time and its memory
-        # above the process baseline both grow linearly with the samples), and say so.
-        part = max(1, args.samples // 4)
-        print(f"    ORT's qdq_loss_debug was killed at {args.samples} samples (out of memory); measuring it at "
-              f"{part} samples and extrapolating linearly")
-        ort_side = run_phase("ort", part)
-        factor = args.samples / part
-        ort_side["seconds"] *= factor
-        ort_side["peak_mb"] = ort_side["before_mb"] + (ort_side["peak_mb"] - ort_side["before_mb"]) * factor
-    common = sorted(set(ours["snr"]) & set(ort_side["snr"]))
-    worst = max(abs(ours["snr"][t] - ort_side["snr"][t]) for t in common)
-    speedup = ort_side["seconds"] / ours["seconds"]
-    memory = ours["peak_mb"] / ort_side["peak_mb"]
-    print(f"(a) per-tensor scoring, {args.samples} samples, {len(common)} tensors in common "
-          f"(largest SNR difference {worst:.3f} dB)")
-    print(f"    ORT qdq_loss_debug: {ort_side['seconds']:.1f} s, peak RSS {ort_side['peak_mb']:.0f} MB")
-    print(f"    mpstudio:           {ours['seconds']:.1f} s, peak RSS {ours['peak_mb']:.0f} MB "
-          f"(also local 8/16-bit error)")
-    print(f"    speed-up {speedup:.1f}x (target >= 3), memory ratio {memory:.2f} (target <= 0.20)")
-    if speedup < 3:
-        failures.append("scoring speed")
-    if memory > 0.2:
-        failures.append("scoring memory")
+    if "a" in args.sections:
+        ours = run_phase("mpstudio", args.samples)
+        print(f"    mpstudio scoring at {args.samples} samples: {ours['seconds']:.1f} s, peak RSS {ours['peak_mb']:.0f} MB")
+        ort_side = run_phase("ort", args.samples)
+        if ort_side is None:
+            # ORT keeps every sample's activations of both models; at 64 demo samples that exceeds this machine's
+            # memory. Measure it at a quarter of the samples and extrapolate linearly (its time and its memory
+            # above the process baseline both grow linearly with the samples), and say so.
+            part = max(1, args.samples // 4)
+            print(f"    ORT's qdq_loss_debug was killed at {args.samples} samples (out of memory); measuring it at "
+                  f"{part} samples and extrapolating linearly")
+            ort_side = run_phase("ort", part)
+            factor = args.samples / part
+            ort_side["seconds"] *= factor
+            ort_side["peak_mb"] = ort_side["before_mb"] + (ort_side["peak_mb"] - ort_side["before_mb"]) * factor
+        common = sorted(set(ours["snr"]) & set(ort_side["snr"]))
+        worst = max(abs(ours["snr"][t] - ort_side["snr"][t]) for t in common)
+        speedup = ort_side["seconds"] / ours["seconds"]
+        memory = ours["peak_mb"] / ort_side["peak_mb"]
+        print(f"(a) per-tensor scoring, {args.samples} samples, {len(common)} tensors in common "
+              f"(largest SNR difference {worst:.3f} dB)")
+        print(f"    ORT qdq_loss_debug: {ort_side['seconds']:.1f} s, peak RSS {ort_side['peak_mb']:.0f} MB")
+        print(f"    mpstudio:           {ours['seconds']:.1f} s, peak RSS {ours['peak_mb']:.0f} MB "
+              f"(also local 8/16-bit error)")
+        print(f"    speed-up {speedup:.1f}x (target >= 3), memory ratio {memory:.2f} (target <= 0.20)")
+        if speedup < 3:
+            failures.append("scoring speed")
+        if memory > 0.2:
+            failures.append("scoring memory")
 
     # ---- (b) -------------------------------------------------------------------------------------------------
     iso_data = demo.evaluation.head(args.isolation_samples)
@@ -208,62 +266,63 @@ def main() -> int:
     fast_per_tensor = fast_seconds / len(switchable.tensors)
     promoted = dict(zip(fast.scores["region"], fast.scores["promoted"]))
 
-    tensors = switchable.tensors
-    if 0 < args.naive_tensors < len(tensors):
-        tensors = random.Random(0).sample(tensors, args.naive_tensors)
-    feeds = list(iso_data.feeds())
-    naive, fused = {}, {}
-    with tempfile.TemporaryDirectory(prefix="mpstudio-naive-") as tmp:
-        naive_quantizer = Quantizer(demo.model, demo.calibration, Path(tmp))
-        naive_quantizer._cache = quantizer.calibrate()  # same ranges; only regeneration is timed
-        naive_seconds = 0.0
-        for tensor in tensors:
-            started = time.perf_counter()
-            path = naive_quantizer.generate(PrecisionPlan.a8w8().promote([tensor]))
-            session = float_qdq_session(path)
-            naive[tensor] = scorer.score([session.run(switchable.output_names, feed) for feed in feeds])
-            naive_seconds += time.perf_counter() - started
-            session = create_session(path)  # untimed: the same model on ORT's fused integer kernels
-            fused[tensor] = scorer.score([session.run(switchable.output_names, feed) for feed in feeds])
-        naive_per_tensor = naive_seconds / len(tensors)
-        htp = _htp_loop(naive_quantizer, switchable, scorer, feeds, args.htp_tensors) if args.htp_tensors else {}
-    rho = spearman(naive, promoted)
-    iso_speedup = naive_per_tensor / fast_per_tensor
-    worst = max(abs(naive[t] - promoted[t]) for t in naive)
-    gains = np.array([promoted[t] - fast.all_8 for t in naive])
-    print(f"(b) isolation, {len(switchable.tensors)} activation tensors, {args.isolation_samples} samples each, "
-          f"output SNR vs float (all-8-bit {fast.all_8:.3f} dB, all-16-bit {fast.all_16:.3f} dB); "
-          f"quantization simulated in float on both sides")
-    print(f"    switchable model: {fast_seconds:.1f} s for all tensors ({fast_per_tensor * 1000:.0f} ms per tensor)")
-    print(f"    naive loop: {naive_per_tensor * 1000:.0f} ms per tensor over {len(tensors)} tensors"
-          + ("" if len(tensors) == len(switchable.tensors) else
-             f" (random, seed 0; {naive_per_tensor * len(switchable.tensors):.0f} s for all)"))
-    identical = sum(naive[t] == promoted[t] for t in naive)
-    print(f"    same value to the last bit for {identical} of {len(naive)} tensors, largest |switchable - naive| "
-          f"{worst:.2g} dB; gains span {gains.min():.4f} .. {gains.max():.4f} dB, {int((gains == 0).sum())} exactly 0, "
-          f"median |gain| {np.median(np.abs(gains)):.4f} dB")
-    print(f"    speed-up {iso_speedup:.1f}x (target >= 5); Spearman rank correlation over {len(naive)} tensors "
-          f"{rho:.3f} (target >= 0.9)")
-    print(f"    for reference: vs the naive loop on ORT's fused CPU integer kernels {spearman(fused, promoted):.3f} "
-          f"(naive float vs naive fused {spearman(fused, naive):.3f})")
-    if htp:
-        print(f"    for reference, {len(htp)} random tensors on the QNN HTP backend (naive loop): vs switchable "
-              f"{spearman(htp, promoted):.3f}, vs naive float {spearman(htp, naive):.3f}, "
-              f"vs naive fused CPU {spearman(htp, fused):.3f}")
-    next_data = FeedList([demo.evaluation.sample(i) for i in
-                          range(args.isolation_samples, min(2 * args.isolation_samples, len(demo.evaluation)))])
-    if len(next_data):
-        next_scorer = OutputScorer(float_references(quantizer.float_path, next_data, switchable.output_names),
-                                   switchable.output_names)
-        again = isolation_scores(switchable, next_data, tensor_regions(switchable.tensors), next_scorer,
-                                 both_directions=False)
-        print(f"    ranking reproducibility: switchable on lines 0-{args.isolation_samples - 1} vs lines "
-              f"{args.isolation_samples}-{args.isolation_samples + len(next_data) - 1}, all tensors: "
-              f"{spearman(dict(zip(again.scores['region'], again.scores['promoted'])), promoted):.3f}")
-    if iso_speedup < 5:
-        failures.append("isolation speed")
-    if not rho >= 0.9:
-        failures.append("isolation rank correlation")
+    if "b" in args.sections:
+        tensors = switchable.tensors
+        if 0 < args.naive_tensors < len(tensors):
+            tensors = random.Random(0).sample(tensors, args.naive_tensors)
+        feeds = list(iso_data.feeds())
+        naive, fused = {}, {}
+        with tempfile.TemporaryDirectory(prefix="mpstudio-naive-") as tmp:
+            naive_quantizer = Quantizer(demo.model, demo.calibration, Path(tmp))
+            naive_quantizer._cache = quantizer.calibrate()  # same ranges; only regeneration is timed
+            naive_seconds = 0.0
+            for tensor in tensors:
+                started = time.perf_counter()
+                path = naive_quantizer.generate(PrecisionPlan.a8w8().promote([tensor]))
+                session = float_qdq_session(path)
+                naive[tensor] = scorer.score([session.run(switchable.output_names, feed) for feed in feeds])
+                naive_seconds += time.perf_counter() - started
+                session = create_session(path)  # untimed: the same model on ORT's fused integer kernels
+                fused[tensor] = scorer.score([session.run(switchable.output_names, feed) for feed in feeds])
+            naive_per_tensor = naive_seconds / len(tensors)
+            htp = _htp_loop(naive_quantizer, switchable, scorer, feeds, args.htp_tensors) if args.htp_tensors else {}
+        rho = spearman(naive, promoted)
+        iso_speedup = naive_per_tensor / fast_per_tensor
+        worst = max(abs(naive[t] - promoted[t]) for t in naive)
+        gains = np.array([promoted[t] - fast.all_8 for t in naive])
+        print(f"(b) isolation, {len(switchable.tensors)} activation tensors, {args.isolation_samples} samples each, "
+              f"output SNR vs float (all-8-bit {fast.all_8:.3f} dB, all-16-bit {fast.all_16:.3f} dB); "
+              f"quantization simulated in float on both sides")
+        print(f"    switchable model: {fast_seconds:.1f} s for all tensors ({fast_per_tensor * 1000:.0f} ms per tensor)")
+        print(f"    naive loop: {naive_per_tensor * 1000:.0f} ms per tensor over {len(tensors)} tensors"
+              + ("" if len(tensors) == len(switchable.tensors) else
+                 f" (random, seed 0; {naive_per_tensor * len(switchable.tensors):.0f} s for all)"))
+        identical = sum(naive[t] == promoted[t] for t in naive)
+        print(f"    same value to the last bit for {identical} of {len(naive)} tensors, largest |switchable - naive| "
+              f"{worst:.2g} dB; gains span {gains.min():.4f} .. {gains.max():.4f} dB, {int((gains == 0).sum())} exactly 0, "
+              f"median |gain| {np.median(np.abs(gains)):.4f} dB")
+        print(f"    speed-up {iso_speedup:.1f}x (target >= 5); Spearman rank correlation over {len(naive)} tensors "
+              f"{rho:.3f} (target >= 0.9)")
+        print(f"    for reference: vs the naive loop on ORT's fused CPU integer kernels {spearman(fused, promoted):.3f} "
+              f"(naive float vs naive fused {spearman(fused, naive):.3f})")
+        if htp:
+            print(f"    for reference, {len(htp)} random tensors on the QNN HTP backend (naive loop): vs switchable "
+                  f"{spearman(htp, promoted):.3f}, vs naive float {spearman(htp, naive):.3f}, "
+                  f"vs naive fused CPU {spearman(htp, fused):.3f}")
+        next_data = FeedList([demo.evaluation.sample(i) for i in
+                              range(args.isolation_samples, min(2 * args.isolation_samples, len(demo.evaluation)))])
+        if len(next_data):
+            next_scorer = OutputScorer(float_references(quantizer.float_path, next_data, switchable.output_names),
+                                       switchable.output_names)
+            again = isolation_scores(switchable, next_data, tensor_regions(switchable.tensors), next_scorer,
+                                     both_directions=False)
+            print(f"    ranking reproducibility: switchable on lines 0-{args.isolation_samples - 1} vs lines "
+                  f"{args.isolation_samples}-{args.isolation_samples + len(next_data) - 1}, all tensors: "
+                  f"{spearman(dict(zip(again.scores['region'], again.scores['promoted'])), promoted):.3f}")
+        if iso_speedup < 5:
+            failures.append("isolation speed")
+        if not rho >= 0.9:
+            failures.append("isolation rank correlation")
 
     # ---- (c) -------------------------------------------------------------------------------------------------
     import pandas as pd
@@ -273,18 +332,56 @@ def main() -> int:
                                          "mse": np.nan, "max_abs": np.nan, "local_snr_8": np.nan,
                                          "local_snr_16": np.nan, "passes_snr": False, "passes_cosine": False}), fast)
     ordered = ranking["tensor"].tolist()
+    ks = [int(v) for v in args.topk.split(",")]
+    top_plans = {k: PrecisionPlan.a8w8().promote(ordered[:k], name=f"top-{k}") for k in ks}
+    random_plans = {k: [PrecisionPlan.a8w8().promote(random.Random(100 + r).sample(switchable.tensors, k),
+                                                     name=f"random-{k}.{r}") for r in range(3)] for k in ks}
 
-    def cer(tensors):
-        return evaluate(quantizer.generate(PrecisionPlan.a8w8().promote(tensors)), demo.evaluation, demo.metric)
+    if "c" in args.sections:
+        def cer(plan):
+            return evaluate(quantizer.generate(plan), demo.evaluation, demo.metric)
 
-    print(f"(c) CER on {len(demo.evaluation)} evaluation lines: float "
-          f"{evaluate(quantizer.float_path, demo.evaluation, demo.metric):.4f}, all-8-bit {cer([]):.4f}, "
-          f"all-16-bit activations {evaluate(model_16, demo.evaluation, demo.metric):.4f}")
-    for k in [int(v) for v in args.topk.split(",")]:
-        top = cer(ordered[:k])
-        randoms = [cer(random.Random(100 + r).sample(switchable.tensors, k)) for r in range(3)]
-        print(f"    k={k:<3} top-k {top:.4f}   random k (mean of 3) {np.mean(randoms):.4f} "
-              f"({', '.join(f'{v:.4f}' for v in randoms)})")
+        print(f"(c) usefulness on the task metric: CER on {len(demo.evaluation)} evaluation lines (ORT CPU, default "
+              f"session) when the top-k ranked activation tensors are promoted to 16 bits vs k random ones (3 draws); "
+              f"float {evaluate(quantizer.float_path, demo.evaluation, demo.metric):.4f}, all-8-bit "
+              f"{cer(PrecisionPlan.a8w8()):.4f}, all-16-bit activations {evaluate(model_16, demo.evaluation, demo.metric):.4f}")
+        useful = 0
+        for k in ks:
+            top = cer(top_plans[k])
+            randoms = [cer(plan) for plan in random_plans[k]]
+            wins = top < np.mean(randoms)
+            useful += wins
+            print(f"    k={k:<3} top-k {top:.4f}   random k: mean {np.mean(randoms):.4f} "
+                  f"({', '.join(f'{v:.4f}' for v in randoms)})   {'top-k better' if wins else 'TOP-K NOT BETTER'}")
+        print(f"    top-k beats the random mean at {useful} of {len(ks)} k (target: every k)")
+        if useful < len(ks):
+            failures.append("top-k vs random on CER")
+
+    # ---- (d) -------------------------------------------------------------------------------------------------
+    if "d" in args.sections and args.htp_samples > 0:
+        plans = [PrecisionPlan.a8w8(), PrecisionPlan.a16w8()]
+        for k in ks:
+            plans += [top_plans[k], random_plans[k][0]]
+        htp_data = demo.evaluation.head(args.htp_samples)
+        agreement = _htp_agreement(quantizer, plans, htp_data, switchable.output_names)
+        if agreement is None:
+            failures.append("HTP agreement (the QNN HTP backend is not available)")
+        else:
+            print(f"(d) agreement with the QNN HTP backend (emulated on x86_64): output SNR (dB) against the float "
+                  f"model over {args.htp_samples} evaluation lines, {len(plans)} plans, on ORT's CPU (default "
+                  f"session, and quantization simulated in float) and on HTP (htp_arch {HTP_ARCH})")
+            print(agreement.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+            htp = dict(zip(agreement["plan"], agreement["htp"]))
+            rho = spearman(dict(zip(agreement["plan"], agreement["cpu"])), htp)
+            rho_fake = spearman(dict(zip(agreement["plan"], agreement["cpu_fake_quant"])), htp)
+            htp_wins = sum(htp[f"top-{k}"] > htp[f"random-{k}.0"] for k in ks)
+            print(f"    Spearman over the plans, CPU vs HTP: {rho:.3f} (default CPU session, target >= 0.8), "
+                  f"{rho_fake:.3f} (fake-quant); top-k beats random-k on HTP at {htp_wins} of {len(ks)} k "
+                  "(target: every k)")
+            if not rho >= 0.8:
+                failures.append("CPU vs HTP plan ranking")
+            if htp_wins < len(ks):
+                failures.append("top-k vs random on HTP")
 
     if failures:
         print(f"MISSED: {', '.join(failures)}")

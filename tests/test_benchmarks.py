@@ -1,0 +1,57 @@
+"""The benchmarks can fail: a missed target exits non-zero, a met one exits zero (real runs on a small study)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from conftest import chain_feeds, make_chain_model
+from mpstudio.data import FeedList
+from mpstudio.study import Study
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def small_study(tmp_path):
+    """A six-block Conv/Relu chain scored by output SNR (the studies' default metric)."""
+    path = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=6, size=16), path)
+    Study.create(tmp_path / "given", path, FeedList(chain_feeds(8)), FeedList(chain_feeds(6, seed=5))).close()
+    return tmp_path / "given"
+
+
+def _search_benchmark(study: Path, target: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPSTUDIO_CACHE_DIR": str(tmp_path / "cache")}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "search.py"), "--study", str(study),
+                           "--target", target, "--keep", str(tmp_path / "run"), *extra],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def _aimet_installed() -> bool:
+    try:
+        import aimet_onnx  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_search_benchmark_exits_non_zero_on_an_impossible_target(small_study, tmp_path):
+    out = _search_benchmark(small_study, "1000", tmp_path)  # an output SNR of 1000 dB: no plan reaches it
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "MISSED: mpstudio's pick misses the target" in out.stdout
+    assert "mpstudio search" in out.stdout and "MISSED" in out.stdout.split("mpstudio search", 1)[1].splitlines()[0]
+    if not _aimet_installed():
+        assert "skipped: install the [aimet] extra" in out.stdout
+
+
+def test_search_benchmark_exits_zero_when_every_gate_is_met(small_study, tmp_path):
+    # The all-8-bit baseline's own SNR: reached at once. AIMET's rows would add a gate of their own.
+    out = _search_benchmark(small_study, "a8w8", tmp_path, "--no-aimet")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all gates met" in out.stdout and "skipped: --no-aimet" in out.stdout
