@@ -360,13 +360,16 @@ class Study:
     def front(self, latency_source: str = "estimate", accuracy_source: str | None = None) -> pd.DataFrame:
         """The evaluations with a `pareto` column: True on the accuracy/latency front of that latency source.
 
-        One accuracy source is used (default: the one with the most plans), so CPU and HTP accuracies are
-        never mixed on one front.
+        One accuracy source is used, so CPU and HTP accuracies are never mixed on one front. By default it is
+        the one with the most plans; for measured and emulator latency, which only HTP runs give, the HTP
+        accuracy of those same runs when there is one.
         """
         frame = self.evaluations()
         frame = frame[frame["latency_source"] == latency_source]
         if accuracy_source is None and len(frame):
-            accuracy_source = frame["accuracy_source"].value_counts().index[0]
+            counts = frame["accuracy_source"].value_counts()
+            on_htp = [s for s in counts.index if s.startswith("HTP")]
+            accuracy_source = on_htp[0] if on_htp and latency_source != "estimate" else counts.index[0]
         frame = frame[frame["accuracy_source"] == accuracy_source].copy()
         if latency_source == "measured" and frame["latency_where"].nunique() > 1:
             # One device per front: each device's latencies are their own axis.

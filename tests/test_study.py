@@ -231,6 +231,9 @@ def test_profiled_htp_runs_recalibrate_the_studys_cost_model(chain_study):
     measured = a16.latency("emulator").ms
     after = chain_study.estimate(PrecisionPlan.a16w8()).ms
     assert abs(math.log(after / measured)) < abs(math.log(before["a16w8"] / measured))
+    # Emulator latency comes from HTP runs: its front shows their HTP accuracy, not the CPU one.
+    assert chain_study.front("emulator")["accuracy_source"].str.startswith("HTP emulator").all()
+    assert chain_study.front("estimate")["accuracy_source"].nunique() == 1
     reopened = Study.open(chain_study.folder)  # the calibration is part of the study
     assert "calibrated on" in reopened.estimate(PrecisionPlan.a8w8()).label
     reopened.close()
