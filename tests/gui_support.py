@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,28 @@ class PanelServer:
 
     def stop(self) -> None:
         self.thread.stop()
+
+
+@contextmanager
+def studio_server(study):
+    """A Panel server whose every session is a studio on `study`; its `.states` holds the sessions' states."""
+    from mpstudio.widgets import Studio, StudioState
+
+    states = []
+
+    def session():
+        state = StudioState(study)
+        states.append(state)
+        return Studio(state).template()
+
+    server = PanelServer(session)
+    server.states = states
+    try:
+        yield server
+    finally:
+        for state in states:
+            state.close()
+        server.stop()
 
 
 def wait_for_bokeh(page, timeout_ms: int = 60000) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gui_support import (PanelServer, chromium_path, drag_box, free_port, make_small_study, screen_points,
+from gui_support import (studio_server, chromium_path, drag_box, free_port, make_small_study, screen_points,
                          selected_rows, source_column, table_selection, visible_rows, wait_for_bokeh, wait_centred,
                          wait_until)
 
@@ -48,21 +48,9 @@ def study(tmp_path_factory):
 @pytest.fixture(scope="module")
 def studio(study):
     """A Panel server whose every session is a studio on the small study; `states` holds their states."""
-    from mpstudio.widgets import Studio, StudioState
 
-    states = []
-
-    def session():
-        state = StudioState(study)
-        states.append(state)
-        return Studio(state).template()
-
-    server = PanelServer(session)
-    server.states = states
-    yield server
-    for state in states:
-        state.close()
-    server.stop()
+    with studio_server(study) as server:
+        yield server
 
 
 def open_studio(page, studio):

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gui_support import (PanelServer, chromium_path, drag_box, figure_box, make_small_study, screen_points,
+from gui_support import (studio_server, chromium_path, drag_box, figure_box, make_small_study, screen_points,
                          selected_rows, source_column, table_selection, top_ranked_row, visible_rows,
                          wait_for_bokeh, wait_centred, wait_until, y_range)
 
@@ -55,21 +55,9 @@ def study(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def studio(study):
-    from mpstudio.widgets import Studio, StudioState
 
-    states = []
-
-    def session():
-        state = StudioState(study)
-        states.append(state)
-        return Studio(state).template()
-
-    server = PanelServer(session)
-    server.states = states
-    yield server
-    for state in states:
-        state.close()
-    server.stop()
+    with studio_server(study) as server:
+        yield server
 
 
 @pytest.fixture
@@ -144,7 +132,6 @@ def deep_studio(tmp_path_factory):
     from gui_models import make_residual_model
     from mpstudio.data import FeedList
     from mpstudio.study import Study
-    from mpstudio.widgets import Studio, StudioState
 
     folder = tmp_path_factory.mktemp("gui-deep")
     onnx.save(make_residual_model(120, size=8), folder / "deep.onnx")
@@ -153,19 +140,8 @@ def deep_studio(tmp_path_factory):
                      name="grid")
     study = Study.create(folder / "study", folder / "deep.onnx", feeds, name="deep residual net")
     study.sensitivity()
-    states = []
-
-    def session():
-        state = StudioState(study)
-        states.append(state)
-        return Studio(state).template()
-
-    server = PanelServer(session)
-    server.states = states
-    yield server
-    for state in states:
-        state.close()
-    server.stop()
+    with studio_server(study) as server:
+        yield server
 
 
 def test_the_graph_opens_on_the_top_ranked_tensor_and_names_tensors(page, deep_studio):
