@@ -198,6 +198,27 @@ def test_cancel_a_search(state):
     job = state.start_search("60")  # an output SNR no plan reaches: the search keeps going until cancelled
     state.cancel_jobs()
     assert job.wait(120) and job.status == "cancelled"
+    # What the search evaluated before the cancel is on the plot, without switching tabs.
+    assert set(state.evaluations["plan_id"]) == set(state.study.front(state.latency_source)["plan_id"])
+
+
+def test_the_pareto_plot_follows_a_search(state):
+    from gui_support import wait_until
+
+    before = set(state.study.front(state.latency_source)["plan_id"])
+    job, while_running = None, []
+
+    def watch(event):
+        plans = set(event.new["plan_id"]) if len(event.new) else set()
+        if job is not None and job.status == "running":
+            while_running.append(plans)
+
+    state.param.watch(watch, "evaluations")
+    job = state.start_search("55", max_evaluations=10)  # output SNR: not reached, so it walks its budget
+    assert job.wait(300) and job.status == "done", job.error
+    # The plot took each evaluation as it landed, while the search still ran.
+    assert len(while_running) >= 2 and any(plans - before for plans in while_running)
+    wait_until(lambda: set(state.evaluations["plan_id"]) == set(state.study.front(state.latency_source)["plan_id"]))
 
 
 def test_a_bad_model_shows_an_error(tmp_path, study):

@@ -356,9 +356,20 @@ class StudioState(param.Parameterized):
         target = target or self.target
         backend = self.backend
 
+        def refresh():
+            if self.study is study:
+                self.refresh_evaluations()
+
         def work(progress, cancel):
-            return search(study, target, backend=backend, runner=self._runner(), max_evaluations=max_evaluations,
-                          progress=progress, cancel=cancel)
+            def step(done, total, message):
+                progress(done, total, message)
+                if message.startswith("search: "):  # an evaluation has landed in the study: plot it now
+                    self._post(refresh)
+            try:
+                return search(study, target, backend=backend, runner=self._runner(), max_evaluations=max_evaluations,
+                              progress=step, cancel=cancel)
+            finally:  # cancelled or failed too: what was evaluated stays on the plot
+                self._post(refresh)
 
         def done(result):
             self.refresh_evaluations()
