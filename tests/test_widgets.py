@@ -292,3 +292,18 @@ def test_evaluate_on_the_local_agent_and_on_a_remote_agent_by_url(state):
     agent = state._agent
     state.close()
     assert agent.pid is None or agent._process is None or agent._process.poll() is not None
+
+
+def test_a_long_latency_label_does_not_overflow_the_axis(state):
+    plot = ParetoPlot(state=state)
+    frame = state.evaluations.copy()
+    host = "a-build-host-with-a-rather-long-name.example"
+    frame["latency_label"] = f"emulator host time on {host} (not device latency)"
+    state.latency_source = "emulator"
+    try:
+        plot._note.object = ""
+        plot._axis_labels(frame)
+        assert len(plot.figure.xaxis.axis_label) <= 60 and "not device latency" in plot.figure.xaxis.axis_label
+        assert host in plot._note.object  # the whole label is still shown, above the plot
+    finally:
+        state.latency_source = "estimate"

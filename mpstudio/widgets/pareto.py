@@ -18,6 +18,11 @@ _EMPTY = {"plan_id": [], "name": [], "origin": [], "value": [], "latency_ms": []
           "color": [], "marker": [], "size": [], "accuracy_source": [], "latency_label": [], "interval": []}
 
 
+_SHORT_AXIS = {"estimate": "latency (ms, estimate by the HTP cost model)",
+               "emulator": "emulator host time (ms, not device latency)",
+               "measured": "latency (ms, measured on the device)"}
+
+
 class ParetoPlot(View):
     """Every evaluation of the study as a point; tap one to load its plan into the graph."""
 
@@ -119,7 +124,12 @@ class ParetoPlot(View):
         self.figure.yaxis.axis_label = f"{study.metric_name} ({direction} is better)"
         labels = sorted(set(frame["latency_label"])) if frame is not None and len(frame) else []
         source = "; ".join(labels) if labels else self.state.latency_source
-        self.figure.xaxis.axis_label = f"latency (ms, {source})"
+        full = f"latency (ms, {source})"
+        # The axis has room for about 60 characters; a longer label (a host's name, a calibration) is cut off,
+        # so the axis says what kind of number it is and the note above the plot says the rest.
+        self.figure.xaxis.axis_label = full if len(full) <= 60 else _SHORT_AXIS[self.state.latency_source]
+        if len(full) > 60:
+            self._note.object += f"<br><span style='color:#666;font-size:12px'>{full}</span>"
 
     def _update_current(self, *_):
         plan_id = self.state.plan_id
