@@ -159,3 +159,25 @@ def qnn_available() -> bool:
 
 
 requires_qnn = pytest.mark.skipif(not qnn_available(), reason="onnxruntime-qnn is not installed on this platform")
+
+
+# ---- the browser tests' Chromium (Debian's chromium, driven by Playwright) --------------------------------------
+@pytest.fixture(scope="module")
+def browser():
+    from gui_support import chromium_path
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A 1600x1000 page that accepts downloads, with a 60 s default timeout."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000}, accept_downloads=True)
+    page = context.new_page()
+    page.set_default_timeout(60000)
+    yield page
+    context.close()

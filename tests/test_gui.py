@@ -22,25 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1600, "height": 1000}, accept_downloads=True)
-    page = context.new_page()
-    page.set_default_timeout(60000)
-    yield page
-    context.close()
-
-
-@pytest.fixture(scope="module")
 def study(tmp_path_factory):
     return make_small_study(tmp_path_factory.mktemp("gui") / "study")
 
