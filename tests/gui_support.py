@@ -122,6 +122,18 @@ def studio_server(study):
         server.stop()
 
 
+def open_studio(page, studio):
+    """Load the studio of `studio_server` and wait until its graph and ranking are shown; its session's state."""
+    page.goto(studio.url)
+    wait_for_bokeh(page)
+    state = wait_until(lambda: studio.states[-1] if studio.states else None)
+    wait_until(lambda: state.report is not None, 120, message="the sensitivity report did not load")
+    wait_until(lambda: len(source_column(page, "nodes", "id") or []) == len(state.layout), 60)
+    page.locator(".tabulator-row").first.wait_for(state="visible")
+    wait_centred(page, state)
+    return state
+
+
 def wait_for_bokeh(page, timeout_ms: int = 60000) -> None:
     """Wait until the page's Bokeh document exists and has rendered (its idle signal fired)."""
     page.wait_for_function("() => window.Bokeh !== undefined && Bokeh.documents.length > 0 && "

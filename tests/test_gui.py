@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gui_support import (studio_server, chromium_path, drag_box, free_port, make_small_study, screen_points,
-                         selected_rows, source_column, table_selection, visible_rows, wait_for_bokeh, wait_centred,
+from gui_support import (chromium_path, drag_box, free_port, make_small_study, open_studio, screen_points,
+                         selected_rows, source_column, studio_server, table_selection, visible_rows, wait_for_bokeh,
                          wait_until)
 
 pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
@@ -32,16 +32,6 @@ def studio(study):
 
     with studio_server(study) as server:
         yield server
-
-
-def open_studio(page, studio):
-    page.goto(studio.url)
-    wait_for_bokeh(page)
-    state = wait_until(lambda: studio.states[-1] if studio.states else None)
-    wait_until(lambda: state.report is not None, 60, message="the sensitivity report did not load")
-    wait_until(lambda: len(source_column(page, "nodes", "id") or []) == len(state.layout), 30)
-    wait_centred(page, state)
-    return state
 
 
 def test_box_select_promote_evaluate_and_see_the_new_point(page, studio):

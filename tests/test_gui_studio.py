@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from gui_support import (studio_server, chromium_path, drag_box, figure_box, make_small_study, screen_points,
-                         selected_rows, source_column, table_selection, top_ranked_row, visible_rows,
-                         wait_for_bokeh, wait_centred, wait_until, y_range)
+from gui_support import (chromium_path, drag_box, figure_box, make_small_study, open_studio, screen_points,
+                         selected_rows, source_column, studio_server, table_selection, top_ranked_row, visible_rows,
+                         wait_for_bokeh, wait_until, y_range)
 
 pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
@@ -48,17 +48,6 @@ def server_log():
     root.addHandler(handler)
     yield handler
     root.removeHandler(handler)
-
-
-def open_studio(page, studio):
-    page.goto(studio.url)
-    wait_for_bokeh(page)
-    state = wait_until(lambda: studio.states[-1] if studio.states else None)
-    wait_until(lambda: state.report is not None, 120, message="the sensitivity report did not load")
-    wait_until(lambda: len(source_column(page, "nodes", "id") or []) == len(state.layout), 60)
-    page.locator(".tabulator-row").first.wait_for(state="visible")
-    wait_centred(page, state)
-    return state
 
 
 def graph_rows(state, tensors, ids):
