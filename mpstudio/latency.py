@@ -271,7 +271,7 @@ def _parsed(model) -> _Parsed:
     return _parse(load_model(model))
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=64)  # a study re-estimates every plan when it recalibrates on a device
 def _parsed_file(path: str, mtime_ns: int, size: int) -> _Parsed:
     return _parse(load_model(path))
 

@@ -11,7 +11,6 @@ output whose Relu ORT folded); they are absent, not guessed.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -19,8 +18,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .errors import MpstudioError, brief
+from .errors import MpstudioError
 from .graph import node_display_name, producers_and_consumers
+from .model import load_model
 
 # A graph output T is written by its op as T + GRAPH_OUTPUT_SUFFIX (the last DequantizeLinear writes T).
 GRAPH_OUTPUT_SUFFIX = "_QuantizeLinear_Input"
@@ -244,12 +244,6 @@ class QdqModel:
         scale = np.float32(tensor.encoding.step)
         return np.asarray((q - tensor.encoding.zero).astype(np.float32) * scale, np.float32)
 
-    def is_q(self, node) -> bool:
-        return node is not None and node.op_type == "QuantizeLinear"
-
-    def is_dq(self, node) -> bool:
-        return node is not None and node.op_type == "DequantizeLinear"
-
     # ---- quantizers ----
     def _read_quantizers(self) -> None:
         pending_converts = []
@@ -260,7 +254,7 @@ class QdqModel:
                                           self._encoding(node, stored)))
             elif node.op_type == "QuantizeLinear":
                 source = node.input[0]
-                if self.is_dq(self.producer.get(source)):
+                if _is_dq(self.producer.get(source)):
                     pending_converts.append(node)
                     continue
                 self._read_quantize(node, source, index)
@@ -357,7 +351,7 @@ class QdqModel:
 
     def _input(self, name: str) -> OpOperand | None:
         src = self.producer.get(name)
-        if self.is_dq(src):
+        if _is_dq(src):
             q_in = src.input[0]
             if q_in in self.initializers:
                 return OpOperand(self.origin(q_in.removesuffix(QUANTIZED_INITIALIZER_SUFFIX)),
@@ -378,6 +372,10 @@ class QdqModel:
         q = next((c for c in self.consumers.get(name, ()) if c.op_type == "QuantizeLinear"), None)
         dtype = _dtype(q, self.initializers) if q is not None else "float32"
         return OpOperand(name.removesuffix(GRAPH_OUTPUT_SUFFIX) if q is not None else name, dtype, "activation", name)
+
+
+def _is_dq(node) -> bool:
+    return node is not None and node.op_type == "DequantizeLinear"
 
 
 def _replace_converts(tensor: QuantizedTensor, converts: tuple[Encoding, ...]) -> QuantizedTensor:
@@ -406,15 +404,8 @@ def _dtype(node: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto]) -> str:
 
 # ---- loading ----------------------------------------------------------------------------------------------
 def load(model) -> onnx.ModelProto:
-    """A ModelProto from a path or a ModelProto, with a clear error for a missing or unreadable file."""
-    if isinstance(model, onnx.ModelProto):
-        return model
-    try:
-        return onnx.load(os.fspath(model))
-    except FileNotFoundError:
-        raise MpstudioError(f"model file not found: {model}") from None
-    except Exception as exc:
-        raise MpstudioError(f"could not read the ONNX model {model}: {brief(exc)}") from exc
+    """A ModelProto from a path, bytes or a ModelProto (`model.load_model`: one loader, one set of messages)."""
+    return load_model(model)
 
 
 def read(model) -> QdqModel:
@@ -430,7 +421,7 @@ def quantized_tensors(model) -> dict[str, QuantizedTensor]:
 def with_outputs(model, names) -> bytes:
     """`model` serialized with `names` as its only graph outputs (float values)."""
     copy = onnx.ModelProto()
-    copy.CopyFrom(read(model).model if isinstance(model, QdqModel) else load(model))
+    copy.CopyFrom(model.model if isinstance(model, QdqModel) else load(model))
     del copy.graph.output[:]
     # The shape is left open: ORT infers it, and QDQ models rarely carry value_info.
     copy.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
