@@ -186,8 +186,6 @@ def _search(args) -> int:
 
 
 def _study_show(args) -> int:
-    import pandas as pd
-
     from .study import Study
 
     with Study.open(args.folder) as study:
@@ -201,7 +199,7 @@ def _study_show(args) -> int:
         jobs = study.jobs()
         pending = int((jobs["status"] == "pending").sum()) if len(jobs) else 0
         searches = study.searches()
-        status = searches["status"] if len(searches) else pd.Series(dtype=str)
+        status = searches["status"]
         running = int((status == "running").sum())
         unfinished = int(status.isin(["interrupted", "cancelled", "failed"]).sum())
         if running:
