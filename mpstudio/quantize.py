@@ -30,6 +30,7 @@ from onnxruntime.quantization import qdq_quantizer as _ort_qdq_quantizer
 from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
+from .cache import exclusive
 from .data import CalibrationReader, DataSource, Progress
 from .errors import MpstudioError, brief
 from .graph import ACTIVATION, WEIGHT, ModelGraph
@@ -195,7 +196,8 @@ class Quantizer:
         tmp = out.with_name(f".{out.stem}.{os.getpid()}.{threading.get_ident()}.onnx")
         config = qnn_config(self.prepared.model, self.graph, plan, CALIBRATION_METHODS[self.method])
         try:
-            with _fast_ort_quantizer(), _quiet_ort_logging():
+            # ORT's quantizer writes scratch files beside the float model: one process quantizes at a time.
+            with exclusive(self.cache_dir / ".quantize.lock"), _fast_ort_quantizer(), _quiet_ort_logging():
                 quantize_static(
                     self.float_path,
                     tmp,

@@ -366,6 +366,9 @@ class StudyStore:
         with self._lock:
             try:
                 with self._db:  # commits on success, rolls back on error
+                    # Take the write lock at once: a read-then-write (is this plan stored? is a job pending?)
+                    # is then atomic across processes, not only across this process's threads.
+                    self._db.execute("BEGIN IMMEDIATE")
                     yield self._db
             except sqlite3.DatabaseError as exc:
                 raise MpstudioError(f"the study store {self.path} failed: {exc}") from exc

@@ -20,13 +20,13 @@ import shutil
 import threading
 import time
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
+from .cache import exclusive
 from .data import Cancelled, DataSource, NpzFolder, Progress, TaskMetric, check_feeds
 from .errors import MpstudioError
 from .metrics import OUTPUT_SNR, MetricSpec, output_agreement
@@ -121,7 +121,7 @@ class Study:
             check_feeds(source, prepared.inputs, limit=1)
         spec, task_metric = _metric_parts(metric)
         folder.mkdir(parents=True, exist_ok=True)
-        with _exclusive(folder / ".create.lock"):
+        with exclusive(folder / ".create.lock"):
             if not (folder / STUDY_FILE).exists():  # else another process made it while this one waited
                 _write_study(folder, prepared, calibration, evaluation, {
                     "format": STUDY_FORMAT,
@@ -426,12 +426,16 @@ class Study:
         if not marker.exists():
             from .evaluate import run_outputs
 
-            outputs = run_outputs(self.quantizer.float_path, self.evaluation_data, "cpu", None, progress, cancel)
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-            for i, out in enumerate(outputs):
-                np.savez(folder / f"{i:06d}.npz", **out)
-            marker.write_text(str(len(outputs)))
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with exclusive(self.folder / ".reference.lock"):  # another process may be writing them too
+                if not marker.exists():
+                    outputs = run_outputs(self.quantizer.float_path, self.evaluation_data, "cpu", None, progress,
+                                          cancel)
+                    shutil.rmtree(folder, ignore_errors=True)
+                    folder.mkdir(parents=True)
+                    for i, out in enumerate(outputs):
+                        np.savez(folder / f"{i:06d}.npz", **out)
+                    marker.write_text(str(len(outputs)))
         self._references = [dict(np.load(p, allow_pickle=False)) for p in sorted(folder.glob("*.npz"))]
         return self._references
 
@@ -582,35 +586,6 @@ def _read_config(folder: Path) -> dict:
     if not (folder / "model.onnx").exists():
         raise MpstudioError(f"{folder} has no model.onnx; the study is incomplete")
     return config
-
-
-@contextmanager
-def _exclusive(path: Path):
-    """Hold an exclusive lock on `path` (created if needed) across processes; released if the process dies."""
-    with open(path, "a+b") as handle:
-        if os.name == "nt":
-            import msvcrt
-
-            handle.seek(0)
-            while True:
-                try:
-                    msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
-                    break
-                except OSError:
-                    continue  # LK_LOCK gives up after ten seconds: keep waiting
-            try:
-                yield
-            finally:
-                handle.seek(0)
-                msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
-        else:
-            import fcntl
-
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _default_name(plan: PrecisionPlan, sixteen_bit: int) -> str:
