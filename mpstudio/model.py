@@ -20,7 +20,8 @@ from onnx import helper
 
 from .errors import MpstudioError, brief
 from .graph import ModelGraph, node_display_name
-from .qnn_support import SupportIssue, check_qnn_support, summarize
+from .qnn_support import FALLBACK, SupportIssue, check_qnn_support, summarize
+from .rewrites import RewriteResult, rewrite_for_htp
 
 # ORT's quantization tools look for this metadata to know the model was pre-processed.
 _PREPROCESSED_KEY = "onnx.quant.pre_process"
@@ -50,6 +51,7 @@ class PreparedModel:
     steps: tuple[str, ...]
     support_issues: tuple[SupportIssue, ...]
     sha256: str
+    rewrites: tuple[RewriteResult, ...] = ()  # what this preparation rewrote (also among `steps`)
 
     @functools.cached_property
     def graph(self) -> ModelGraph:
@@ -58,7 +60,12 @@ class PreparedModel:
     @property
     def qnn_ready(self) -> bool:
         """True when no node is expected to fall back to CPU on the QNN EP."""
-        return not any(issue.severity == "fallback" for issue in self.support_issues)
+        return not any(issue.severity == FALLBACK for issue in self.support_issues)
+
+    @property
+    def fallback_nodes(self) -> tuple[str, ...]:
+        """The nodes expected to run on ORT's CPU EP instead of QNN HTP, in graph order."""
+        return tuple(dict.fromkeys(i.node for i in self.support_issues if i.severity == FALLBACK))
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -83,7 +90,15 @@ class PreparedModel:
             *(f"  - {step}" for step in self.steps),
         ]
         lines += summarize(list(self.support_issues)).splitlines()
+        if not self.qnn_ready:
+            lines.append(FALLBACK_HINT)
         return "\n".join(lines)
+
+
+FALLBACK_HINT = (
+    "to run it anyway, accept these nodes on ORT's CPU EP: Study.create(..., allow_fallback=True) or "
+    "--allow-fallback on the command line (every HTP number is then labelled with the nodes on CPU); or "
+    "re-export the model without them")
 
 
 def load_model(source: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
@@ -119,13 +134,16 @@ def prepare_model(
     input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None,
     *,
     optimize: bool = True,
+    rewrite: bool = True,
 ) -> PreparedModel:
     """Validate and prepare a float model for QDQ quantization on the QNN EP.
 
     Steps: check the model; bring its IR version to one ONNX Runtime accepts; fix dynamic input shapes
     from `input_shapes` (or refuse, naming each dynamic input); fold `Constant` nodes and constant
     subgraphs into initializers (ORT's basic graph optimizations, as ORT's own pre-processing does);
-    name unnamed nodes; infer shapes; report nodes QNN's HTP backend would not take.
+    name unnamed nodes; with `rewrite`, rewrite exporter patterns QNN HTP does not run or quantizes badly
+    (`mpstudio.rewrites`: exact Erf-GELU to Gelu, attention-mask sentinels such as -3.4e38 to -1e4), each
+    named among the steps; infer shapes; report nodes QNN's HTP backend would not take.
     """
     model = onnx.ModelProto()
     model.CopyFrom(load_model(source))
@@ -165,6 +183,9 @@ def prepare_model(
             f"{before} -> {len(model.graph.node)} nodes, {len(model.graph.initializer)} initializers)"
         )
 
+    rewrites = tuple(rewrite_for_htp(model)) if rewrite else ()
+    steps += [result.step for result in rewrites]
+
     unshared = _unshare_small_initializers(model)
     if unshared:
         steps.append(f"gave each consumer its own copy of {unshared} small shared initializers, so each "
@@ -192,6 +213,7 @@ def prepare_model(
         steps=tuple(steps),
         support_issues=issues,
         sha256=hashlib.sha256(serialized).hexdigest(),
+        rewrites=rewrites,
     )
 
 
@@ -306,11 +328,45 @@ def _ort_basic_optimize(model: onnx.ModelProto) -> onnx.ModelProto:
         except Exception as exc:
             raise MpstudioError(f"ONNX Runtime cannot load the model: {brief(exc)}") from exc
         optimized = onnx.load(str(out))
+    _rename_clashing_initializers(optimized, model)
     # ORT writes its own IR and opset imports; keep the producer's metadata.
     del optimized.metadata_props[:]
     optimized.metadata_props.extend(model.metadata_props)
     optimized.ir_version = min(optimized.ir_version, model.ir_version) or model.ir_version
     return optimized
+
+
+def _rename_clashing_initializers(optimized: onnx.ModelProto, original: onnx.ModelProto) -> None:
+    """Give the constants ORT's fusions named generically ("gemm_input_shape") a name of their own when needed.
+
+    A later ORT session on the prepared model (the extended optimizations every session runs) can fuse again
+    and write a constant of the same generic name, and then fails to load the model ("Attempt to replace the
+    existing tensor"); seen on transformer MatMul+Add pairs. Models that load as they are keep their names.
+    """
+    known = {t.name for t in original.graph.initializer} | {o for n in original.graph.node for o in n.output}
+    made = [t for t in optimized.graph.initializer if t.name not in known and "/" not in t.name]
+    if not made:
+        return
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    try:
+        ort.InferenceSession(optimized.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return
+    except Exception:
+        pass  # renamed below; if the model still fails, the next session says why
+    taken = {t.name for t in optimized.graph.initializer} | {o for n in optimized.graph.node for o in n.output}
+    renamed = {}
+    for tensor in made:
+        name = f"/prepared/{tensor.name}"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        renamed[tensor.name] = name
+        tensor.name = name
+    for node in optimized.graph.node:
+        for i, name in enumerate(node.input):
+            if name in renamed:
+                node.input[i] = renamed[name]
 
 
 # Shared constants larger than this stay shared (tied embeddings and the like are worth their memory).

@@ -1,0 +1,336 @@
+"""Graph rewrites made at prepare time so that models as exporters write them run on, and quantize for, QNN HTP.
+
+Each rewrite keeps the float model's outputs (to float rounding) and returns the sentences the preparation
+report shows, naming what it changed:
+
+- exact GELU as torch exports it, `x * 0.5 * (1 + Erf(x / sqrt(2)))` in its usual node orders, becomes one
+  `Gelu` node (ONNX `Gelu` from opset 20, else `com.microsoft` `Gelu`, which ORT's CPU EP also runs): the QNN
+  EP has no `Erf`, so the pattern would leave its Erf on the CPU;
+- attention-mask constants such as float32's lowest value (-3.4e38) or -inf, added to scores before a
+  Softmax, become `MASK_FLOOR` (-100): an 8/16-bit quantization range stretched to -3.4e38 has no resolution
+  left for the scores themselves, while Softmax weighs a masked score e^-100 times less (0 in float32 unless
+  a masked key outscores every visible one by about 90);
+- a Where with a constant branch (a masked_fill) becomes arithmetic that ORT's QDQ quantizer quantizes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .graph import producers_and_consumers
+
+# What an attention mask's "minus infinity" becomes. Measured on a small random BERT-like encoder with padded
+# calibration data (CPU QDQ output SNR against float): -3.4e38 gave a8w8 4 dB / a16w8 1 dB; -1e4 7.5 / 33 dB;
+# -100 24 / 36 dB; -30 28.5 / 36 dB, float outputs unchanged in each case. -100 keeps a wide float margin.
+MASK_FLOOR = -100.0
+# Constants at least this large in magnitude (or infinite) are mask sentinels, not values a model computes with.
+_MASK_SENTINEL = 1.0e6
+# Ops a mask flows through between its constant and the Softmax that consumes it.
+_MASK_PATH_OPS = frozenset({"Add", "Sub", "Mul", "Where", "Expand", "Reshape", "Unsqueeze", "Squeeze", "Tile",
+                            "Concat", "Slice", "Transpose", "Cast", "Min", "Max"})
+_MASK_PATH_DEPTH = 6
+_MS_DOMAIN = "com.microsoft"
+_STANDARD = ("", "ai.onnx")
+GELU_OPSET = 20  # ONNX Gelu appeared in opset 20
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    """What one rewrite did: its name, the nodes it wrote (or changed), and the report's sentence."""
+
+    name: str
+    nodes: tuple[str, ...]
+    step: str
+
+
+def rewrite_for_htp(model: onnx.ModelProto) -> list[RewriteResult]:
+    """Apply every rewrite to `model` in place; one RewriteResult per rewrite that changed something."""
+    results = [fuse_erf_gelu(model), clamp_mask_constants(model), where_to_arithmetic(model)]
+    return [r for r in results if r is not None]
+
+
+# ---- exact GELU ------------------------------------------------------------------------------------------------
+class _Graph:
+    """Producers, consumers and scalar constants of a graph, for pattern matching."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.graph = graph
+        self.producer, self.consumers = producers_and_consumers(graph)
+        self.outputs = {o.name for o in graph.output}
+        self.initializers = {t.name: t for t in graph.initializer}
+
+    def scalar(self, name: str) -> float | None:
+        tensor = self.initializers.get(name)
+        if tensor is None:
+            node = self.producer.get(name)
+            if node is None or node.op_type != "Constant" or node.domain not in _STANDARD:
+                return None
+            tensor = next((a.t for a in node.attribute if a.name == "value"), None)
+            if tensor is None:
+                return None
+        if tensor.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE):
+            return None
+        array = numpy_helper.to_array(tensor)
+        return float(array.reshape(-1)[0]) if array.size == 1 else None
+
+    def only_consumer(self, name: str, op_type: str):
+        """The single consumer of `name` when it is an `op_type` node and `name` is not a graph output."""
+        users = self.consumers.get(name, [])
+        if len(users) != 1 or name in self.outputs:
+            return None
+        node = users[0]
+        return node if node.op_type == op_type and node.domain in _STANDARD else None
+
+
+def _near(value: float | None, target: float, tol: float = 1e-3) -> bool:
+    return value is not None and abs(value - target) <= tol * abs(target)
+
+
+def _other(node: onnx.NodeProto, name: str) -> str | None:
+    """The other input of a two-input node, given one of them."""
+    if len(node.input) != 2:
+        return None
+    if node.input[0] == name:
+        return node.input[1]
+    if node.input[1] == name:
+        return node.input[0]
+    return None
+
+
+def _match_gelu(g: _Graph, erf: onnx.NodeProto) -> tuple[str, str, list[onnx.NodeProto]] | None:
+    """(x, output, nodes of the pattern) when `erf` is the Erf of an exact GELU, else None."""
+    scale = g.producer.get(erf.input[0]) if erf.input else None
+    if scale is None or scale.domain not in _STANDARD or len(scale.input) != 2:
+        return None
+    if g.only_consumer(scale.output[0], "Erf") is not erf:
+        return None
+    if scale.op_type == "Div" and _near(g.scalar(scale.input[1]), math.sqrt(2)):
+        x = scale.input[0]
+    elif scale.op_type == "Mul" and _near(g.scalar(scale.input[1]), 1 / math.sqrt(2)):
+        x = scale.input[0]
+    elif scale.op_type == "Mul" and _near(g.scalar(scale.input[0]), 1 / math.sqrt(2)):
+        x = scale.input[1]
+    else:
+        return None
+    add = g.only_consumer(erf.output[0], "Add")
+    if add is None or not _near(g.scalar(_other(add, erf.output[0]) or ""), 1.0):
+        return None
+    nodes = [scale, erf, add]
+    # Then x and 0.5 multiply in, one Mul each in either order, or as one Mul by a separate x * 0.5.
+    factors: set[str] = set()
+    current = add.output[0]
+    while factors != {"x", "half"} and len(nodes) < 6:
+        mul = g.only_consumer(current, "Mul")
+        other = _other(mul, current) if mul is not None else None
+        if other is None:
+            return None
+        half = g.producer.get(other)
+        if other == x and "x" not in factors:
+            factors.add("x")
+        elif _near(g.scalar(other), 0.5) and "half" not in factors:
+            factors.add("half")
+        elif (not factors and half is not None and half.op_type == "Mul" and half.domain in _STANDARD
+              and x in half.input and _near(g.scalar(_other(half, x) or ""), 0.5)
+              and g.only_consumer(other, "Mul") is mul):
+            factors.update(("x", "half"))
+            nodes.insert(0, half)
+        else:
+            return None
+        nodes.append(mul)
+        current = mul.output[0]
+    return x, current, nodes
+
+
+def fuse_erf_gelu(model: onnx.ModelProto) -> RewriteResult | None:
+    """Replace each exact Erf-GELU subgraph by one Gelu node (see the module docstring)."""
+    graph = model.graph
+    g = _Graph(graph)
+    matches = [m for m in (_match_gelu(g, n) for n in graph.node if n.op_type == "Erf" and n.domain in _STANDARD)
+               if m is not None]
+    if not matches:
+        return None
+    opset = next((o.version for o in model.opset_import if o.domain in _STANDARD), 0)
+    domain = "" if opset >= GELU_OPSET else _MS_DOMAIN
+    types = _value_types(model) if domain else {}
+    taken = {n.name for n in graph.node}
+    removed: set[int] = set()
+    replacement: dict[int, onnx.NodeProto] = {}
+    written = []
+    for x, output, nodes in matches:
+        erf = nodes[1] if nodes[1].op_type == "Erf" else nodes[2]
+        name = _gelu_name(erf.name, taken)
+        taken.add(name)
+        gelu = helper.make_node("Gelu", [x], [output], name=name, domain=domain)
+        last = max(_index(graph, n) for n in nodes)
+        removed.update(_index(graph, n) for n in nodes)
+        replacement[last] = gelu
+        written.append(name)
+        if domain and output in types and not any(v.name == output for v in graph.value_info):
+            # ONNX's shape inference does not know com.microsoft ops: say what Gelu's output is, so the
+            # shapes after it stay static.
+            graph.value_info.append(types[output])
+    kept = [replacement.get(i, node) for i, node in enumerate(graph.node) if i not in removed or i in replacement]
+    del graph.node[:]
+    graph.node.extend(kept)
+    if domain and not any(o.domain == _MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
+    _drop_unused_initializers(graph)
+    op = "Gelu (ONNX opset 20)" if not domain else "com.microsoft Gelu"
+    shown = ", ".join(written[:3]) + (" ..." if len(written) > 3 else "")
+    return RewriteResult(
+        "erf-gelu", tuple(written),
+        f"rewrote {len(written)} exact GELU subgraph(s) x*0.5*(1+Erf(x/sqrt(2))) into {op}, which QNN HTP runs "
+        f"(QNN has no Erf): {shown}")
+
+
+def _gelu_name(erf_name: str, taken: set[str]) -> str:
+    # Keep the namespace ("/mlp/act/Erf" -> "/mlp/act/Gelu"), so the graph view groups it where the Erf was.
+    scope, _, last = erf_name.rpartition("/")
+    base = f"{scope}/Gelu{last[3:]}" if last.startswith("Erf") else f"{erf_name}/Gelu"
+    name, i = base, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    return name
+
+
+def _index(graph: onnx.GraphProto, node: onnx.NodeProto) -> int:
+    for i, n in enumerate(graph.node):
+        if n is node:
+            return i
+    raise ValueError(f"node {node.name!r} is not in the graph")
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        return {}  # prepare_model's own shape inference reports the problem
+    return {v.name: v for v in (*inferred.graph.value_info, *inferred.graph.output)}
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    kept = [t for t in graph.initializer if t.name in used]
+    if len(kept) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+
+
+# ---- attention-mask constants ----------------------------------------------------------------------------------
+def _reaches_softmax(g: _Graph, name: str, depth: int = _MASK_PATH_DEPTH) -> bool:
+    if depth == 0:
+        return False
+    for node in g.consumers.get(name, []):
+        if node.domain not in _STANDARD:
+            continue
+        if node.op_type in ("Softmax", "LogSoftmax"):
+            return True
+        if node.op_type in _MASK_PATH_OPS and any(_reaches_softmax(g, o, depth - 1) for o in node.output if o):
+            return True
+    return False
+
+
+def clamp_mask_constants(model: onnx.ModelProto, floor: float = MASK_FLOOR) -> RewriteResult | None:
+    """Bring mask sentinels (|v| >= 1e6 or infinite) in float constants that flow into a Softmax to +-|floor|."""
+    graph = model.graph
+    g = _Graph(graph)
+    changed: list[str] = []
+    extremes: list[float] = []
+    for tensor in graph.initializer:
+        if tensor.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16) or tensor.data_location == \
+                TensorProto.EXTERNAL:
+            continue
+        users = [n for n in g.consumers.get(tensor.name, []) if n.op_type in _MASK_PATH_OPS - {"Cast"}]
+        if not users:
+            continue
+        array = numpy_helper.to_array(tensor)
+        sentinel = ~np.isnan(array) & (np.abs(array.astype(np.float64)) >= _MASK_SENTINEL)
+        if not sentinel.any() or not any(_reaches_softmax(g, o) for n in users for o in n.output if o):
+            continue
+        extremes.append(float(array[sentinel].astype(np.float64).min()))
+        fixed = np.where(sentinel, np.sign(array) * abs(floor), array).astype(array.dtype)
+        tensor.CopyFrom(numpy_helper.from_array(fixed, tensor.name))
+        changed.extend(n.name or n.output[0] for n in users)
+    if not changed:
+        return None
+    lowest = min(extremes)
+    return RewriteResult(
+        "mask-floor", tuple(changed),
+        f"clamped attention-mask constants (as low as {lowest:.4g}) to {floor:g} in {len(changed)} node(s) before "
+        f"a Softmax, so 8/16-bit ranges keep their resolution (Softmax weighs both as 0): "
+        + ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else ""))
+
+
+# ---- Where with a constant branch ------------------------------------------------------------------------------
+def where_to_arithmetic(model: onnx.ModelProto) -> RewriteResult | None:
+    """Write `Where(c, t, f)` with a float constant branch as `f + Cast(c) * (t - f)`.
+
+    ORT's QDQ quantizer quantizes a Where only when both branches are already quantized activations, so a
+    constant branch (a masked_fill's value) leaves the Where in float, which QNN HTP fails to finalize
+    ("QNN_COMMON_ERROR_MEM_ALLOC"); Cast, Sub, Mul and Add quantize like any other op. Constants that are not
+    finite are left alone (0 * inf would make NaNs).
+    """
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    taken = {n.name for n in graph.node} | {o for n in graph.node for o in n.output} | set(inits)
+
+    def fresh(stem: str) -> str:
+        name, i = stem, 1
+        while name in taken:
+            name, i = f"{stem}_{i}", i + 1
+        taken.add(name)
+        return name
+
+    def constant(name: str) -> np.ndarray | None:
+        tensor = inits.get(name)
+        if tensor is None or tensor.data_type != TensorProto.FLOAT or tensor.data_location == TensorProto.EXTERNAL:
+            return None
+        return numpy_helper.to_array(tensor)
+
+    written: list[str] = []
+    new_nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if node.op_type != "Where" or node.domain not in _STANDARD or len(node.input) != 3:
+            new_nodes.append(node)
+            continue
+        cond, t, f = node.input
+        tc, fc = constant(t), constant(f)
+        if (tc is None and fc is None) or any(c is not None and not np.isfinite(c).all() for c in (tc, fc)):
+            new_nodes.append(node)
+            continue
+        base = node.name or node.output[0]
+        mask = fresh(f"{base}/Cast_output_0")
+        nodes = [helper.make_node("Cast", [cond], [mask], name=fresh(f"{base}/Cast"), to=TensorProto.FLOAT)]
+        if tc is not None and fc is not None:
+            diff = fresh(f"{base}/difference")
+            graph.initializer.append(numpy_helper.from_array((tc - fc).astype(np.float32), diff))
+        else:
+            diff = fresh(f"{base}/Sub_output_0")
+            nodes.append(helper.make_node("Sub", [t, f], [diff], name=fresh(f"{base}/Sub")))
+        if fc is not None and not fc.any():
+            nodes.append(helper.make_node("Mul", [mask, diff], [node.output[0]], name=fresh(f"{base}/Mul")))
+        else:
+            scaled = fresh(f"{base}/Mul_output_0")
+            nodes.append(helper.make_node("Mul", [mask, diff], [scaled], name=fresh(f"{base}/Mul")))
+            nodes.append(helper.make_node("Add", [f, scaled], [node.output[0]], name=fresh(f"{base}/Add")))
+        new_nodes.extend(nodes)
+        written.append(base)
+    if not written:
+        return None
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    _drop_unused_initializers(graph)
+    return RewriteResult(
+        "where-constant", tuple(written),
+        f"rewrote {len(written)} Where node(s) with a constant branch as f + Cast(c) * (t - f), which quantizes "
+        "for QNN HTP (ORT's quantizer leaves such a Where in float, which HTP failed to finalize): "
+        + ", ".join(written[:3]) + (" ..." if len(written) > 3 else ""))
+
+
+__all__ = ["RewriteResult", "rewrite_for_htp", "fuse_erf_gelu", "clamp_mask_constants", "where_to_arithmetic",
+           "MASK_FLOOR"]
