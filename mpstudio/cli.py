@@ -40,7 +40,7 @@ def progress_bar(enabled: bool = True):
 def _prepare(args) -> int:
     from .model import parse_shape_args, prepare_model
 
-    prepared = prepare_model(args.model, parse_shape_args(args.shape))
+    prepared = prepare_model(args.model, parse_shape_args(args.shape), rewrite=not args.no_rewrites)
     print(prepared.report())
     if args.output:
         prepared.save(args.output)
@@ -156,7 +156,8 @@ def _open_study(args, progress):
     calibration = NpzFolder(args.data, names)
     evaluation = NpzFolder(args.eval_data, names) if args.eval_data else calibration
     folder = folder or Path(f"{Path(args.model).stem}.study")
-    return Study.create(folder, prepared, calibration, evaluation, htp_arch=args.htp_arch, progress=progress)
+    return Study.create(folder, prepared, calibration, evaluation, htp_arch=args.htp_arch, progress=progress,
+                        allow_fallback=getattr(args, "allow_fallback", False))
 
 
 def _search(args) -> int:
@@ -269,6 +270,12 @@ def _analyze(args) -> int:
 
     # Calibration uses every sample unless told otherwise, whatever --samples scores.
     quantizer, plan, data = open_model_data_plan(args, args.calibration_samples, calibrate_on_all=True)
+    for rewrite in quantizer.prepared.rewrites:  # what preparation changed in the graph being scored
+        print(f"prepared: {rewrite.step}")
+    if not quantizer.prepared.qnn_ready:
+        nodes = quantizer.prepared.fallback_nodes
+        print(f"note: {len(nodes)} node(s) would run on CPU on QNN HTP: {', '.join(nodes[:5])}"
+              + (" ..." if len(nodes) > 5 else "") + " (mpstudio prepare MODEL says why)")
     with progress_bar(not args.quiet) as progress:
         report = analyze(quantizer, data, plan, isolation=not args.no_isolation,
                          isolation_samples=args.isolation_samples, selection=args.select or (), progress=progress)
@@ -298,6 +305,8 @@ def _add_prepare_parser(sub) -> None:
     _add_shape_arg(p)
     p.add_argument("-o", "--output", help="write the prepared model here")
     p.add_argument("--strict", action="store_true", help="exit with status 3 when a node would fall back to CPU")
+    p.add_argument("--no-rewrites", action="store_true",
+                   help="leave exporter patterns as they are (no Erf-GELU to Gelu, mask clamp, Where rewrite)")
     p.set_defaults(func=_prepare)
 
 
@@ -362,6 +371,9 @@ def _add_search_parser(sub) -> None:
     s.add_argument("--weights", default="auto", choices=["auto", "per-tensor", "per-channel"],
                    help="weight quantization of the base plan (auto: per-channel int8 when it clearly helps)")
     _add_shape_arg(s)
+    s.add_argument("--allow-fallback", action="store_true",
+                   help="accept a model with nodes QNN HTP cannot run: HTP evaluations run them on ORT's CPU EP and "
+                        "every HTP number says \"HTP + N nodes on CPU\"")
     s.add_argument("--htp-arch", default="75", help="target HTP architecture (cost model and HTP runs)")
     _add_runner_args(s)
     _add_quiet_arg(s)

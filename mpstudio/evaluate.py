@@ -20,9 +20,12 @@ def run_outputs(
     provider_options: dict | None = None,
     progress: Progress | None = None,
     cancel=None,
+    *,
+    allow_cpu_fallback: bool = False,
 ) -> list[Feed]:
-    """Every sample's outputs (name -> array), in sample order."""
-    session = create_session(model, backend, provider_options)
+    """Every sample's outputs (name -> array), in sample order (on htp, nodes QNN lacks run on ORT's CPU EP only
+    with `allow_cpu_fallback`)."""
+    session = create_session(model, backend, provider_options, allow_cpu_fallback=allow_cpu_fallback)
     names = [o.name for o in session.get_outputs()]
     outputs: list[Feed] = []
     total = len(source)

@@ -67,6 +67,20 @@ class PreparedModel:
         """The nodes expected to run on ORT's CPU EP instead of QNN HTP, in graph order."""
         return tuple(dict.fromkeys(i.node for i in self.support_issues if i.severity == FALLBACK))
 
+    def fallback_refusal(self) -> str:
+        """Why a study refuses this model (nodes QNN HTP would leave to the CPU), and what to do about it."""
+        issues = [i for i in self.support_issues if i.severity == FALLBACK]
+        shown = [f"  {i.node} [{i.op_type}]: {i.reason}" for i in issues[:_REFUSAL_SHOWN]]
+        if len(issues) > _REFUSAL_SHOWN:
+            shown.append(f"  ... and {len(issues) - _REFUSAL_SHOWN} more (mpstudio prepare MODEL lists them all)")
+        rewrites = ("mpstudio's rewrites (" + ", ".join(r.name for r in self.rewrites) + ") did not cover them"
+                    if self.rewrites else "no rewrite of mpstudio's (Erf-GELU to Gelu, mask constants, Where with a "
+                    "constant branch) covers them")
+        return (f"{len(self.fallback_nodes)} node(s) of {self.source} would not run on QNN HTP:\n" + "\n".join(shown)
+                + f"\n{rewrites}. Re-export the model without these ops, or accept them on ORT's CPU EP with "
+                "Study.create(..., allow_fallback=True) (command line: --allow-fallback): HTP evaluations then run "
+                "those nodes on the CPU and every HTP accuracy and latency says \"HTP + N nodes on CPU\".")
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,6 +109,7 @@ class PreparedModel:
         return "\n".join(lines)
 
 
+_REFUSAL_SHOWN = 10
 FALLBACK_HINT = (
     "to run it anyway, accept these nodes on ORT's CPU EP: Study.create(..., allow_fallback=True) or "
     "--allow-fallback on the command line (every HTP number is then labelled with the nodes on CPU); or "

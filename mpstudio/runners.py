@@ -28,14 +28,14 @@ class InProcess:
         return f"{'HTP emulator' if htp_is_emulated() else 'HTP'} on {socket.gethostname()}"
 
     def outputs(self, path: Path, data: DataSource, backend: str, options: dict | None, progress: Progress | None,
-                cancel) -> list[Feed]:
+                cancel, allow_cpu_fallback: bool = False) -> list[Feed]:
         from .evaluate import run_outputs
 
-        return run_outputs(path, data, backend, options, progress, cancel)
+        return run_outputs(path, data, backend, options, progress, cancel, allow_cpu_fallback=allow_cpu_fallback)
 
     on_device = False
 
-    def measure(self, path: Path, feed: Feed, options: dict, profile: bool = False):
+    def measure(self, path: Path, feed: Feed, options: dict, profile: bool = False, allow_cpu_fallback: bool = False):
         return None, None  # latency is measured on an agent, whose worker owns the session and the clock
 
 
@@ -53,22 +53,23 @@ class OverAgent:
         return f"HTP emulator on {info.device}" if info.htp_emulated else f"HTP on {info.device}"
 
     def outputs(self, path: Path, data: DataSource, backend: str, options: dict | None, progress: Progress | None,
-                cancel) -> list[Feed]:
+                cancel, allow_cpu_fallback: bool = False) -> list[Feed]:
         feeds = list(data.feeds())
         options = options or {}
+        fallback = {"allow_cpu_fallback": True} if allow_cpu_fallback else {}
         if cancel is not None and cancel.is_set():
             raise Cancelled("cancelled before the run started")
         message = f"running {path.stem[:8]} on {backend} over the agent"
         if progress:
             progress(0, len(feeds), message)
         if hasattr(self.agent, "map"):
-            results = self.agent.map(path, feeds, backend=backend, provider_options=options)
+            results = self.agent.map(path, feeds, backend=backend, provider_options=options, **fallback)
         else:
             results = []
             for i, feed in enumerate(feeds):
                 if cancel is not None and cancel.is_set():
                     raise Cancelled(f"cancelled after {i} of {len(feeds)} samples")
-                results.append(self.agent.run(path, feed, backend=backend, provider_options=options))
+                results.append(self.agent.run(path, feed, backend=backend, provider_options=options, **fallback))
                 if progress:
                     progress(i + 1, len(feeds), message)
         return [dict(r.outputs) for r in results]
@@ -79,11 +80,12 @@ class OverAgent:
         agents = getattr(self.agent, "agents", None)
         return not (agents[0] if agents else self.agent).info().htp_emulated
 
-    def measure(self, path: Path, feed: Feed, options: dict, profile: bool = False):
+    def measure(self, path: Path, feed: Feed, options: dict, profile: bool = False, allow_cpu_fallback: bool = False):
         """(the median latency of one sample on the agent's HTP backend: measured on a device, emulator time on
         an x86_64 host; its per-op profile when `profile`), each None when the agent returned none."""
         result = self.agent.run(path, feed, backend="htp", provider_options=options, warmup=2, iterations=10,
-                                outputs=False, profile=profile)
+                                outputs=False, profile=profile,
+                                **({"allow_cpu_fallback": True} if allow_cpu_fallback else {}))
         latency = Latency.from_stats(result.latency) if result.latency is not None else None
         return latency, result.profile if profile else None
 

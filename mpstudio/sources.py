@@ -7,6 +7,7 @@ purpose: the agent and its clients use it too.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -25,6 +26,10 @@ HTP_ONLY = "HTP only"
 WITH_CPU_IO = "HTP + CPU graph I/O"
 SESSION_RUN = "whole session run"
 LATENCY_SCOPES = (HTP_ONLY, WITH_CPU_IO, SESSION_RUN)
+# A figure of a model whose unsupported nodes run on ORT's CPU EP (a study made with allow_fallback) says so
+# after its scope: "whole session run, HTP + 3 nodes on CPU".
+_CPU_NODES = re.compile(r"^(?:HTP \+ (?P<run>\d+) nodes on CPU|excluding the CPU time of (?P<est>\d+) nodes on CPU "
+                        r"\(priced as HTP ops\))$")
 _ESTIMATE_WHERE = re.compile(r"^HTP v(?P<arch>\w+) \(cost model(?:, calibrated on (?P<device>.+))?\)$")
 
 
@@ -58,7 +63,8 @@ class Latency:
             raise MpstudioError("a latency must say where it comes from (a device, a host or an HTP architecture)")
         if not self.includes:
             object.__setattr__(self, "includes", WITH_CPU_IO if self.source == "estimate" else SESSION_RUN)
-        if self.includes not in LATENCY_SCOPES:
+        scope, _, note = self.includes.partition(", ")
+        if scope not in LATENCY_SCOPES or (note and not _CPU_NODES.match(note)):
             raise MpstudioError(f"a latency includes one of {', '.join(LATENCY_SCOPES)}, not {self.includes!r}")
         if (self.low_ms is None) != (self.high_ms is None):
             raise MpstudioError("give both ends of a latency interval (low_ms and high_ms) or neither")
@@ -68,6 +74,25 @@ class Latency:
                 raise MpstudioError(f"the interval {low:.4g}-{high:.4g} ms must contain the latency {self.ms:.4g} ms")
             object.__setattr__(self, "low_ms", low)
             object.__setattr__(self, "high_ms", high)
+
+    @property
+    def cpu_nodes(self) -> int:
+        """How many nodes of the model ran (or would run) on ORT's CPU EP instead of the HTP; 0 for most."""
+        match = _CPU_NODES.match(self.includes.partition(", ")[2])
+        return int(match.group("run") or match.group("est")) if match else 0
+
+    def with_cpu_nodes(self, nodes: int) -> "Latency":
+        """This latency, labelled as coming from a model with `nodes` nodes on ORT's CPU EP (CPU fallback).
+
+        A run's time includes them ("HTP + N nodes on CPU"); the cost model prices them as if the HTP ran them,
+        so an estimate says it excludes their CPU time.
+        """
+        scope = self.includes.partition(", ")[0]
+        if nodes <= 0:
+            return dataclasses.replace(self, includes=scope)
+        note = (f"excluding the CPU time of {nodes} nodes on CPU (priced as HTP ops)" if self.source == ESTIMATE
+                else f"HTP + {nodes} nodes on CPU")
+        return dataclasses.replace(self, includes=f"{scope}, {note}")
 
     @property
     def is_device_latency(self) -> bool:

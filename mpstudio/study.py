@@ -100,20 +100,24 @@ class Study:
     def create(cls, folder: str | Path, model, calibration: DataSource, evaluation: DataSource | None = None,
                metric: TaskMetric | MetricSpec | None = None, *, input_shapes: dict | None = None,
                htp_arch: str = "75", calibration_method: str = "minmax", name: str | None = None,
-               progress: Progress | None = None) -> "Study":
+               progress: Progress | None = None, allow_fallback: bool = False) -> "Study":
         """A new study in `folder` (which must not hold one already): prepares the model and copies the data in.
 
         `model` is a path or a PreparedModel; `evaluation` defaults to `calibration`. `metric` is a
         TaskMetric (kept for this process; reopen with `Study.open(folder, metric=...)`), a MetricSpec, or
         None for output SNR and cosine against the float model. Two processes creating the same study make
         one: the second waits and opens it.
+
+        A model with nodes QNN HTP cannot run (after preparation's rewrites) is refused, naming them, unless
+        `allow_fallback`: then HTP evaluations run those nodes on ORT's CPU EP, and every HTP accuracy and
+        latency of the study says "HTP + N nodes on CPU".
         """
         folder = Path(folder)
         if (folder / STUDY_FILE).exists():
             raise MpstudioError(f"{folder} already holds a study; open it with Study.open (mpstudio study show)")
         prepared = model if isinstance(model, PreparedModel) else prepare_model(model, input_shapes)
-        if not prepared.qnn_ready:
-            raise MpstudioError(f"the model cannot run fully on QNN HTP:\n{prepared.report()}")
+        if not prepared.qnn_ready and not allow_fallback:
+            raise MpstudioError(prepared.fallback_refusal())
         evaluation = evaluation if evaluation is not None else calibration
         for what, source in (("calibration", calibration), ("evaluation", evaluation)):
             if len(source) == 0:
@@ -135,6 +139,8 @@ class Study:
                     "samples": {"calibration": len(calibration), "evaluation": len(evaluation),
                                 "total": len(calibration) + len(evaluation)},
                     "created": time.time(),
+                    **({"allow_fallback": True, "cpu_fallback_nodes": list(prepared.fallback_nodes)}
+                       if allow_fallback and not prepared.qnn_ready else {}),
                 }, progress)
         return cls.open(folder, metric=task_metric)
 
@@ -143,7 +149,7 @@ class Study:
         """Reopen a study from its folder: data, metric, every stored result and any pending work."""
         folder = Path(folder)
         config = _read_config(folder)
-        prepared = prepare_model(folder / "model.onnx", optimize=False)
+        prepared = prepare_model(folder / "model.onnx", optimize=False, rewrite=False)
         inputs = config["inputs"]
         calibration = NpzFolder(folder / "data" / "calibration", inputs)
         evaluation = NpzFolder(folder / "data" / "evaluation", inputs)
@@ -190,6 +196,13 @@ class Study:
         return self.prepared.graph
 
     @property
+    def cpu_fallback_nodes(self) -> tuple[str, ...]:
+        """The nodes HTP evaluations run on ORT's CPU EP (a study created with allow_fallback); () for most."""
+        if not self.config.get("allow_fallback"):
+            return ()
+        return tuple(self.config.get("cpu_fallback_nodes") or self.prepared.fallback_nodes)
+
+    @property
     def metric(self) -> TaskMetric | None:
         return self._metric
 
@@ -230,7 +243,11 @@ class Study:
 
     # ---- evaluation ----
     def accuracy_source(self, backend: str, runner=None) -> str:
-        return runner_for(runner).source(backend)
+        """Where `backend` runs for `runner`, e.g. "HTP emulator on host"; "... + N nodes on CPU" when this
+        study's HTP runs leave nodes to the CPU (allow_fallback)."""
+        source = runner_for(runner).source(backend)
+        cpu = len(self.cpu_fallback_nodes)
+        return f"{source} + {cpu} nodes on CPU" if backend == "htp" and cpu else source
 
     def evaluate(self, plan: PrecisionPlan, backend: str = "cpu", runner=None, *, origin: str = "user",
                  measure_latency: bool = True, profile: bool | None = None, progress: Progress | None = None,
@@ -250,7 +267,8 @@ class Study:
             raise MpstudioError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         runs = runner_for(runner)
         plan_id = self.add_plan(plan, origin)
-        source = runs.source(backend)
+        source = self.accuracy_source(backend, runs)
+        fallback = backend == "htp" and bool(self.cpu_fallback_nodes)
         found = self.store.evaluation(plan_id, source)
         if found is not None:
             return found
@@ -260,7 +278,8 @@ class Study:
         started = time.perf_counter()
         path = self.quantizer.generate(plan, progress, cancel)
         options = {"htp_arch": self.htp_arch} if backend == "htp" else None
-        outputs = runs.outputs(path, self.evaluation_data, backend, options, progress, cancel)
+        outputs = runs.outputs(path, self.evaluation_data, backend, options, progress, cancel,
+                               **({"allow_cpu_fallback": True} if fallback else {}))
         snr, cosine = output_agreement(self.float_outputs(progress, cancel), outputs)
         value = metric(outputs) if metric is not None else snr
         record = AccuracyRecord(backend, source, self.metric_name, float(value), self.higher_is_better, snr, cosine,
@@ -272,7 +291,9 @@ class Study:
             if backend == "htp" and runs.agent is not None:
                 profile = runs.on_device if profile is None else profile
                 measured, profiled = runs.measure(path, self.evaluation_data.sample(0), {"htp_arch": self.htp_arch},
-                                                  profile)
+                                                  profile, **({"allow_cpu_fallback": True} if fallback else {}))
+                if measured is not None and fallback:
+                    measured = measured.with_cpu_nodes(len(self.cpu_fallback_nodes))
                 latencies.append(measured)
         self.store.record(plan_id, record, latencies)
         self._count_results()
@@ -444,9 +465,11 @@ class Study:
         from .latency import estimate_latency
 
         try:
-            return estimate_latency(path, htp_arch=self.cost_arch).latency
+            latency = estimate_latency(path, htp_arch=self.cost_arch).latency
         except MpstudioError:
             return None  # the cost model cannot read this model; the accuracy still counts
+        cpu = len(self.cpu_fallback_nodes)
+        return latency.with_cpu_nodes(cpu) if cpu else latency
 
     # ---- the cost model, recalibrated on a device's profiles ----
     @property
