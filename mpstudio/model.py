@@ -192,11 +192,16 @@ def prepare_model(
     constants = sum(1 for n in model.graph.node if n.op_type == "Constant")
     if optimize:
         before = len(model.graph.node)
+        gelus = sum(1 for n in model.graph.node if n.op_type == "Gelu")
         model = _ort_basic_optimize(model)
         steps.append(
             f"folded constants with ONNX Runtime's basic optimizations ({constants} Constant nodes, "
             f"{before} -> {len(model.graph.node)} nodes, {len(model.graph.initializer)} initializers)"
         )
+        fused = sum(1 for n in model.graph.node if n.op_type == "Gelu") - gelus
+        if fused > 0:  # from opset 20 ORT fuses exact Erf-GELU itself
+            steps.append(f"ONNX Runtime's optimizations fused {fused} exact GELU subgraph(s) into Gelu (ONNX opset "
+                         "20), which QNN HTP runs (QNN has no Erf)")
 
     rewrites = tuple(rewrite_for_htp(model)) if rewrite else ()
     steps += [result.step for result in rewrites]

@@ -184,8 +184,8 @@ def fuse_erf_gelu(model: onnx.ModelProto) -> RewriteResult | None:
     shown = ", ".join(written[:3]) + (" ..." if len(written) > 3 else "")
     return RewriteResult(
         "erf-gelu", tuple(written),
-        f"rewrote {len(written)} exact GELU subgraph(s) x*0.5*(1+Erf(x/sqrt(2))) into {op}, which QNN HTP runs "
-        f"(QNN has no Erf): {shown}")
+        f"rewrote {len(written)} exact GELU subgraph(s) into {op} (x*0.5*(1+Erf(x/sqrt(2))) as one op, which QNN "
+        f"HTP runs; QNN has no Erf): {shown}")
 
 
 def _gelu_name(erf_name: str, taken: set[str]) -> str:

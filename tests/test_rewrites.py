@@ -1,0 +1,263 @@
+"""Prepare-time rewrites (exact GELU, mask constants, Where) and studies that accept CPU fallback, honestly labelled.
+
+The transformer is a small random BERT-like encoder written with onnx.helper the way torch exports one
+(tests/transformer_models.py); outputs are compared with the original float model on ORT's CPU EP, and the
+rewritten model runs on the QNN HTP emulator with CPU fallback disabled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import IR, make_conv_model, requires_qnn
+from transformer_models import FLOAT32_LOWEST, GELU_ORDERS, encoder_feeds, make_encoder
+from mpstudio.data import FeedList
+from mpstudio.errors import MpstudioError
+from mpstudio.model import prepare_model
+from mpstudio.plan import PrecisionPlan
+from mpstudio.quantize import Quantizer
+from mpstudio.rewrites import MASK_FLOOR
+from mpstudio.runtime import create_session
+from mpstudio.study import Study
+
+
+def float_outputs(model: onnx.ModelProto, feeds) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [session.run(None, feed)[0] for feed in feeds]
+
+
+def ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+def snr_db(references, outputs) -> float:
+    signal = sum(float((r.astype(np.float64) ** 2).sum()) for r in references)
+    noise = sum(float(((o.astype(np.float64) - r) ** 2).sum()) for o, r in zip(outputs, references))
+    return 10 * np.log10(signal / max(noise, 1e-30))
+
+
+# ---- exact GELU ------------------------------------------------------------------------------------------------
+def test_an_exact_gelu_transformer_prepares_with_no_fallback_and_the_same_outputs():
+    model = make_encoder(layers=len(GELU_ORDERS))  # one layer per exporter node order
+    as_exported = prepare_model(model, rewrite=False)
+    erfs = [n for n in as_exported.fallback_nodes if "Erf" in n]
+    assert len(erfs) == len(GELU_ORDERS) and as_exported.fallback_nodes == tuple(erfs)
+
+    prepared = prepare_model(model)
+    assert prepared.qnn_ready and prepared.fallback_nodes == ()
+    gelu = next(r for r in prepared.rewrites if r.name == "erf-gelu")
+    assert len(gelu.nodes) == len(GELU_ORDERS)
+    assert all(name.startswith(f"/encoder/layer.{i}/intermediate/act/Gelu") for i, name in enumerate(gelu.nodes))
+    assert "Erf" not in ops(prepared.model) and ops(prepared.model).count("Gelu") == len(GELU_ORDERS)
+    report = prepared.report()
+    assert "rewrote 4 exact GELU subgraph(s)" in report and "com.microsoft Gelu" in report
+    assert "0 node(s) would fall back to CPU" in report
+
+    feeds = encoder_feeds(6)
+    for before, after in zip(float_outputs(model, feeds), float_outputs(prepared.model, feeds)):
+        np.testing.assert_allclose(after, before, atol=1e-3, rtol=0)
+
+
+def test_gelu_becomes_the_onnx_op_from_opset_20():
+    prepared = prepare_model(make_encoder(layers=1, opset=20))
+    gelus = [n for n in prepared.model.graph.node if n.op_type == "Gelu"]
+    assert len(gelus) == 1 and gelus[0].domain == "" and prepared.qnn_ready and "Erf" not in ops(prepared.model)
+    assert "exact GELU subgraph(s) into Gelu (ONNX opset 20)" in prepared.report()  # fused by ORT or by mpstudio
+
+
+def test_erf_outside_a_gelu_is_left_alone_and_reported():
+    model = erf_model()
+    prepared = prepare_model(model)
+    assert prepared.rewrites == () and "Erf" in ops(prepared.model)
+    assert prepared.fallback_nodes == ("/head/Erf",)
+    assert prepare_model(make_conv_model()).rewrites == ()
+
+
+@pytest.mark.htp
+@requires_qnn
+@pytest.mark.parametrize("mask", ["mul", "where"])
+def test_the_rewritten_transformer_runs_on_the_htp_emulator_without_cpu_fallback(tmp_path, mask):
+    feeds = encoder_feeds(4)
+    prepared = prepare_model(make_encoder(layers=2, mask=mask))
+    quantizer = Quantizer(prepared, FeedList(feeds), tmp_path / "cache")
+    path = quantizer.generate(PrecisionPlan.a16w8())
+    session = create_session(path, "htp", {"htp_arch": "75"})  # CPU fallback disabled: any CPU node raises
+    assert "QNNExecutionProvider" in session.get_providers()
+    htp = [session.run(None, feed)[0] for feed in feeds]
+    cpu = [create_session(path, "cpu").run(None, feed)[0] for feed in feeds]
+    assert snr_db(cpu, htp) > 30  # the HTP's numerics, close to ORT's QDQ reference
+
+
+# ---- mask constants --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mask", ["mul", "where", "masked_fill"])
+def test_mask_sentinels_are_clamped_and_outputs_kept(mask):
+    model = make_encoder(layers=1, mask=mask)
+    prepared = prepare_model(model)
+    names = [r.name for r in prepared.rewrites]
+    assert "mask-floor" in names
+    assert "clamped attention-mask constants (as low as -3.403e+38) to -100" in prepared.report()
+    for tensor in prepared.model.graph.initializer:
+        if tensor.data_type == TensorProto.FLOAT:
+            assert np.abs(numpy_helper.to_array(tensor)).max(initial=0) < 1e6, tensor.name
+    if mask != "mul":  # a Where with a constant branch becomes arithmetic ORT's quantizer quantizes
+        assert "where-constant" in names and "Where" not in ops(prepared.model)
+    feeds = encoder_feeds(6)  # half of them padded: the mask is exercised
+    for before, after in zip(float_outputs(model, feeds), float_outputs(prepared.model, feeds)):
+        np.testing.assert_allclose(after, before, atol=1e-3, rtol=0)
+
+
+def test_the_mask_clamp_gives_16_bit_quantization_its_resolution_back(tmp_path):
+    model = make_encoder(layers=2, mask="mul")
+    feeds = encoder_feeds(8)
+    reference = float_outputs(model, feeds)
+    snr = {}
+    for rewrite in (False, True):
+        prepared = prepare_model(model, rewrite=rewrite)
+        quantizer = Quantizer(prepared, FeedList(feeds), tmp_path / f"cache-{rewrite}")
+        path = quantizer.generate(PrecisionPlan.a16w8())
+        snr[rewrite] = snr_db(reference, [create_session(path, "cpu").run(None, f)[0] for f in feeds])
+    # -3.4e38 in the calibrated range of the scores leaves 16 bits no step finer than ~1e34.
+    assert snr[False] < 10 and snr[True] > snr[False] + 15, snr
+
+
+def test_large_constants_that_do_not_reach_a_softmax_are_kept():
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "big"], ["m"], name="/scale/Mul"),
+         helper.make_node("Add", ["m", "offset"], ["y"], name="/scale/Add")],
+        "big_constants", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        initializer=[numpy_helper.from_array(np.float32(FLOAT32_LOWEST), "big"),
+                     numpy_helper.from_array(rng.normal(0, 1, (1, 4)).astype(np.float32), "offset")])
+    prepared = prepare_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR))
+    assert prepared.rewrites == ()
+    big = next(t for t in prepared.model.graph.initializer if t.name == "big")
+    assert float(numpy_helper.to_array(big)) == pytest.approx(FLOAT32_LOWEST)
+    assert MASK_FLOOR == -100.0
+
+
+# ---- allow_fallback ------------------------------------------------------------------------------------------
+def erf_model() -> onnx.ModelProto:
+    """x[1,16] -> MatMul -> Erf (no GELU around it: QNN has no Erf) -> MatMul -> y[1,8]."""
+    rng = np.random.default_rng(3)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="/body/MatMul"),
+         helper.make_node("Erf", ["h"], ["e"], name="/head/Erf"),
+         helper.make_node("MatMul", ["e", "w2"], ["y"], name="/head/MatMul")],
+        "erf_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        initializer=[numpy_helper.from_array(rng.normal(0, 0.3, (16, 16)).astype(np.float32), "w1"),
+                     numpy_helper.from_array(rng.normal(0, 0.3, (16, 8)).astype(np.float32), "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def erf_feeds(n: int) -> list[dict]:
+    rng = np.random.default_rng(4)
+    return [{"x": rng.normal(0, 1, (1, 16)).astype(np.float32)} for _ in range(n)]
+
+
+def test_a_model_with_an_op_qnn_lacks_is_refused_naming_the_node_and_the_way_out(tmp_path):
+    with pytest.raises(MpstudioError) as refused:
+        Study.create(tmp_path / "s", erf_model(), FeedList(erf_feeds(4)))
+    message = str(refused.value)
+    assert "/head/Erf [Erf]" in message and "Erf is not in the supported-operator list" in message
+    assert "allow_fallback=True" in message and "--allow-fallback" in message
+    assert not (tmp_path / "s" / "study.json").exists()
+
+
+@pytest.mark.htp
+@requires_qnn
+def test_with_allow_fallback_htp_numbers_say_which_nodes_ran_on_cpu(tmp_path):
+    study = Study.create(tmp_path / "s", erf_model(), FeedList(erf_feeds(4)), allow_fallback=True)
+    config = json.loads((tmp_path / "s" / "study.json").read_text())
+    assert config["allow_fallback"] is True and config["cpu_fallback_nodes"] == ["/head/Erf"]
+    assert study.cpu_fallback_nodes == ("/head/Erf",)
+
+    cpu = study.evaluate(PrecisionPlan.a8w8(), "cpu")
+    assert cpu.accuracy_source == "ORT CPU QDQ"  # everything ran on the CPU anyway
+    htp = study.evaluate(PrecisionPlan.a8w8(), "htp")
+    assert htp.accuracy_source.startswith("HTP") and htp.accuracy_source.endswith(" + 1 nodes on CPU")
+    assert htp.snr_db > 25  # the Erf really ran (on CPU) between the two HTP partitions
+    estimate = htp.latency("estimate")
+    assert estimate.cpu_nodes == 1
+    assert "excluding the CPU time of 1 nodes on CPU (priced as HTP ops)" in estimate.label
+    study.close()
+
+    again = Study.open(tmp_path / "s")
+    assert again.cpu_fallback_nodes == ("/head/Erf",)
+    front = again.front("estimate", accuracy_source=htp.accuracy_source)
+    assert len(front) == 1 and "1 nodes on CPU" in front["latency_label"].iloc[0]
+    again.close()
+
+
+@pytest.mark.htp
+@requires_qnn
+def test_an_agent_runs_the_fallback_nodes_on_cpu_and_its_time_says_so(tmp_path):
+    from mpstudio.agent import LocalAgent
+
+    study = Study.create(tmp_path / "s", erf_model(), FeedList(erf_feeds(2)), allow_fallback=True)
+    with LocalAgent() as agent:
+        evaluation = study.evaluate(PrecisionPlan.a8w8(), "htp", agent.client)
+    assert evaluation.accuracy_source.endswith(" + 1 nodes on CPU")
+    timed = evaluation.latency("emulator")
+    assert timed is not None and timed.cpu_nodes == 1
+    assert timed.label.endswith("whole session run, HTP + 1 nodes on CPU") and "not device latency" in timed.label
+    study.close()
+
+
+def test_latency_scopes_with_cpu_nodes_round_trip():
+    from mpstudio.sources import Latency
+
+    measured = Latency(1.5, "measured", "Galaxy S24").with_cpu_nodes(3)
+    assert measured.label == "measured on Galaxy S24, whole session run, HTP + 3 nodes on CPU"
+    assert Latency.from_dict(measured.to_dict()) == measured and measured.cpu_nodes == 3
+    assert Latency(1.5, "measured", "Galaxy S24").cpu_nodes == 0
+    with pytest.raises(MpstudioError):
+        Latency(1.0, "measured", "x", includes="whole session run, and something else")
+
+
+# ---- the command line ------------------------------------------------------------------------------------------
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "mpstudio", *args], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=600)
+
+
+def test_prepare_names_the_rewrites(tmp_path):
+    path = tmp_path / "encoder.onnx"
+    onnx.save(make_encoder(layers=2), path)
+    result = run_cli("prepare", str(path), "--strict")
+    assert result.returncode == 0, result.stderr
+    assert "rewrote 2 exact GELU subgraph(s)" in result.stdout and "clamped attention-mask" in result.stdout
+    plain = run_cli("prepare", str(path), "--strict", "--no-rewrites")
+    assert plain.returncode == 3 and "Erf is not in the supported-operator list" in plain.stdout
+    assert "--allow-fallback" in plain.stdout
+
+
+@pytest.mark.htp
+@requires_qnn
+def test_search_refuses_then_accepts_with_allow_fallback(tmp_path):
+    model, data = tmp_path / "erf.onnx", tmp_path / "data"
+    onnx.save(erf_model(), model)
+    FeedList(erf_feeds(3)).save_npz(data)
+    common = [str(model), "--data", str(data), "--study", str(tmp_path / "s"), "--backend", "htp",
+              "--max-evaluations", "3", "--quiet"]
+    refused = run_cli("search", *common)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "/head/Erf [Erf]" in refused.stderr and "--allow-fallback" in refused.stderr
+    assert not (tmp_path / "s" / "study.json").exists()
+
+    accepted = run_cli("search", *common, "--allow-fallback")
+    assert accepted.returncode in (0, 1), accepted.stderr  # 1: target missed, which is not the point here
+    assert "+ 1 nodes on CPU" in accepted.stdout  # the accuracy source
+    assert "excluding the CPU time of 1 nodes on CPU" in accepted.stdout  # the estimate's label
+    shown = run_cli("study", "show", str(tmp_path / "s"))
+    assert shown.returncode == 0 and "1 nodes on CPU" in shown.stdout
