@@ -261,3 +261,24 @@ def test_search_refuses_then_accepts_with_allow_fallback(tmp_path):
     assert "excluding the CPU time of 1 nodes on CPU" in accepted.stdout  # the estimate's label
     shown = run_cli("study", "show", str(tmp_path / "s"))
     assert shown.returncode == 0 and "1 nodes on CPU" in shown.stdout
+
+
+# ---- the graph view --------------------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+def test_the_graph_view_marks_the_nodes_that_run_on_cpu(tmp_path):
+    pytest.importorskip("panel")
+    from mpstudio.widgets import GraphView, StudioState
+
+    study = Study.create(tmp_path / "s", erf_model(), FeedList(erf_feeds(2)), allow_fallback=True)
+    state = StudioState(study, auto_analyze=False)
+    try:
+        view = GraphView(state=state)
+        marked = view.cpu_nodes.data
+        assert len(marked["x"]) == 1
+        row = view.nodes.data["id"].index(state.layout.node_of["/head/Erf"])
+        assert (marked["x"][0], marked["y"][0]) == (view.nodes.data["x"][row], view.nodes.data["y"][row])
+        assert view._labels[row].endswith("[CPU]")
+        assert sum(label.endswith("[CPU]") for label in view._labels) == 1
+    finally:
+        state.close()
+        study.close()

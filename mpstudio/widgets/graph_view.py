@@ -52,6 +52,8 @@ class GraphView(View):
         self._centred = False  # the view was moved to the top-ranked tensor since the last layout
         # All edges as one polyline broken by NaNs: one binary array each way instead of thousands of lists.
         self.edges = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0)})
+        # Nodes a study runs on ORT's CPU EP (allow_fallback): a red cross over them, "[CPU]" after their label.
+        self.cpu_nodes = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0)})
         self.mapper = LinearColorMapper(palette=list(RdYlGn11)[::-1], low=0, high=1, nan_color="#d9d9d9")
         self.figure = self._main_figure()
         self.minimap = self._minimap()
@@ -87,7 +89,8 @@ class GraphView(View):
                            sizing_mode="stretch_width")
         legend = pn.pane.HTML(
             "<span style='font-size:12px;color:#444'>&#9679; 8-bit &nbsp; &#9632; 16-bit &nbsp; &#9670; mixed "
-            "&nbsp; &#9650; not quantized &nbsp;|&nbsp; drag a box to select, shift-click to add; the minimap "
+            "&nbsp; &#9650; not quantized &nbsp; <span style='color:#d62728'>&#10005;</span> runs on CPU (fallback) "
+            "&nbsp;|&nbsp; drag a box to select, shift-click to add; the minimap "
             "box pans the view</span>", margin=(0, 10))
         return pn.Column(
             tools, legend,
@@ -117,6 +120,8 @@ class GraphView(View):
                             line_color=factor_cmap("bits", ["#666666", "#111111", "#111111", "#666666"], _BITS),
                             line_width="line_width", selection_line_color="#d6008f", selection_line_width=3,
                             nonselection_fill_alpha=0.6, nonselection_line_alpha=0.7, name="nodes")
+        fig.scatter("x", "y", source=self.cpu_nodes, marker="x", size=20, line_color="#d62728", line_width=2.5,
+                    name="cpu_fallback")
         # Labels of the nodes near the visible window only: laying out thousands of texts would dominate the
         # first render. The band is refilled when the view leaves it (see _on_range).
         fig.text("x", "y", text="label", source=self.labels, x_offset=11, text_font_size="10px",
@@ -182,6 +187,11 @@ class GraphView(View):
                         f"{label}  {_short(ts[0])}" if len(ts) == 1 and kind == "op" else label
                         for label, kind, size, ts in zip(nodes["label"], nodes["kind"], nodes["size"],
                                                          self._node_tensors)]
+        study = self.state.study
+        on_cpu = set(study.prepared.fallback_nodes) if study is not None else set()
+        cpu_rows = [i for i, node_id in enumerate(nodes["id"]) if on_cpu.intersection(layout.members[node_id])]
+        for i in cpu_rows:
+            self._labels[i] += "  [CPU]"
         data = {
             "id": nodes["id"].tolist(), "x": nodes["x"].to_numpy(float), "y": nodes["y"].to_numpy(float),
             "op": [op or "namespace" for op in nodes["op"]], "size": np.where(nodes["kind"] == "namespace", 22.0, 13.0),
@@ -193,6 +203,7 @@ class GraphView(View):
             self.nodes.selected.indices = []
             self.nodes.data = data
             self.edges.data = _polyline(layout.edges)
+            self.cpu_nodes.data = {"x": data["x"][cpu_rows], "y": data["y"][cpu_rows]}
         finally:
             self._syncing = False
         self._fit_ranges()
