@@ -24,9 +24,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .graph import producers_and_consumers
 
-# What an attention mask's "minus infinity" becomes. Measured on a small random BERT-like encoder with padded
-# calibration data (CPU QDQ output SNR against float): -3.4e38 gave a8w8 4 dB / a16w8 1 dB; -1e4 7.5 / 33 dB;
-# -100 24 / 36 dB; -30 28.5 / 36 dB, float outputs unchanged in each case. -100 keeps a wide float margin.
+# What an attention mask's "minus infinity" becomes. Measured on a small random BERT-like encoder (2 layers, 8
+# samples, half of them padded; ORT CPU QDQ output SNR against float, a8w8 / a16w8): -3.4e38 7.5 / 3.2 dB;
+# -1e4 7.5 / 32.8; -1e3 9.2 / 36.8; -100 24.2 / 36.4; -30 28.5 / 36.4; float outputs unchanged in each case.
+# -100 keeps a wide float margin.
 MASK_FLOOR = -100.0
 # Constants at least this large in magnitude (or infinite) are mask sentinels, not values a model computes with.
 _MASK_SENTINEL = 1.0e6
