@@ -74,8 +74,8 @@ class PreparedModel:
         if len(issues) > _REFUSAL_SHOWN:
             shown.append(f"  ... and {len(issues) - _REFUSAL_SHOWN} more (mpstudio prepare MODEL lists them all)")
         rewrites = ("mpstudio's rewrites (" + ", ".join(r.name for r in self.rewrites) + ") did not cover them"
-                    if self.rewrites else "no rewrite of mpstudio's (Erf-GELU to Gelu, mask constants, Where with a "
-                    "constant branch) covers them")
+                    if self.rewrites else "none of mpstudio's rewrites (Erf-GELU to Gelu, attention-mask constants, "
+                    "Where between constants) applies to them")
         return (f"{len(self.fallback_nodes)} node(s) of {self.source} would not run on QNN HTP:\n" + "\n".join(shown)
                 + f"\n{rewrites}. Re-export the model without these ops, or accept them on ORT's CPU EP with "
                 "Study.create(..., allow_fallback=True) (command line: --allow-fallback): HTP evaluations then run "

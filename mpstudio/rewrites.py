@@ -10,7 +10,7 @@ report shows, naming what it changed:
   Softmax, become `MASK_FLOOR` (-100): an 8/16-bit quantization range stretched to -3.4e38 has no resolution
   left for the scores themselves, while Softmax weighs a masked score e^-100 times less (0 in float32 unless
   a masked key outscores every visible one by about 90);
-- a Where with a constant branch (a masked_fill) becomes arithmetic that ORT's QDQ quantizer quantizes.
+- a Where choosing between two constants becomes arithmetic that ORT's QDQ quantizer quantizes.
 """
 
 from __future__ import annotations
@@ -263,18 +263,19 @@ def clamp_mask_constants(model: onnx.ModelProto, floor: float = MASK_FLOOR) -> R
     return RewriteResult(
         "mask-floor", tuple(changed),
         f"clamped attention-mask constants (as low as {lowest:.4g}) to {floor:g} in {len(changed)} node(s) before "
-        f"a Softmax, so 8/16-bit ranges keep their resolution (Softmax weighs both as 0): "
+        f"a Softmax, so 8/16-bit ranges keep their resolution (Softmax still weighs masked keys about e^-100 times less): "
         + ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else ""))
 
 
-# ---- Where with a constant branch ------------------------------------------------------------------------------
+# ---- Where between two constants ------------------------------------------------------------------------------
 def where_to_arithmetic(model: onnx.ModelProto) -> RewriteResult | None:
-    """Write `Where(c, t, f)` with a float constant branch as `f + Cast(c) * (t - f)`.
+    """Write `Where(c, t, f)` whose branches are both float constants as `f + Cast(c) * (t - f)`.
 
-    ORT's QDQ quantizer quantizes a Where only when both branches are already quantized activations, so a
-    constant branch (a masked_fill's value) leaves the Where in float, which QNN HTP fails to finalize
-    ("QNN_COMMON_ERROR_MEM_ALLOC"); Cast, Sub, Mul and Add quantize like any other op. Constants that are not
-    finite are left alone (0 * inf would make NaNs).
+    ORT's QDQ quantizer quantizes a Where's branches only when they are already quantized activations, so a
+    Where choosing between two constants (a mask built as Where(mask == 0, -inf, 0)) stays in float, and QNN
+    HTP then fails to finalize the graph (QNN_COMMON_ERROR_MEM_ALLOC, measured); Cast, Mul and Add quantize
+    like any other op. A Where with one constant branch ran on HTP and is left alone, as are constants that
+    are not finite (0 * inf would make NaNs).
     """
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
@@ -296,30 +297,24 @@ def where_to_arithmetic(model: onnx.ModelProto) -> RewriteResult | None:
     written: list[str] = []
     new_nodes: list[onnx.NodeProto] = []
     for node in graph.node:
-        if node.op_type != "Where" or node.domain not in _STANDARD or len(node.input) != 3:
+        branches = [constant(name) for name in node.input[1:]] if node.op_type == "Where" and \
+            node.domain in _STANDARD and len(node.input) == 3 else []
+        if len(branches) != 2 or any(b is None or not np.isfinite(b).all() for b in branches):
             new_nodes.append(node)
             continue
-        cond, t, f = node.input
-        tc, fc = constant(t), constant(f)
-        if (tc is None and fc is None) or any(c is not None and not np.isfinite(c).all() for c in (tc, fc)):
-            new_nodes.append(node)
-            continue
+        t, f = branches
         base = node.name or node.output[0]
-        mask = fresh(f"{base}/Cast_output_0")
-        nodes = [helper.make_node("Cast", [cond], [mask], name=fresh(f"{base}/Cast"), to=TensorProto.FLOAT)]
-        if tc is not None and fc is not None:
-            diff = fresh(f"{base}/difference")
-            graph.initializer.append(numpy_helper.from_array((tc - fc).astype(np.float32), diff))
-        else:
-            diff = fresh(f"{base}/Sub_output_0")
-            nodes.append(helper.make_node("Sub", [t, f], [diff], name=fresh(f"{base}/Sub")))
-        if fc is not None and not fc.any():
-            nodes.append(helper.make_node("Mul", [mask, diff], [node.output[0]], name=fresh(f"{base}/Mul")))
+        mask, diff = fresh(f"{base}/Cast_output_0"), fresh(f"{base}/difference")
+        graph.initializer.append(numpy_helper.from_array((t - f).astype(np.float32), diff))
+        new_nodes.append(helper.make_node("Cast", [node.input[0]], [mask], name=fresh(f"{base}/Cast"),
+                                          to=TensorProto.FLOAT))
+        if not f.any():
+            new_nodes.append(helper.make_node("Mul", [mask, diff], [node.output[0]], name=fresh(f"{base}/Mul")))
         else:
             scaled = fresh(f"{base}/Mul_output_0")
-            nodes.append(helper.make_node("Mul", [mask, diff], [scaled], name=fresh(f"{base}/Mul")))
-            nodes.append(helper.make_node("Add", [f, scaled], [node.output[0]], name=fresh(f"{base}/Add")))
-        new_nodes.extend(nodes)
+            new_nodes.append(helper.make_node("Mul", [mask, diff], [scaled], name=fresh(f"{base}/Mul")))
+            new_nodes.append(helper.make_node("Add", [node.input[2], scaled], [node.output[0]],
+                                              name=fresh(f"{base}/Add")))
         written.append(base)
     if not written:
         return None
@@ -328,8 +323,8 @@ def where_to_arithmetic(model: onnx.ModelProto) -> RewriteResult | None:
     _drop_unused_initializers(graph)
     return RewriteResult(
         "where-constant", tuple(written),
-        f"rewrote {len(written)} Where node(s) with a constant branch as f + Cast(c) * (t - f), which quantizes "
-        "for QNN HTP (ORT's quantizer leaves such a Where in float, which HTP failed to finalize): "
+        f"rewrote {len(written)} Where node(s) choosing between two constants as f + Cast(c) * (t - f), which "
+        "quantizes for QNN HTP (ORT's quantizer leaves such a Where in float, which HTP failed to finalize): "
         + ", ".join(written[:3]) + (" ..." if len(written) > 3 else ""))
 
 

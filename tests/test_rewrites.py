@@ -67,6 +67,19 @@ def test_an_exact_gelu_transformer_prepares_with_no_fallback_and_the_same_output
         np.testing.assert_allclose(after, before, atol=1e-3, rtol=0)
 
 
+def test_a_study_takes_the_exported_transformer_as_it_is(tmp_path):
+    # No allow_fallback needed: the rewrites leave nothing for the CPU. The float reference runs in a default
+    # ORT session, which the constants ORT's own fusions named generically used to break.
+    study = Study.create(tmp_path / "s", make_encoder(layers=2), FeedList(encoder_feeds(4)))
+    assert study.cpu_fallback_nodes == () and "allow_fallback" not in study.config
+    evaluation = study.evaluate(PrecisionPlan.a16w8())
+    assert evaluation.accuracy_source == "ORT CPU QDQ" and evaluation.snr_db > 25
+    assert evaluation.latency("estimate").cpu_nodes == 0
+    study.close()
+    with Study.open(study.folder) as reopened:  # the stored model's history names the rewrite
+        assert any(step.startswith("earlier: rewrote 2 exact GELU") for step in reopened.prepared.steps)
+
+
 def test_gelu_becomes_the_onnx_op_from_opset_20():
     prepared = prepare_model(make_encoder(layers=1, opset=20))
     gelus = [n for n in prepared.model.graph.node if n.op_type == "Gelu"]
@@ -108,8 +121,10 @@ def test_mask_sentinels_are_clamped_and_outputs_kept(mask):
     for tensor in prepared.model.graph.initializer:
         if tensor.data_type == TensorProto.FLOAT:
             assert np.abs(numpy_helper.to_array(tensor)).max(initial=0) < 1e6, tensor.name
-    if mask != "mul":  # a Where with a constant branch becomes arithmetic ORT's quantizer quantizes
+    if mask == "where":  # a Where between two constants becomes arithmetic ORT's quantizer quantizes
         assert "where-constant" in names and "Where" not in ops(prepared.model)
+    else:  # one constant branch runs on HTP as it is
+        assert "where-constant" not in names
     feeds = encoder_feeds(6)  # half of them padded: the mask is exercised
     for before, after in zip(float_outputs(model, feeds), float_outputs(prepared.model, feeds)):
         np.testing.assert_allclose(after, before, atol=1e-3, rtol=0)
