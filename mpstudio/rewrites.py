@@ -191,8 +191,11 @@ def fuse_erf_gelu(model: onnx.ModelProto) -> RewriteResult | None:
 
 def _gelu_name(erf_name: str, taken: set[str]) -> str:
     # Keep the namespace ("/mlp/act/Erf" -> "/mlp/act/Gelu"), so the graph view groups it where the Erf was.
-    scope, _, last = erf_name.rpartition("/")
-    base = f"{scope}/Gelu{last[3:]}" if last.startswith("Erf") else f"{erf_name}/Gelu"
+    scope, sep, last = erf_name.rpartition("/")
+    if "Erf" in last:  # torch: ".../act/Erf"; its dynamo exporter: "node_Erf_40"
+        base = scope + sep + last.replace("Erf", "Gelu", 1)
+    else:
+        base = f"{erf_name}/Gelu"
     name, i = base, 1
     while name in taken:
         name, i = f"{base}_{i}", i + 1
