@@ -139,7 +139,8 @@ def ort_overrides(quantizer: Quantizer, plan: PrecisionPlan, *, with_parameters:
     point (and its convert's) are pinned to the generated model's, so any calibration data reproduces it.
     """
     plan.validate(quantizer.graph)
-    config = qnn_config(quantizer.prepared.model, quantizer.graph, plan, CALIBRATION_METHODS[quantizer.method])
+    config = qnn_config(quantizer.prepared.model, quantizer.graph, plan, CALIBRATION_METHODS[quantizer.method],
+                        pinned=quantizer.pinned(plan))
     overrides = _jsonable(config.extra_options.get("TensorQuantOverrides", {}))
     if with_parameters:
         _pin_parameters(overrides, read_quantized_tensors(quantizer.generate(plan)), quantizer.graph)
