@@ -74,7 +74,8 @@ def entry_0_6_1(encoding: Encoding) -> list[dict[str, Any]]:
 
 def entry_1_0_0(name: str, encoding: Encoding) -> dict[str, Any]:
     """The 1.0.0 entry of one tensor: `{name, dtype, enc_type, bw, is_sym, scale[], offset[]}`."""
-    return {"name": name, "dtype": "INT", "enc_type": "PER_CHANNEL" if encoding.per_channel else "PER_TENSOR",
+    per_channel = encoding.per_channel or len(encoding.scale) > 1  # read from a file, the axis is the model's
+    return {"name": name, "dtype": "INT", "enc_type": "PER_CHANNEL" if per_channel else "PER_TENSOR",
             "bw": encoding.bits, "is_sym": encoding.dtype.startswith("int"), "scale": list(encoding.scale),
             "offset": list(encoding.offsets)}
 
