@@ -20,7 +20,8 @@ from .errors import MpstudioError
 from .qdq import ACTIVATION, INTEGER_TYPES, PARAM, Encoding
 
 VERSIONS = ("1.0.0", "0.6.1")
-# aimet-onnx 2.x writes and reads 1.0.0 by default and deprecates 0.6.1; the QNN converters read both.
+# aimet-onnx 2.x writes and reads 1.0.0 by default and calls 0.6.1 deprecated; tools that predate 1.0.0
+# read the dict form.
 DEFAULT_VERSION = "1.0.0"
 SECTIONS = {ACTIVATION: "activation_encodings", PARAM: "param_encodings"}
 BITWIDTHS = (4, 8, 16, 32)
