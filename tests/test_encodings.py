@@ -383,3 +383,14 @@ def test_cli_import_creates_the_study_and_evaluates_the_plan(tmp_path):
     assert exported.returncode == 0, exported.stderr
     legacy = json.loads(next((tmp_path / "out").glob("*.encodings.json")).read_text())
     assert legacy["version"] == "0.6.1" and legacy["activation_encodings"]["x"][0]["offset"] == -32768
+
+
+def test_a_plans_imported_encodings_are_part_of_its_identity_only_when_present():
+    from dataclasses import replace
+
+    plan = PrecisionPlan.a16w8()
+    assert "encodings" not in plan.to_json()  # calibrated plans keep the hashes they always had
+    pinned = replace(plan, encodings="0123456789abcdef")
+    assert pinned.hash != plan.hash and PrecisionPlan.from_json(json.loads(pinned.dumps())) == pinned
+    with pytest.raises(MpstudioError, match="'encodings' must be the key of imported encodings"):
+        PrecisionPlan.from_json({**plan.to_json(), "encodings": 7})
