@@ -14,7 +14,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import onnx
 
