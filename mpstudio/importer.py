@@ -203,7 +203,7 @@ def _checked(entries, graph: ModelGraph, origin: str) -> tuple[list[ImportedTens
                 except MpstudioError as exc:
                     problems.append(f"{where} is quantized per channel, but {exc}")
                     continue
-                if encoding.axis is not None and encoding.axis % len(info.shape) != axis:
+                if encoding.axis is not None and encoding.axis % max(len(info.shape or ()), 1) != axis:
                     problems.append(f"{where} is quantized per channel along axis {encoding.axis}; ORT quantizes this "
                                     f"weight along axis {axis}")
                     continue
