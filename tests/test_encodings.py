@@ -394,3 +394,14 @@ def test_a_plans_imported_encodings_are_part_of_its_identity_only_when_present()
     assert pinned.hash != plan.hash and PrecisionPlan.from_json(json.loads(pinned.dumps())) == pinned
     with pytest.raises(MpstudioError, match="'encodings' must be the key of imported encodings"):
         PrecisionPlan.from_json({**plan.to_json(), "encodings": 7})
+
+
+def test_offsets_written_as_floats_and_a_producer_key_read_as_aimet_writes_them():
+    # aimet-onnx writes offsets as floats (-128.0) and a top-level "producer"; both read as the integers they are.
+    as_ints = {"version": "1.0.0", "activation_encodings": [per_tensor("x", 16, False, 1e-4, -35437)],
+               "param_encodings": [per_tensor("w", 8, True, 0.02, -128)]}
+    as_floats = json.loads(json.dumps(as_ints).replace("-35437", "-35437.0").replace("-128", "-128.0"))
+    as_floats["producer"] = {"package": "aimet-onnx", "version": "2.42.0"}
+    ints, floats = encodings.load(as_ints), encodings.load(as_floats)
+    assert floats.entries == ints.entries
+    assert floats.entries["x"].encoding.zero_point == (35437,) and floats.entries["w"].encoding.zero_point == (0,)
