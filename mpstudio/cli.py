@@ -258,10 +258,26 @@ def _export(args) -> int:
                 formats = formats + ("context",)
         out = Path(args.output) if args.output else study.folder / "exports" / f"plan-{study.plan_id(plan)}"
         result = export_plan(study.quantizer, plan, out, formats, agent=agent,
-                             provider_options={"htp_arch": study.htp_arch}, with_parameters=args.pin_parameters)
+                             provider_options={"htp_arch": study.htp_arch}, with_parameters=args.pin_parameters,
+                             encodings_version=args.encodings_version)
     print(f"plan {args.plan} ({plan.summary()}) exported:")
     for path in result.paths():
         print(f"  {path}")
+    return 0
+
+
+def _import(args) -> int:
+    from contextlib import ExitStack
+
+    with ExitStack() as stack, progress_bar(not args.quiet) as progress:
+        study = stack.enter_context(_open_study(args, progress))
+        imported = study.import_plan(args.source, name=args.name)
+        print(f"study: {study.folder}")
+        print(imported.describe())
+        if args.evaluate:
+            done = study.evaluate(imported.plan, args.backend, _runner(args, stack), origin="import", progress=progress)
+            print(done.describe())
+    print(f"\nexport it: mpstudio export {study.folder} --plan {imported.plan_id}")
     return 0
 
 
@@ -416,9 +432,31 @@ def _add_export_parser(sub) -> None:
     e.add_argument("--pin-parameters", action="store_true",
                    help="pin each activation's scale and zero point in the ORT overrides (reproduces the model "
                         "exactly without the same calibration data)")
+    e.add_argument("--encodings-version", default="1.0.0", choices=["1.0.0", "0.6.1"],
+                   help="AIMET encodings format of the qnn file: 1.0.0 (default; what aimet-onnx 2.x writes and "
+                        "reads) or 0.6.1 (the older dict form, for tools that predate 1.0.0)")
     e.add_argument("-o", "--output", help="output folder (default STUDY/exports/plan-ID)")
     _add_runner_args(e)
     e.set_defaults(func=_export)
+
+
+def _add_import_parser(sub) -> None:
+    i = sub.add_parser("import", help="import a QDQ model (AIMET's or any) or an AIMET/QNN encodings file as a plan "
+                                      "of a study, keeping its scales and zero points")
+    i.add_argument("source", help="a QDQ model (.onnx) or an encodings file (AIMET 1.0.0 or the older dict form) of "
+                                  "the study's float model")
+    i.add_argument("--study", required=True, help="study folder (created from --model and --data when new)")
+    i.add_argument("--model", help="the float ONNX model, to create the study")
+    i.add_argument("--data", help="calibration samples (.npz per sample), to create the study")
+    i.add_argument("--eval-data", help="evaluation samples (default: the calibration samples)")
+    i.add_argument("--name", help="the plan's name (default: 'imported <file name>')")
+    i.add_argument("--evaluate", action="store_true", help="evaluate the imported plan at once")
+    i.add_argument("--backend", default="cpu", choices=["cpu", "htp"], help="where --evaluate measures accuracy")
+    _add_shape_arg(i)
+    i.add_argument("--htp-arch", default="75", help="target HTP architecture of a new study")
+    _add_runner_args(i)
+    _add_quiet_arg(i)
+    i.set_defaults(func=_import, demo=False)
 
 
 def _add_agent_parser(sub) -> None:
@@ -430,7 +468,7 @@ def _add_agent_parser(sub) -> None:
 
 
 _COMMANDS = (_add_prepare_parser, _add_quantize_parser, _add_analyze_parser, _add_demo_parser, _add_search_parser,
-             _add_study_parser, _add_export_parser, _add_agent_parser)
+             _add_study_parser, _add_export_parser, _add_import_parser, _add_agent_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,13 +27,14 @@ from .errors import MpstudioError
 from .graph import BIAS, INPUT, OUTPUT, ACTIVATION, WEIGHT, ModelGraph, unknown_name_message
 from .plan import PrecisionPlan
 from .quantize import CALIBRATION_METHODS, QUANT_TYPES, Quantizer, qnn_config
+from . import encodings as encodings_format
 from . import qdq
 from .qdq import INTEGER_TYPES, Encoding, QuantizedTensor
 
 FORMATS = ("ort", "qnn", "model", "float", "context")
 QUANT_TYPE_NAMES: dict[str, QuantType] = {q.name: q for q in QuantType}
 _QUANT_TYPE_OF_DTYPE = {INTEGER_TYPES[q.tensor_type][0]: q for q in QuantType if q.tensor_type in INTEGER_TYPES}
-ENCODING_BITWIDTHS = (4, 8, 16, 32)
+ENCODING_BITWIDTHS = encodings_format.BITWIDTHS
 
 
 def quant_type_of(encoding: Encoding) -> QuantType | None:
@@ -47,126 +48,69 @@ def read_quantized_tensors(qdq_model) -> dict[str, QuantizedTensor]:
 
 
 # ---- QNN/AIMET encodings JSON ----------------------------------------------------------------------------
-def qnn_encodings(qdq_model) -> dict[str, dict[str, list[dict]]]:
-    """The QNN/AIMET encodings (the format of `qnn-onnx-converter --quantization_overrides`) of a QDQ model.
+def qnn_encodings(qdq_model, version: str = encodings_format.DEFAULT_VERSION) -> dict[str, Any]:
+    """The QNN/AIMET encodings (the format of `qnn-onnx-converter --quantization_overrides`) of a QDQ model, in
+    AIMET's `version` "1.0.0" (lists of `{name, dtype, enc_type, bw, is_sym, scale[], offset[]}`) or "0.6.1"
+    (the older dict form).
 
     Every quantized tensor is covered, under the float model's name, with the values stored in the model.
     A converted activation carries the encoding its producer writes; the converter inserts its own converts
     where consumers differ (see docs/export.md).
     """
-    sections: dict[str, dict[str, list[dict]]] = {"activation_encodings": {}, "param_encodings": {}}
-    for tensor in read_quantized_tensors(qdq_model).values():
-        section = "activation_encodings" if tensor.kind == qdq.ACTIVATION else "param_encodings"
-        sections[section][tensor.name] = tensor.encoding.to_qnn()
-    return {key: dict(sorted(value.items())) for key, value in sections.items()}
-
-
-_ENCODING_KEYS = ("bitwidth", "dtype", "is_symmetric", "max", "min", "offset", "scale")
-_ENCODINGS_TOP = {"activation_encodings", "param_encodings"}
-_ENCODINGS_OPTIONAL_TOP = {"version", "excluded_layers", "quantizer_args"}  # AIMET writes these too
+    tensors = read_quantized_tensors(qdq_model).values()
+    return encodings_format.write(((t.name, t.kind, t.encoding) for t in tensors), version)
 
 
 def validate_encodings(encodings: Any, qdq_model) -> None:
-    """Raise MpstudioError listing every problem: schema (keys, types, min <= max, scale > 0, bit widths,
-    per-channel lengths) and coverage (every quantized tensor of `qdq_model`, with its bit width and values)."""
-    problems: list[str] = []
+    """Raise MpstudioError listing every problem of an encodings file in either version (1.0.0 or the dict form):
+    schema (keys, types, scale > 0, offsets in range, bit widths, min/max of the dict form) and coverage (every
+    quantized tensor of `qdq_model` in the right section, with its bit width, channel count and values)."""
+    parsed, problems = encodings_format.parse(encodings)
     if not isinstance(encodings, Mapping):
-        raise MpstudioError("encodings must be a JSON object with 'activation_encodings' and 'param_encodings'")
-    missing = sorted(_ENCODINGS_TOP - set(encodings))
-    if missing:
-        problems.append(f"missing section(s) {missing}: both must be present, even if empty")
-    extra = sorted(set(encodings) - _ENCODINGS_TOP - _ENCODINGS_OPTIONAL_TOP)
-    if extra:
-        problems.append(f"unknown top-level key(s) {extra}; allowed: {', '.join(sorted(_ENCODINGS_TOP))}")
+        raise MpstudioError(problems[0])
     tensors = read_quantized_tensors(qdq_model)
-    for section, kind in (("activation_encodings", qdq.ACTIVATION), ("param_encodings", qdq.PARAM)):
-        entries = encodings.get(section, {})
-        if not isinstance(entries, Mapping):
-            problems.append(f"{section} must be an object of {{tensor: [encoding, ...]}}")
+    listed = encodings_format.names(encodings)
+    for kind, section in encodings_format.SECTIONS.items():
+        if section not in encodings:
             continue
-        for name, value in entries.items():
+        for name in listed[section]:
             where = f"{section}[{name!r}]"
             tensor = tensors.get(name)
             if tensor is None:
                 problems.append(unknown_name_message("quantized tensor", name, tensors) + f" ({where})")
-            elif tensor.kind != kind:
-                right = "activation_encodings" if tensor.kind == qdq.ACTIVATION else "param_encodings"
+                continue
+            if tensor.kind != kind:
+                right = encodings_format.SECTIONS[tensor.kind]
                 problems.append(f"{where}: the model quantizes {name!r} as a {tensor.kind}; it belongs in {right}")
-            problems += _check_encoding_list(where, value, tensor if tensor is not None and tensor.kind == kind else None)
+                continue
+            entry = parsed.entries.get(name)
+            if entry is not None and entry.kind == kind:
+                problems += _entry_against_model(where, entry, tensor)
         for tensor in tensors.values():
-            if tensor.kind == kind and tensor.name not in entries:
+            if tensor.kind == kind and tensor.name not in listed[section]:
                 problems.append(f"{section} lacks {tensor.name!r}, a tensor the model quantizes to "
                                 f"{tensor.encoding.dtype} (QNN would recalibrate it)")
     _raise_if(problems, "the encodings do not match the model")
 
 
-def _check_encoding_list(where: str, value: Any, tensor: QuantizedTensor | None) -> list[str]:
-    if not isinstance(value, list) or not value:
-        return [f"{where} must be a non-empty list of encodings (one per tensor, or one per channel)"]
-    problems: list[str] = []
-    for index, item in enumerate(value):
-        problems += _check_encoding(f"{where}[{index}]", item)
-    if problems or tensor is None:
-        return problems
+def _entry_against_model(where: str, entry: encodings_format.FileEncoding, tensor: QuantizedTensor) -> list[str]:
     expected = tensor.encoding
+    if entry.encoding is None:
+        return [f"{where} is float, but the model quantizes it to {expected.dtype}"]
     channels = len(expected.scale)
-    if len(value) != channels:
+    if entry.channels != channels:
         axis = f" along axis {expected.axis}" if expected.axis is not None else ""
-        return [f"{where} has {len(value)} encoding(s); the model quantizes it with {channels}{axis}"]
-    for index, (item, want) in enumerate(zip(value, expected.to_qnn())):
-        at = f"{where}[{index}]" if channels > 1 else where
-        if item.get("dtype", "int") == "float":
-            problems.append(f"{at} is float, but the model quantizes it to {expected.dtype}")
-        elif item["bitwidth"] != want["bitwidth"]:
-            problems.append(f"{at} has bitwidth {item['bitwidth']}, but the model quantizes it to {expected.dtype}")
-        elif int(item["offset"]) != want["offset"] or not math.isclose(item["scale"], want["scale"], rel_tol=1e-6):
-            problems.append(f"{at} has scale {item['scale']!r}, offset {item['offset']!r}; the model has scale "
-                            f"{want['scale']!r}, offset {want['offset']!r}")
-    return problems
-
-
-def _check_encoding(where: str, item: Any) -> list[str]:
-    if not isinstance(item, Mapping):
-        return [f"{where} must be an object"]
-    dtype = item.get("dtype", "int")
-    bitwidth = item.get("bitwidth")
+        return [f"{where} has {entry.channels} encoding(s); the model quantizes it with {channels}{axis}"]
+    got = entry.encoding
+    if got.bits != expected.bits:
+        return [f"{where} has bitwidth {got.bits}, but the model quantizes it to {expected.dtype}"]
     problems = []
-    if dtype not in ("int", "float"):
-        problems.append(f"{where}: dtype must be \"int\" or \"float\", got {dtype!r}")
-    if not isinstance(bitwidth, int) or isinstance(bitwidth, bool) or bitwidth not in ENCODING_BITWIDTHS:
-        problems.append(f"{where}: bitwidth must be one of {', '.join(map(str, ENCODING_BITWIDTHS))}, got {bitwidth!r}")
-    unknown = sorted(set(item) - set(_ENCODING_KEYS))
-    if unknown:
-        problems.append(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(_ENCODING_KEYS)}")
-    if dtype != "int" or problems:
-        if dtype == "float" and bitwidth not in (16, 32):
-            problems.append(f"{where}: a float encoding has bitwidth 16 or 32")
-        return problems
-    missing = [k for k in _ENCODING_KEYS if k not in item]
-    if missing:
-        return [f"{where}: missing key(s) {missing}"]
-    numbers = {k: item[k] for k in ("max", "min", "offset", "scale")}
-    bad = [k for k, v in numbers.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
-    if bad:
-        return [f"{where}: {', '.join(bad)} must be finite numbers"]
-    if item["is_symmetric"] not in ("True", "False"):
-        problems.append(f"{where}: is_symmetric must be the string \"True\" or \"False\", got {item['is_symmetric']!r}")
-    scale, offset, low, high = item["scale"], item["offset"], item["min"], item["max"]
-    if scale <= 0:
-        problems.append(f"{where}: scale must be > 0, got {scale!r}")
-    if low > high:
-        problems.append(f"{where}: min {low!r} is above max {high!r}")
-    if offset != int(offset) or not -(2 ** bitwidth) < offset <= 0:
-        problems.append(f"{where}: offset must be an integer in (-2^bitwidth, 0], got {offset!r}")
-    if problems:
-        return problems
-    tolerance = 1e-6 * max(abs(low), abs(high), scale)
-    if abs(low - offset * scale) > tolerance or abs(high - (low + (2 ** bitwidth - 1) * scale)) > tolerance:
-        problems.append(f"{where}: min/max disagree with scale and offset (expected min = offset * scale = "
-                        f"{offset * scale!r}, max = min + (2^bitwidth - 1) * scale)")
-    if item["is_symmetric"] == "True" and offset != -(2 ** (bitwidth - 1)):
-        problems.append(f"{where}: a symmetric encoding has offset -2^(bitwidth-1) = {-(2 ** (bitwidth - 1))}, "
-                        f"got {offset!r}")
+    for index, (scale, offset, want_scale, want_offset) in enumerate(
+            zip(got.scale, got.offsets, expected.scale, expected.offsets)):
+        at = f"{where}[{index}]" if channels > 1 else where
+        if offset != want_offset or not math.isclose(scale, want_scale, rel_tol=1e-6):
+            problems.append(f"{at} has scale {scale!r}, offset {offset!r}; the model has scale {want_scale!r}, "
+                            f"offset {want_offset!r}")
     return problems
 
 
@@ -195,7 +139,8 @@ def ort_overrides(quantizer: Quantizer, plan: PrecisionPlan, *, with_parameters:
     point (and its convert's) are pinned to the generated model's, so any calibration data reproduces it.
     """
     plan.validate(quantizer.graph)
-    config = qnn_config(quantizer.prepared.model, quantizer.graph, plan, CALIBRATION_METHODS[quantizer.method])
+    config = qnn_config(quantizer.prepared.model, quantizer.graph, plan, CALIBRATION_METHODS[quantizer.method],
+                        pinned=quantizer.pinned(plan))
     overrides = _jsonable(config.extra_options.get("TensorQuantOverrides", {}))
     if with_parameters:
         _pin_parameters(overrides, read_quantized_tensors(quantizer.generate(plan)), quantizer.graph)
@@ -470,12 +415,7 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _raise_if(problems: list[str], headline: str, limit: int = 20) -> None:
-    if not problems:
-        return
-    shown = "\n  - ".join(problems[:limit])
-    more = f"\n  ... and {len(problems) - limit} more" if len(problems) > limit else ""
-    raise MpstudioError(f"{headline} ({len(problems)} problem{'s' if len(problems) > 1 else ''}):\n  - {shown}{more}")
+_raise_if = encodings_format.raise_if
 
 
 # ---- writing an export -----------------------------------------------------------------------------------
@@ -513,6 +453,7 @@ def export_plan(
     agent=None,
     provider_options: Mapping[str, object] | None = None,
     with_parameters: bool = False,
+    encodings_version: str = encodings_format.DEFAULT_VERSION,
     name: str | None = None,
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
@@ -523,11 +464,13 @@ def export_plan(
     `<name>.qdq.onnx` ("model"), `<name>.float.onnx` ("float": the prepared float model whose tensor names
     the overrides and encodings use, the input for qnn-onnx-converter), and `<name>.ctx.onnx` ("context",
     built on `agent`, an AgentClient, with `provider_options`). Files are written whole or not at all.
+    `encodings_version` is AIMET's "1.0.0" (the default) or "0.6.1" (the older dict form).
     """
     formats = tuple(dict.fromkeys(formats))
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise MpstudioError(f"unknown export format(s) {unknown}; use any of {', '.join(FORMATS)}")
+    encodings_format.check_version(encodings_version)
     if "context" in formats and agent is None:
         raise MpstudioError("a context binary is built on an agent: give agent=AgentClient(...) or LocalAgent().client")
     plan.validate(quantizer.graph)
@@ -561,7 +504,7 @@ def export_plan(
         _write_text(paths["overrides"], text)
     if "qnn" in formats:
         advance("writing the QNN encodings")
-        text = json.dumps(qnn_encodings(qdq_model), indent=2) + "\n"
+        text = json.dumps(qnn_encodings(qdq_model, encodings_version), indent=2) + "\n"
         validate_encodings(json.loads(text), qdq_model)
         paths["encodings"] = out / f"{stem}.encodings.json"
         _write_text(paths["encodings"], text)

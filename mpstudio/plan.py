@@ -73,6 +73,9 @@ class PrecisionPlan:
     weight_symmetric: bool | None = None  # None: symmetric exactly when the weight type is signed
     overrides: Mapping[str, TensorOverride] = field(default_factory=dict)
     name: str = ""
+    # Imported encodings (their key in the study) whose scales and zero points the plan's model keeps;
+    # "" for a plan calibrated by mpstudio. Part of the hash: the same types with other parameters differ.
+    encodings: str = ""
 
     def __post_init__(self):
         if self.activation_type not in ACTIVATION_TYPES:
@@ -114,7 +117,7 @@ class PrecisionPlan:
 
     # ---- identity --------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": PLAN_FORMAT,
             "name": self.name,
             "activation_type": self.activation_type,
@@ -123,6 +126,9 @@ class PrecisionPlan:
             "weight_symmetric": self.weight_symmetric,
             "overrides": {k: v.to_json() for k, v in self.overrides.items() if v.to_json()},
         }
+        if self.encodings:  # only then: plans without imported encodings keep their hashes
+            out["encodings"] = self.encodings
+        return out
 
     @property
     def hash(self) -> str:
@@ -144,7 +150,8 @@ class PrecisionPlan:
     def from_json(cls, data: Any) -> "PrecisionPlan":
         if not isinstance(data, Mapping):
             raise MpstudioError("a precision plan must be a JSON object")
-        known = {"format", "name", "activation_type", "weight_type", "per_channel", "weight_symmetric", "overrides"}
+        known = {"format", "name", "activation_type", "weight_type", "per_channel", "weight_symmetric", "overrides",
+                 "encodings"}
         extra = set(data) - known
         if extra:
             raise MpstudioError(f"precision plan has unknown keys {sorted(extra)}; allowed: {', '.join(sorted(known))}")
@@ -154,6 +161,8 @@ class PrecisionPlan:
         overrides = {} if overrides is None else overrides
         if not isinstance(overrides, Mapping):
             raise MpstudioError("precision plan 'overrides' must be an object of {tensor: {type: ...}}")
+        if not isinstance(data.get("encodings", ""), str):
+            raise MpstudioError(f"precision plan 'encodings' must be the key of imported encodings, got {data['encodings']!r}")
         if not isinstance(data.get("per_channel", False), bool):
             raise MpstudioError(f"precision plan 'per_channel' must be true or false, got {data['per_channel']!r}")
         return cls(
@@ -163,6 +172,7 @@ class PrecisionPlan:
             weight_symmetric=data.get("weight_symmetric"),
             overrides={str(t): TensorOverride.from_json(t, v) for t, v in overrides.items()},
             name=str(data.get("name", "")),
+            encodings=data.get("encodings", ""),
         )
 
     @classmethod

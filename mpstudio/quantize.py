@@ -9,6 +9,7 @@ cache. Generated models are cached by plan hash.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -122,6 +123,8 @@ class Quantizer:
             prepared.save(self.float_path)
         self._lock = threading.Lock()
         self._cache: CalibrationCache | None = None
+        # Imported encodings that plans pin their parameters to (`PrecisionPlan.encodings` names one).
+        self.encodings_dir = self.cache_dir / "encodings"
 
     @property
     def graph(self) -> ModelGraph:
@@ -194,7 +197,8 @@ class Quantizer:
             progress(0, 1, f"quantizing {plan.summary()}")
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.stem}.{os.getpid()}.{threading.get_ident()}.onnx")
-        config = qnn_config(self.prepared.model, self.graph, plan, CALIBRATION_METHODS[self.method])
+        config = qnn_config(self.prepared.model, self.graph, plan, CALIBRATION_METHODS[self.method],
+                            pinned=self.pinned(plan))
         try:
             # ORT's quantizer writes scratch files beside the float model: one process quantizes at a time.
             with exclusive(self.cache_dir / ".quantize.lock"), _fast_ort_quantizer(), _quiet_ort_logging():
@@ -214,14 +218,93 @@ class Quantizer:
             progress(1, 1, f"quantized {plan.summary()}")
         return out
 
+    # ---- imported encodings ------------------------------------------------------------------------------
+    def save_pinned(self, tensors: Mapping[str, Encoding]) -> str:
+        """Keep imported encodings (float tensor -> Encoding, per-channel ones with their axis); returns the
+        key a plan names them by (`PrecisionPlan.encodings`)."""
+        data = {name: {"dtype": e.dtype, "scale": list(e.scale), "zero_point": list(e.zero_point), "axis": e.axis}
+                for name, e in sorted(tensors.items())}
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        key = hashlib.sha256(text.encode()).hexdigest()[:16]
+        path = self.encodings_dir / f"{key}.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(text + "\n")
+            os.replace(tmp, path)
+        return key
+
+    def pinned(self, plan: PrecisionPlan) -> dict[str, Encoding] | None:
+        """The imported encodings `plan` pins its parameters to (None for a calibrated plan)."""
+        if not plan.encodings:
+            return None
+        path = self.encodings_dir / f"{plan.encodings}.json"
+        if not path.exists():
+            raise MpstudioError(f"plan {plan.name or plan.hash} keeps imported encodings {plan.encodings}, which are "
+                                f"not in {self.encodings_dir}; import the file again (mpstudio import)")
+        data = json.loads(path.read_text())
+        return {name: Encoding(e["dtype"], tuple(e["scale"]), tuple(e["zero_point"]), e["axis"])
+                for name, e in data.items()}
+
+
+def pin_overrides(resolved: dict[str, list[dict]], plan: PrecisionPlan, graph: ModelGraph,
+                  pinned: Mapping[str, Encoding]) -> dict[str, list[dict]]:
+    """`resolved` (the TensorQuantOverrides `get_qnn_qdq_config` returned for `plan`) with the scale and zero
+    point of each pinned tensor added where the tensor keeps the pinned type and granularity: on the tensor's
+    own entry when its producer writes that type, on its convert when ORT converts it to that type for some
+    consumers (ORT decides where a plan's widths meet), nowhere when the plan has changed it since."""
+    out = copy.deepcopy(resolved)
+    default_activation = QUANT_TYPES[plan.activation_type]
+    for name, encoding in pinned.items():
+        info = graph.tensors.get(name)
+        quant_type = QUANT_TYPES.get(encoding.dtype)
+        if info is None or quant_type is None:
+            continue
+        zero_dtype = helper.tensor_dtype_to_np_dtype(quant_type.tensor_type)
+        parameters = [{"quant_type": quant_type, "scale": np.array(scale, dtype=np.float32),
+                       "zero_point": np.array(zero, dtype=zero_dtype)}
+                      for scale, zero in zip(encoding.scale, encoding.zero_point)]
+        entries = out.get(name) or [{}]
+        if info.is_activation:
+            entry = entries[0]
+            if entry.get("quant_type", default_activation) == quant_type:
+                _without_range_options(entry).update(parameters[0])
+            elif isinstance(entry.get("convert"), dict) and entry["convert"].get("quant_type") == quant_type:
+                _without_range_options(entry["convert"]).update(parameters[0])
+            else:
+                continue
+            out[name] = entries
+            continue
+        override = plan.overrides.get(name)
+        kind = (override.type if override else None) or plan.weight_type
+        per_channel = override.per_channel if override and override.per_channel is not None else (
+            plan.per_channel and _default_per_channel(graph, name))
+        if kind != encoding.dtype or per_channel != encoding.per_channel:
+            continue
+        first = {k: v for k, v in entries[0].items() if k not in _RANGE_OPTIONS + ("scale", "zero_point")}
+        out[name] = [{**(first if i == 0 else {}), **p} for i, p in enumerate(parameters)]
+        if encoding.per_channel:
+            out[name][0]["axis"] = encoding.axis
+    return out
+
+
+_RANGE_OPTIONS = ("symmetric", "reduce_range", "rmin", "rmax")  # ORT refuses them next to scale and zero_point
+
+
+def _without_range_options(entry: dict) -> dict:
+    for key in _RANGE_OPTIONS:
+        entry.pop(key, None)
+    return entry
+
 
 def qnn_config(model: onnx.ModelProto, graph: ModelGraph, plan: PrecisionPlan, method=CalibrationMethod.MinMax,
-               calibration_data_reader=None):
+               calibration_data_reader=None, pinned: Mapping[str, Encoding] | None = None):
     """ORT's StaticQuantConfig for `plan`, made by `get_qnn_qdq_config` so the result is valid for QNN.
 
     A second pass gives the constant operand of an element-wise op the 16-bit type when ORT's converts
     make that op compute at 16 bits in an 8-bit plan: HTP rejects such a node with an 8-bit constant
-    (the graph fails to finalize).
+    (the graph fails to finalize). `pinned` (imported encodings, `Quantizer.pinned`) fixes the scale and
+    zero point of each tensor the plan still quantizes to the pinned type and granularity.
     """
     overrides = init_overrides(plan, graph)
 
@@ -244,6 +327,8 @@ def qnn_config(model: onnx.ModelProto, graph: ModelGraph, plan: PrecisionPlan, m
     matched = _sixteen_bit_constants(graph, plan, config.extra_options.get("TensorQuantOverrides", {}))
     if matched:
         config = make({**overrides, **matched})
+    if pinned:  # on the resolved overrides, which reproduce the same model when fed back
+        config = make(pin_overrides(config.extra_options.get("TensorQuantOverrides", {}), plan, graph, pinned))
     return config
 
 

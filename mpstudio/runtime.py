@@ -23,6 +23,15 @@ BACKENDS = ("cpu", "htp")
 QNN_PROVIDER = "QNNExecutionProvider"
 DEFAULT_HTP_ARCH = "75"
 
+# How ORT's CPU EP computes a QDQ model. "fused": ORT's defaults, which fuse 8-bit Q/DQ node groups into
+# integer kernels (QLinearConv, ...) with their own requantization rounding and use the NCHWc layout
+# kernels. "basic": basic graph optimizations only (constant folding, no QDQ fusion, no NCHWc).
+# "fake-quant": quantization simulated in float exactly as the graph writes it (ORT's QDQ transformations
+# off) and no NCHWc, whose blocked kernels sum in another order depending on the graph around each Conv.
+# Which one predicts the HTP best is measured by benchmarks/fidelity.py; DEFAULT_CPU_NUMERICS is its pick.
+CPU_NUMERICS = ("fused", "basic", "fake-quant")
+DEFAULT_CPU_NUMERICS = "fused"
+
 _PERF_MODES = (
     "burst", "balanced", "default", "high_performance", "high_power_saver", "low_balanced",
     "extreme_power_saver", "low_power_saver", "power_saver", "sustained_high_performance",
@@ -141,6 +150,7 @@ def create_session(
     intra_op_threads: int = 0,
     profile_ops: bool = False,
     session_config: dict[str, str] | None = None,
+    numerics: str | None = None,
 ) -> ort.InferenceSession:
     """An inference session for `model` on `backend`.
 
@@ -150,8 +160,12 @@ def create_session(
     `profiling_file`: on htp, the QNN profile CSV (`profile_ops` asks for per-op rows with their ONNX
     source nodes); on cpu, the prefix of ORT's own JSON profile (`session.end_profiling()` names it).
     `session_config`: extra session config entries, e.g. `ep.context_enable` to write a context binary.
+    `numerics`: on cpu, one of CPU_NUMERICS (default DEFAULT_CPU_NUMERICS).
     """
     options = validate_provider_options(provider_options, backend)
+    numerics = numerics or DEFAULT_CPU_NUMERICS
+    if numerics not in CPU_NUMERICS:
+        raise MpstudioError(f"unknown CPU numerics {numerics!r}; use one of {', '.join(CPU_NUMERICS)}")
     so = ort.SessionOptions()
     so.log_severity_level = log_severity
     if intra_op_threads:
@@ -164,7 +178,14 @@ def create_session(
     model_arg = bytes(model) if isinstance(model, (bytes, bytearray, memoryview)) else str(model)
     try:
         if backend == "cpu":
-            return ort.InferenceSession(model_arg, so, providers=["CPUExecutionProvider"])
+            disabled = []
+            if numerics == "basic":
+                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            elif numerics == "fake-quant":
+                so.add_session_config_entry("session.disable_quant_qdq", "1")
+                disabled = ["NchwcTransformer"]
+            return ort.InferenceSession(model_arg, so, providers=["CPUExecutionProvider"],
+                                        disabled_optimizers=disabled)
         devices = register_qnn()
         if not allow_cpu_fallback:
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")

@@ -7,7 +7,7 @@ left pending.
 
 Layout::
 
-    study.json  study.sqlite  model.onnx  data/calibration/  data/evaluation/
+    study.json  study.sqlite  model.onnx  data/calibration/  data/evaluation/  imported/ (encodings of imported plans)
     cache/ (calibration, generated models)  reference/ (float outputs)  sensitivity/  exports/
 """
 
@@ -90,6 +90,7 @@ class Study:
         self._metric = metric
         self.htp_arch = str(config.get("htp_arch", "75"))
         self.quantizer = Quantizer(prepared, calibration, folder / "cache", config.get("calibration_method", "minmax"))
+        self.quantizer.encodings_dir = folder / "imported"  # the encodings imported plans keep (not a cache)
         self.store = StudyStore(folder / DB_FILE)
         self._check_complete()
         self._references: list[dict[str, np.ndarray]] | None = None
@@ -233,6 +234,13 @@ class Study:
             raise MpstudioError(f"this study has no plan {plan_id!r}; its plans are: {known or 'none yet'}")
         data, name = row
         return PrecisionPlan.from_json(data if data.get("name") else {**data, "name": name})
+
+    def import_plan(self, source, *, name: str | None = None):
+        """Import a QDQ model (AIMET's or any) or an AIMET/QNN encodings file (1.0.0 or the dict form) as a plan
+        that keeps its scales and zero points; returns an `importer.ImportedPlan` (see mpstudio.importer)."""
+        from .importer import import_plan
+
+        return import_plan(self, source, name=name)
 
     def plan_id(self, plan: PrecisionPlan) -> int | None:
         return self.store.plan_id(plan.hash)

@@ -74,9 +74,19 @@ def qdq_nodes(path):
     return first_q, params, inits
 
 
+def dict_form(encodings):
+    """Either version as {section: {tensor: [{"bitwidth", "offset", "scale"}, ...]}} (one dict per channel)."""
+    if encodings.get("version") != "1.0.0":
+        return encodings
+    return {section: {e["name"]: [{"bitwidth": e["bw"], "offset": o, "scale": s}
+                                  for s, o in zip(e["scale"], e["offset"])] for e in encodings[section]}
+            for section in ("activation_encodings", "param_encodings")}
+
+
 def check_covers_model(encodings, path):
     """Every Q/DQ of the model is in the encodings with the model's bit width, channel count and values."""
     first_q, params, inits = qdq_nodes(path)
+    encodings = dict_form(encodings)
     activations, weights = encodings["activation_encodings"], encodings["param_encodings"]
     assert len(activations) == len(first_q) and len(weights) == len(params)
     for name, item in qdq.read(path).activations().items():
@@ -95,10 +105,12 @@ def check_covers_model(encodings, path):
 
 
 # ---- encodings -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("version", ["1.0.0", "0.6.1"])
 @pytest.mark.parametrize("which", list(CONV_PLANS))
-def test_encodings_pass_the_schema_and_cover_every_quantized_tensor(conv, which):
+def test_encodings_pass_the_schema_and_cover_every_quantized_tensor(conv, which, version):
     path = conv.generate(CONV_PLANS[which])
-    encodings = json.loads(json.dumps(qnn_encodings(path)))
+    encodings = json.loads(json.dumps(qnn_encodings(path, version)))
+    assert encodings["version"] == version
     validate_encodings(encodings, path)
     check_covers_model(encodings, path)
 
@@ -109,7 +121,7 @@ def test_mixed_plan_encodings_give_each_tensor_its_producers_bit_width(conv):
     # x is written at 8 bits and converted to 16 for conv1; add_out the other way round for the pooling.
     assert tensors["x"].encoding.dtype == "uint8" and [c.dtype for c in tensors["x"].converts] == ["uint16"]
     assert tensors["add_out"].encoding.dtype == "uint16" and [c.dtype for c in tensors["add_out"].converts] == ["uint8"]
-    encodings = qnn_encodings(path)["activation_encodings"]
+    encodings = dict_form(qnn_encodings(path))["activation_encodings"]
     assert [encodings[t][0]["bitwidth"] for t in ("x", "relu1_out", "add_out", "y")] == [8, 16, 16, 8]
 
 
@@ -129,7 +141,7 @@ def test_hand_checked_values(tmp_path):
     # -1.803922 and encoding-max 0.496078 (zero exactly representable, at code 200), step 0.009020.
     x = np.array([-1.8, -1.0, 0.0, 0.5], np.float32).reshape(1, 4, 1, 1)
     quantizer = Quantizer(prepare_model(_tiny_conv()), FeedList([{"x": x}]), tmp_path)
-    encodings = qnn_encodings(quantizer.generate(PrecisionPlan.a8w8()))
+    encodings = qnn_encodings(quantizer.generate(PrecisionPlan.a8w8()), "0.6.1")
     (xe,) = encodings["activation_encodings"]["x"]
     assert xe == {"bitwidth": 8, "dtype": "int", "is_symmetric": "False", "offset": -200,
                   "scale": pytest.approx(0.009020, abs=1e-6), "min": pytest.approx(-1.803922, abs=1e-6),
@@ -141,7 +153,8 @@ def test_hand_checked_values(tmp_path):
 
     # Per-channel symmetric int8: scale = max|w| / 127 per channel, zero point 0, which is offset -128 read
     # unsigned (the seed's per-channel form); the int32 bias has scale x_scale * w_scale per channel.
-    encodings = qnn_encodings(quantizer.generate(PrecisionPlan(weight_type="int8", per_channel=True)))
+    per_channel = quantizer.generate(PrecisionPlan(weight_type="int8", per_channel=True))
+    encodings = qnn_encodings(per_channel, "0.6.1")
     w = encodings["param_encodings"]["w"]
     assert [e["scale"] for e in w] == [pytest.approx(0.01, rel=1e-6), pytest.approx(0.005, rel=1e-6)]
     assert [(e["offset"], e["is_symmetric"]) for e in w] == [(-128, "True")] * 2
@@ -152,10 +165,20 @@ def test_hand_checked_values(tmp_path):
     assert [e["scale"] for e in b] == [pytest.approx(xe["scale"] * 0.01, rel=1e-6),
                                        pytest.approx(xe["scale"] * 0.005, rel=1e-6)]
 
+    # The same in AIMET's 1.0.0 form: is_sym is the signedness (true for int8 weights and the int32 bias),
+    # offsets keep the unsigned reading, per-channel tensors are one entry with lists.
+    v1 = {e["name"]: e for e in qnn_encodings(per_channel, "1.0.0")["param_encodings"]}
+    assert v1["w"] == {"name": "w", "dtype": "INT", "enc_type": "PER_CHANNEL", "bw": 8, "is_sym": True,
+                       "scale": [pytest.approx(0.01, rel=1e-6), pytest.approx(0.005, rel=1e-6)], "offset": [-128, -128]}
+    assert (v1["b"]["bw"], v1["b"]["is_sym"], v1["b"]["offset"]) == (32, True, [-2 ** 31] * 2)
+    x1, _ = qnn_encodings(quantizer.generate(PrecisionPlan.a8w8()), "1.0.0")["activation_encodings"]  # x, y
+    assert x1 == {"name": "x", "dtype": "INT", "enc_type": "PER_TENSOR", "bw": 8, "is_sym": False,
+                  "scale": [pytest.approx(0.009020, abs=1e-6)], "offset": [-200]}
+
 
 def test_validate_encodings_lists_what_is_wrong(conv):
     path = conv.generate(PrecisionPlan(weight_type="int8", per_channel=True))
-    good = qnn_encodings(path)
+    good = qnn_encodings(path, "0.6.1")
 
     def broken(change):
         data = json.loads(json.dumps(good))
@@ -346,7 +369,7 @@ def _demo_plans(demo):
 def test_demo_exports_cover_the_model_and_requantize_to_it(demo, demo_quantizer, which, tmp_path):
     plan = _demo_plans(demo)[which]
     result = export_plan(demo_quantizer, plan, tmp_path, formats=("ort", "qnn", "model", "float"))
-    encodings = json.loads(result.encodings.read_text())
+    encodings = dict_form(json.loads(result.encodings.read_text()))
     check_covers_model(encodings, result.model)
     float_tensors = ModelGraph(onnx.load(str(result.float_model))).tensors
     assert set(encodings["activation_encodings"]) | set(encodings["param_encodings"]) <= set(float_tensors)

@@ -1,0 +1,314 @@
+"""Which CPU numerics predict the QNN HTP best: ORT's CPU EP, three ways, against the HTP emulator, over plans.
+
+    python benchmarks/fidelity.py [--models demo,cls,det,encoder] [--plans 30] [--samples 8] [--out fidelity.csv]
+
+For each model, at least 30 precision plans (the four baselines, the top-k tensors of the cheap per-tensor
+scores promoted to 16 bits for several k, with per-tensor and per-channel weights, and random k-tensor
+mixes) are generated once and run on the same samples by:
+  cpu/fused       ORT's default CPU session (8-bit Q/DQ groups fused into integer kernels, NCHWc kernels)
+  cpu/basic       basic graph optimizations only (constant folding; no QDQ fusion, no NCHWc)
+  cpu/fake-quant  quantization simulated in float as the graph writes it, no NCHWc (the isolation numerics)
+  htp             the QNN HTP backend (emulated on x86_64: HTP numerics, host time)
+Each plan gets the model's task metric and the output SNR against the float model. Per model and CPU
+numerics: Spearman over plans against HTP (task metric and output SNR) and the median absolute error of the
+task metric. The numerics with the best worst-case Spearman on the task metric (then the lowest error) is the
+measured pick.
+
+Models (all built or shipped here; no model hub is reachable):
+  demo     the PP-OCRv4 text-line recognizer (rapidocr_onnxruntime), CER over rendered lines
+  cls      PaddleOCR's text-direction classifier (trained CNN, same package), the probability it gives the
+           true orientation of lines, half of them turned 180 degrees
+  det      PP-OCRv4's DBNet text detector (same package) on padded lines, IoU of its text map with float's
+  encoder  a 2-layer BERT-style encoder (32 tokens, width 256, the exporters' Erf GELU) built with onnx.helper
+           with random weights, cosine of the mean-pooled embedding with the float model's
+
+Exits 1 when mpstudio's default CPU numerics (`runtime.DEFAULT_CPU_NUMERICS`) is not the measured pick, or its
+Spearman against HTP is below 0.9 on any model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from mpstudio import qdq  # noqa: E402
+from mpstudio.cache import cache_root  # noqa: E402
+from mpstudio.data import DataSource, FeedList  # noqa: E402
+from mpstudio.metrics import ErrorAccumulator, SNR_CAP_DB  # noqa: E402
+from mpstudio.plan import PrecisionPlan  # noqa: E402
+from mpstudio.quantize import Quantizer  # noqa: E402
+from mpstudio.runtime import CPU_NUMERICS, DEFAULT_CPU_NUMERICS, DEFAULT_HTP_ARCH, create_session  # noqa: E402
+
+NUMERICS = tuple(f"cpu/{n}" for n in CPU_NUMERICS) + ("htp",)
+SPEARMAN_TARGET = 0.9
+
+
+@dataclass
+class Case:
+    """One model: prepared model, calibration and evaluation data, and its per-plan task metric."""
+
+    name: str
+    model: object  # PreparedModel
+    calibration: DataSource
+    evaluation: DataSource
+    metric_name: str
+    higher_is_better: bool
+    metric: Callable[[list[dict], list[dict]], float]  # (outputs, float outputs) -> value
+
+
+def demo_case(samples: int) -> Case:
+    from mpstudio.demos import load_demo
+    from mpstudio.metrics import character_error_rate, ctc_charset, ctc_greedy_decode
+
+    demo = load_demo()
+    evaluation = demo.evaluation.head(samples)
+    texts = list(demo.texts[:samples])
+    charset = ctc_charset(demo.model)
+
+    def cer(outputs, _references):
+        return character_error_rate(
+            [ctc_greedy_decode(next(iter(o.values()))[0], charset).strip() for o in outputs], texts)
+
+    return Case("demo", demo.model, demo.calibration, evaluation, "CER", False, cer)
+
+
+def _rapidocr_model(file: str) -> Path:
+    from mpstudio.demos.ocr import demo_model_file
+
+    return demo_model_file().parent / file
+
+
+def _lines(count: int, start: int) -> list[np.ndarray]:
+    """Demo text lines ([1, 3, 48, 320], normalised to [-1, 1]), from the calibration lines then evaluation."""
+    from mpstudio.demos import load_demo
+
+    demo = load_demo()
+    pool = [demo.calibration.sample(i)["x"] for i in range(len(demo.calibration))]
+    pool += [demo.evaluation.sample(i)["x"] for i in range(len(demo.evaluation))]
+    return pool[start:start + count]
+
+
+def cls_case(samples: int) -> Case:
+    """PaddleOCR's text-direction classifier (trained, shipped in rapidocr_onnxruntime): is a line upside down?
+    Lines squeezed to its 48x192 input, every other one turned 180 degrees. Metric: the mean probability it
+    gives the true orientation (continuous, where accuracy over a few lines moves in coarse steps)."""
+    from mpstudio.model import prepare_model
+
+    columns = np.linspace(0, 319, 192).round().astype(int)
+
+    def feeds(count, start):
+        out = []
+        for i, line in enumerate(_lines(count, start)):
+            x = line[:, :, :, columns]
+            out.append({"x": np.ascontiguousarray(x[:, :, ::-1, ::-1] if i % 2 else x)})
+        return FeedList(out)
+
+    def true_probability(outputs, _references):
+        return float(np.mean([next(iter(o.values())).reshape(-1)[i % 2] for i, o in enumerate(outputs)]))
+
+    model = prepare_model(_rapidocr_model("ch_ppocr_mobile_v2.0_cls_infer.onnx"), {"x": [1, 3, 48, 192]})
+    return Case("cls", model, feeds(32, 0), feeds(samples, 120), "true-orientation probability", True,
+                true_probability)
+
+
+def det_case(samples: int) -> Case:
+    """PP-OCRv4's text detector (DBNet, trained, shipped in rapidocr_onnxruntime) on text lines padded to
+    64x320. Metric: IoU of its text map (probability > 0.3, DBNet's threshold) with the float model's."""
+    from mpstudio.model import prepare_model
+
+    def feeds(count, start):
+        return FeedList([{"x": np.pad(line, ((0, 0), (0, 0), (8, 8), (0, 0)), constant_values=1.0)}
+                         for line in _lines(count, start)])
+
+    def iou(outputs, references):
+        values = []
+        for o, r in zip(outputs, references):
+            a, b = next(iter(o.values())) > 0.3, next(iter(r.values())) > 0.3
+            values.append((a & b).sum() / max(1, (a | b).sum()))
+        return float(np.mean(values))
+
+    model = prepare_model(_rapidocr_model("ch_PP-OCRv4_det_infer.onnx"), {"x": [1, 3, 64, 320]})
+    return Case("det", model, feeds(32, 0), feeds(samples, 120), "text-map IoU", True, iou)
+
+
+def _token_feeds(count: int, tokens: int, seed: int) -> FeedList:
+    rng = np.random.default_rng(seed)
+    return FeedList([{"input_ids": rng.integers(1000, 30000, (1, tokens)).astype(np.int32),
+                      "attention_mask": np.ones((1, tokens), np.int32)} for _ in range(count)])
+
+
+def encoder_case(samples: int) -> Case:
+    from latency_models import _bert
+    from mpstudio.model import prepare_model
+
+    def pooled_cosine(outputs, references):
+        values = []
+        for o, r in zip(outputs, references):
+            a = next(iter(o.values())).reshape(-1, next(iter(o.values())).shape[-1]).mean(0)
+            b = next(iter(r.values())).reshape(-1, a.shape[-1]).mean(0)
+            values.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12)))
+        return float(np.mean(values))
+
+    model = prepare_model(_bert("encoder", 3, 32, 2, width=256, heads=4))
+    return Case("encoder", model, _token_feeds(32, 32, 1), _token_feeds(samples, 32, 2), "pooled cosine", True,
+                pooled_cosine)
+
+
+CASES = {"demo": demo_case, "cls": cls_case, "det": det_case, "encoder": encoder_case}
+
+
+def plans_for(quantizer: Quantizer, calibration: DataSource, count: int, seed: int = 0) -> list[PrecisionPlan]:
+    """Baselines, top-k by the cheap per-tensor scores (per-tensor and per-channel weights), random mixes."""
+    from mpstudio.sensitivity import tensor_scores
+
+    model_8 = quantizer.generate(PrecisionPlan.a8w8())
+    model_16 = quantizer.generate(PrecisionPlan.a16w8())
+    params_8 = {t: q.encoding for t, q in qdq.read(model_8).activations().items()}
+    params_16 = {t: q.encoding for t, q in qdq.read(model_16).activations().items()}
+    scores = tensor_scores(quantizer.float_path, model_8, quantizer.graph, calibration.head(8), params_8, params_16)
+    # Most harmful first: the tensors whose own 8-bit rounding costs the most (lowest local SNR at 8 bits).
+    ranked = [t for t in scores.sort_values("local_snr_8")["tensor"] if t in params_8]
+    pc = PrecisionPlan(weight_type="int8", per_channel=True, name="a8w8-pc")
+    plans = [PrecisionPlan.a8w8(), PrecisionPlan.a16w8(), pc,
+             PrecisionPlan(activation_type="uint16", weight_type="int8", per_channel=True, name="a16w8-pc")]
+    ks = sorted({k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k < len(ranked)})
+    for k in ks:
+        plans.append(PrecisionPlan.a8w8().promote(ranked[:k], name=f"top-{k}"))
+        plans.append(pc.promote(ranked[:k], name=f"top-{k}-pc"))
+    rng = random.Random(seed)
+    draw = 0
+    while len(plans) < count:
+        k = ks[draw % len(ks)]
+        per_channel = draw % 3 == 2
+        base = pc if per_channel else PrecisionPlan.a8w8()
+        plans.append(base.promote(rng.sample(ranked, k), name=f"random-{k}{'-pc' if per_channel else ''}.{draw}"))
+        draw += 1
+    return plans
+
+
+def _session(path: Path, numerics: str):
+    if numerics == "htp":
+        return create_session(path, "htp", {"htp_arch": DEFAULT_HTP_ARCH})
+    return create_session(path, numerics=numerics.split("/", 1)[1])
+
+
+def _run(session, feeds) -> list[dict]:
+    names = [o.name for o in session.get_outputs()]
+    return [dict(zip(names, session.run(names, feed))) for feed in feeds]
+
+
+def _snr(outputs, references) -> float:
+    acc = ErrorAccumulator(np.float64)
+    for o, r in zip(outputs, references):
+        for name, value in r.items():
+            acc.add(value, o[name])
+    return float(min(acc.snr_db, SNR_CAP_DB))
+
+
+def measure(case: Case, plan_count: int, log) -> pd.DataFrame:
+    quantizer = Quantizer(case.model, case.calibration, cache_root() / "fidelity" / case.name)
+    quantizer.calibrate()
+    feeds = list(case.evaluation.feeds())
+    float_session = create_session(quantizer.float_path, numerics="fake-quant")
+    references = _run(float_session, feeds)
+    plans = plans_for(quantizer, case.calibration, plan_count)
+    rows = []
+    for i, plan in enumerate(plans, 1):
+        path = quantizer.generate(plan)
+        row = {"model": case.name, "plan": plan.name, "sixteen_bit": len(plan.sixteen_bit_activations(case.model.graph))}
+        for numerics in NUMERICS:
+            started = time.perf_counter()
+            outputs = _run(_session(path, numerics), feeds)
+            row[f"{numerics}:metric"] = case.metric(outputs, references)
+            row[f"{numerics}:snr_db"] = _snr(outputs, references)
+            row[f"{numerics}:seconds"] = time.perf_counter() - started
+        rows.append(row)
+        log(f"  [{case.name} {i}/{len(plans)}] {plan.name}: " + ", ".join(
+            f"{n} {row[f'{n}:metric']:.4f}" for n in NUMERICS))
+    return pd.DataFrame(rows)
+
+
+def summarise(frame: pd.DataFrame) -> pd.DataFrame:
+    from scipy.stats import spearmanr
+
+    rows = []
+    for model, group in frame.groupby("model", sort=False):
+        for numerics in NUMERICS[:-1]:
+            rho_metric = spearmanr(group[f"{numerics}:metric"], group["htp:metric"]).statistic
+            rho_snr = spearmanr(group[f"{numerics}:snr_db"], group["htp:snr_db"]).statistic
+            error = (group[f"{numerics}:metric"] - group["htp:metric"]).abs().median()
+            rows.append({"model": model, "numerics": numerics, "plans": len(group),
+                         "spearman_metric": float(np.nan_to_num(rho_metric)),
+                         "spearman_snr": float(np.nan_to_num(rho_snr)), "median_abs_metric_error": float(error),
+                         "median_snr_gap_db": float((group[f"{numerics}:snr_db"] - group["htp:snr_db"]).abs().median())})
+    return pd.DataFrame(rows)
+
+
+def pick(summary: pd.DataFrame) -> str:
+    """The numerics whose worst Spearman (task metric) over the models is highest; then lowest mean error."""
+    by = summary.groupby("numerics").agg(worst=("spearman_metric", "min"), error=("median_abs_metric_error", "mean"))
+    return by.sort_values(["worst", "error"], ascending=[False, True]).index[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="demo,cls,det,encoder")
+    parser.add_argument("--plans", type=int, default=30)
+    parser.add_argument("--samples", type=int, default=8, help="evaluation samples per model (HTP is slow)")
+    parser.add_argument("--out", default="fidelity.csv", help="per-plan values (CSV)")
+    args = parser.parse_args()
+
+    def log(text):
+        print(text, file=sys.stderr, flush=True)
+
+    frames, metrics = [], {}
+    here = os.getcwd()
+    out = Path(args.out).resolve()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mpstudio-fidelity-") as scratch:
+        os.chdir(scratch)  # QNN leaves trace files in the working directory
+        try:
+            for name in args.models.split(","):
+                log(f"{name}: building, calibrating and generating {args.plans} plans")
+                case = CASES[name](args.samples)
+                metrics[name] = case.metric_name
+                frames.append(measure(case, args.plans, log))
+                pd.concat(frames).to_csv(out, index=False)
+        finally:
+            os.chdir(here)
+    frame = pd.concat(frames)
+    summary = summarise(frame)
+    print(f"CPU numerics against the QNN HTP emulator (htp_arch {DEFAULT_HTP_ARCH}), {args.samples} samples per "
+          f"model, {time.perf_counter() - started:.0f} s; per-plan values in {out.name}")
+    for model, group in summary.groupby("model", sort=False):
+        print(f"\n{model} ({group['plans'].iloc[0]} plans; task metric {metrics[model]})")
+        print(group.drop(columns=["model", "plans"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    chosen = pick(summary)
+    default = f"cpu/{DEFAULT_CPU_NUMERICS}"
+    worst = summary[summary["numerics"] == default]["spearman_metric"].min()
+    print(f"\nmeasured pick: {chosen}; mpstudio's default: {default} (worst Spearman {worst:.3f}, target >= "
+          f"{SPEARMAN_TARGET})")
+    failed = False
+    if chosen != default:
+        print(f"MISSED: the default CPU numerics is not the one that predicts the HTP best ({chosen})")
+        failed = True
+    if worst < SPEARMAN_TARGET:
+        print(f"MISSED: the default's Spearman against HTP is below {SPEARMAN_TARGET} on a model")
+        failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Plans from elsewhere: an AIMET (or any) QDQ model, or an AIMET/QNN encodings file (1.0.0 or the dict form) of
+the study's float model, imported as a plan of a study.
+
+The plan's types (per tensor, per channel) come from the imported quantization; its scales and zero points are
+kept in the study and pinned when the plan's model is generated (ORT's TensorQuantOverrides), so evaluating the
+imported plan evaluates the imported quantization. Tensors the import does not mention are calibrated by the
+study, biases are derived by ORT from the input and weight scales, and ORT adds its own converts where
+consumers of a tensor differ in width.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Mapping
+
+import onnx
+
+from . import encodings as encodings_format
+from . import qdq
+from .errors import MpstudioError
+from .graph import BIAS, WEIGHT, ModelGraph
+from .plan import ACTIVATION_TYPES, WEIGHT_TYPES, PrecisionPlan, TensorOverride
+from .qdq import ACTIVATION, PARAM, Encoding
+from .quantize import _default_per_channel, weight_axis
+
+ORIGIN = "import"
+_SHOWN = 8  # names listed in one message
+
+
+@dataclass(frozen=True)
+class ImportedTensor:
+    """One tensor of an imported quantization, under the float model's name: what the plan pins."""
+
+    name: str
+    kind: str  # qdq.ACTIVATION or qdq.PARAM
+    encoding: Encoding  # per-channel encodings carry the model's axis
+
+
+@dataclass(frozen=True)
+class ImportedPlan:
+    """A plan imported into a study.
+
+    `pinned` are the tensors whose scale and zero point the plan keeps; `skipped` the imported entries it does
+    not pin, as (name, why) pairs (biases: ORT derives them); `calibrated` the quantizable tensors of the model the import
+    does not mention (calibrated by the study wherever ORT quantizes them).
+    """
+
+    plan: PrecisionPlan
+    plan_id: int
+    source: str  # "QDQ model" / "encodings 1.0.0" / "encodings 0.6.1"
+    pinned: tuple[str, ...]
+    skipped: tuple[tuple[str, str], ...]
+    calibrated: tuple[str, ...]
+
+    def describe(self) -> str:
+        lines = [f"imported {self.source} as plan {self.plan_id} ({self.plan.summary()})",
+                 f"  {len(self.pinned)} tensor(s) keep the imported scale and zero point"]
+        if self.skipped:
+            reasons = Counter(why for _, why in self.skipped)
+            for why, count in reasons.items():
+                names = [name for name, reason in self.skipped if reason == why]
+                lines.append(f"  {count} entr{'y' if count == 1 else 'ies'} not pinned ({why}): {_few(names)}")
+        if self.calibrated:
+            lines.append(f"  {len(self.calibrated)} quantizable tensor(s) not in the import, calibrated by the study "
+                         f"where ORT quantizes them: {_few(self.calibrated)}")
+        return "\n".join(lines)
+
+
+def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *, name: str | None = None) -> ImportedPlan:
+    """Import `source` (a QDQ model path or ModelProto, or an encodings file path or parsed JSON) into `study`
+    as a plan, and return it with its id. Every problem (names the float model lacks, types HTP plans cannot
+    take, channel counts) is reported at once before anything is stored."""
+    graph = study.graph
+    kind, tensors, skipped = read_import(source, graph)
+    plan = derive_plan(graph, tensors)
+    plan.validate(graph, study.htp_arch)
+    key = study.quantizer.save_pinned({t.name: t.encoding for t in tensors})
+    stem = Path(source).stem if isinstance(source, (str, os.PathLike)) else "plan"
+    plan = replace(plan, encodings=key, name=name or f"imported {stem}")
+    plan_id = study.add_plan(plan, origin=ORIGIN)
+    mentioned = {t.name for t in tensors} | {name for name, _ in skipped}
+    calibrated = tuple(n for n in graph.activations() + graph.weights()
+                       if n not in mentioned and graph.tensors[n].quantizable)
+    return ImportedPlan(plan, plan_id, kind, tuple(t.name for t in tensors), tuple(skipped), calibrated)
+
+
+def read_import(source, graph: ModelGraph) -> tuple[str, list[ImportedTensor], list[tuple[str, str]]]:
+    """(what the source is, the tensors to pin, the entries not pinned with why) of a QDQ model or an
+    encodings file, checked against the float model's `graph`; MpstudioError lists every problem."""
+    if isinstance(source, onnx.ModelProto) or (isinstance(source, (str, os.PathLike)) and
+                                               Path(source).suffix.lower() == ".onnx"):
+        return ("QDQ model",) + _from_qdq_model(source, graph)
+    parsed = encodings_format.load(source)
+    entries = [(name, e.kind, e.encoding, e.per_channel, e.float_bitwidth) for name, e in parsed.entries.items()]
+    return (f"encodings {parsed.version}",) + _checked(entries, graph, "the encodings")
+
+
+def _from_qdq_model(source, graph: ModelGraph) -> tuple[list[ImportedTensor], list[tuple[str, str]]]:
+    model = qdq.read(source)
+    if not model.quantized:
+        raise MpstudioError("the model quantizes no activation: give a QDQ model (QuantizeLinear/DequantizeLinear "
+                            "pairs), not a float model")
+    names = _float_names(model, graph)
+    entries = []
+    unknown = []
+    for tensor in model.tensors.values():
+        name = names.get(tensor.name)
+        if name is None:
+            unknown.append(tensor.name)
+            continue
+        entries.append((name, tensor.kind, tensor.encoding, tensor.encoding.per_channel, None))
+    if unknown:
+        raise MpstudioError(f"{len(unknown)} quantized tensor(s) of the QDQ model have no counterpart in the study's "
+                            f"float model: {_few(unknown)}. Import a QDQ model made from this float model (the "
+                            "study's model.onnx: the same tensor and node names)")
+    return _checked(entries, graph, "the QDQ model")
+
+
+def _float_names(model: qdq.QdqModel, graph: ModelGraph) -> dict[str, str]:
+    """QDQ tensor name -> the float model's name. ORT keeps the float names; other tools (AIMET writes
+    `W_q`, `T_updated`) are matched through the float op that reads or writes the tensor, by node name."""
+    out: dict[str, str] = {}
+    nodes = model.model.graph.node
+    for tensor in model.tensors.values():
+        if tensor.name in graph.tensors:
+            out[tensor.name] = tensor.name
+            continue
+        found = None
+        if tensor.kind == ACTIVATION:
+            if tensor.post in graph.tensors and tensor.post in model.graph_outputs:
+                found = tensor.post  # a graph output: the last DequantizeLinear writes the float name
+            else:
+                found = _through_node(model.producer.get(tensor.pre), tensor.pre, graph, outputs=True)
+        else:
+            stored = {tensor.name, tensor.name + qdq.QUANTIZED_INITIALIZER_SUFFIX}
+            for dq in (n for n in nodes if n.op_type == "DequantizeLinear" and n.input[0] in stored):
+                for consumer in model.consumers.get(dq.output[0], ()):
+                    found = found or _through_node(consumer, dq.output[0], graph, outputs=False)
+        if found is None:
+            for suffix in (qdq.QUANTIZED_INITIALIZER_SUFFIX, "_q"):
+                if tensor.name.endswith(suffix) and tensor.name.removesuffix(suffix) in graph.tensors:
+                    found = tensor.name.removesuffix(suffix)
+        if found is not None:
+            out[tensor.name] = found
+    return out
+
+
+def _through_node(node, value: str, graph: ModelGraph, outputs: bool) -> str | None:
+    if node is None or node.op_type in ("QuantizeLinear", "DequantizeLinear") or node.name not in graph.nodes:
+        return None
+    mine = list(node.output if outputs else node.input)
+    theirs = graph.nodes[node.name].outputs if outputs else graph.nodes[node.name].inputs
+    index = mine.index(value)
+    return theirs[index] if index < len(theirs) and theirs[index] else None
+
+
+def _checked(entries, graph: ModelGraph, origin: str) -> tuple[list[ImportedTensor], list[tuple[str, str]]]:
+    """Entries `(name, kind, encoding or None, per_channel, float bit width)` checked against `graph`."""
+    problems: list[str] = []
+    unknown = [name for name, *_ in entries if name not in graph.tensors]
+    if unknown:
+        problems.append(f"{len(unknown)} name(s) the float model lacks: {_few(unknown)}"
+                        + _close_hint(unknown[0], graph))
+    tensors: list[ImportedTensor] = []
+    skipped: list[tuple[str, str]] = []
+    for name, kind, encoding, per_channel, float_bits in entries:
+        info = graph.tensors.get(name)
+        if info is None:
+            continue
+        if info.kind == BIAS:
+            skipped.append((name, "a bias: ORT derives its int32 encoding from the input and weight scales"))
+            continue
+        where = f"{name!r}"
+        if not info.quantizable:
+            problems.append(f"{where} is a {info.kind} of type {info.dtype}, which mpstudio does not quantize")
+            continue
+        actual = PARAM if info.kind == WEIGHT else ACTIVATION
+        if kind != actual:
+            problems.append(f"{where} is listed as a{'n' if kind == ACTIVATION else ''} {kind}, but the model has it as "
+                            f"a {info.kind}; it belongs in {encodings_format.SECTIONS[actual]}")
+            continue
+        if encoding is None:
+            problems.append(f"{where} is float{float_bits} in {origin}: mpstudio's plans quantize every tensor ORT "
+                            "quantizes; quantize it or leave it out")
+            continue
+        if actual == ACTIVATION:
+            encoding = _unsigned(encoding)
+            if encoding.dtype not in ACTIVATION_TYPES or per_channel:
+                problems.append(f"{where} is an activation quantized {'per channel ' if per_channel else ''}to "
+                                f"{encoding.dtype}; HTP takes per-tensor {' or '.join(ACTIVATION_TYPES)} activations")
+                continue
+        else:
+            if encoding.dtype not in WEIGHT_TYPES:
+                problems.append(f"{where} is a weight quantized to {encoding.dtype}; plans take "
+                                f"{', '.join(WEIGHT_TYPES)} weights")
+                continue
+            if per_channel:
+                try:
+                    axis = weight_axis(graph, name)
+                except MpstudioError as exc:
+                    problems.append(f"{where} is quantized per channel, but {exc}")
+                    continue
+                if encoding.axis is not None and encoding.axis % max(len(info.shape or ()), 1) != axis:
+                    problems.append(f"{where} is quantized per channel along axis {encoding.axis}; ORT quantizes this "
+                                    f"weight along axis {axis}")
+                    continue
+                channels = info.shape[axis]
+                if len(encoding.scale) != channels:
+                    problems.append(f"{where} has {len(encoding.scale)} per-channel encoding(s); the weight has "
+                                    f"{channels} channels along axis {axis}")
+                    continue
+                encoding = Encoding(encoding.dtype, encoding.scale, encoding.zero_point, axis)
+            elif len(encoding.scale) != 1:
+                problems.append(f"{where} has {len(encoding.scale)} encodings but is not marked per channel")
+                continue
+        tensors.append(ImportedTensor(name, actual, encoding))
+    if not tensors and not problems:
+        problems.append(f"{origin} holds no tensor to import")
+    encodings_format.raise_if(problems, f"{origin} cannot be imported as a plan of this study")
+    return tensors, skipped
+
+
+def _unsigned(encoding: Encoding) -> Encoding:
+    """A signed activation encoding as the unsigned one with the same values (HTP activations are unsigned)."""
+    if not encoding.dtype.startswith("int") or encoding.dtype == "int32":
+        return encoding
+    shift = 2 ** (encoding.bits - 1)
+    return Encoding("u" + encoding.dtype, encoding.scale, tuple(z + shift for z in encoding.zero_point), encoding.axis)
+
+
+def derive_plan(graph: ModelGraph, tensors: list[ImportedTensor]) -> PrecisionPlan:
+    """The PrecisionPlan whose types are the imported ones: the most common activation and weight types (and
+    per-channel Conv weights) as defaults, an override for every tensor that differs."""
+    activations = [t for t in tensors if t.kind == ACTIVATION]
+    weights = [t for t in tensors if t.kind == PARAM]
+    activation_type = _most_common([t.encoding.dtype for t in activations], "uint8")
+    weight_type = _most_common([t.encoding.dtype for t in weights], "uint8")
+    convs = [t for t in weights if _default_per_channel(graph, t.name)]
+    per_channel = sum(t.encoding.per_channel for t in convs) * 2 > len(convs)
+    overrides: dict[str, TensorOverride] = {}
+    for t in activations:
+        if t.encoding.dtype != activation_type:
+            overrides[t.name] = TensorOverride(type=t.encoding.dtype)
+    for t in weights:
+        default_pc = per_channel and _default_per_channel(graph, t.name)
+        kind = t.encoding.dtype if t.encoding.dtype != weight_type else None
+        pc = t.encoding.per_channel if t.encoding.per_channel != default_pc else None
+        if kind is not None or pc is not None:
+            overrides[t.name] = TensorOverride(type=kind, per_channel=pc)
+    return PrecisionPlan(activation_type=activation_type, weight_type=weight_type, per_channel=per_channel,
+                         overrides=overrides)
+
+
+def _most_common(values: list[str], default: str) -> str:
+    if not values:
+        return default
+    counts = Counter(values)
+    return max(counts, key=lambda v: (counts[v], v == default))
+
+
+def _few(names, limit: int = _SHOWN) -> str:
+    names = list(names)
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _close_hint(name: str, graph: ModelGraph) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(graph.tensors), n=3, cutoff=0.6)
+    return f" (for {name!r}, did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+
+
+__all__ = ["ImportedPlan", "ImportedTensor", "import_plan", "read_import", "derive_plan"]
