@@ -305,7 +305,8 @@ class Study:
                 latencies.append(measured)
         self.store.record(plan_id, record, latencies)
         self._count_results()
-        if measure_latency and measured is not None and profiled is not None:
+        # A run with nodes on the CPU times more than the HTP's profile shows: no cost-model fit on it.
+        if measure_latency and measured is not None and profiled is not None and not fallback:
             self._keep_profile(plan_id, measured, profiled)
             self.recalibrate(measured.where, allow_emulator=not measured.is_device_latency)
         stored = self.store.evaluation(plan_id, source)
