@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mpstudio import qdq  # noqa: E402
 from mpstudio.cache import cache_root  # noqa: E402
 from mpstudio.data import DataSource, FeedList  # noqa: E402
+from mpstudio.evaluate import run_outputs  # noqa: E402
 from mpstudio.metrics import ErrorAccumulator, SNR_CAP_DB  # noqa: E402
 from mpstudio.plan import PrecisionPlan  # noqa: E402
 from mpstudio.quantize import Quantizer  # noqa: E402
@@ -198,10 +199,10 @@ def plans_for(quantizer: Quantizer, calibration: DataSource, count: int, seed: i
     return plans
 
 
-def _session(path: Path, numerics: str):
-    if numerics == "htp":
-        return create_session(path, "htp", {"htp_arch": DEFAULT_HTP_ARCH})
-    return create_session(path, numerics=numerics.split("/", 1)[1])
+def _outputs(path: Path, numerics: str, feeds: list[dict]) -> list[dict]:
+    if numerics == "htp":  # spread over the HTP worker processes, as a study's HTP evaluation is
+        return run_outputs(path, FeedList(feeds), "htp", {"htp_arch": DEFAULT_HTP_ARCH})
+    return _run(create_session(path, numerics=numerics.split("/", 1)[1]), feeds)
 
 
 def _run(session, feeds) -> list[dict]:
@@ -230,7 +231,7 @@ def measure(case: Case, plan_count: int, log) -> pd.DataFrame:
         row = {"model": case.name, "plan": plan.name, "sixteen_bit": len(plan.sixteen_bit_activations(case.model.graph))}
         for numerics in NUMERICS:
             started = time.perf_counter()
-            outputs = _run(_session(path, numerics), feeds)
+            outputs = _outputs(path, numerics, feeds)
             row[f"{numerics}:metric"] = case.metric(outputs, references)
             row[f"{numerics}:snr_db"] = _snr(outputs, references)
             row[f"{numerics}:seconds"] = time.perf_counter() - started
@@ -249,17 +250,27 @@ def summarise(frame: pd.DataFrame) -> pd.DataFrame:
             rho_metric = spearmanr(group[f"{numerics}:metric"], group["htp:metric"]).statistic
             rho_snr = spearmanr(group[f"{numerics}:snr_db"], group["htp:snr_db"]).statistic
             error = (group[f"{numerics}:metric"] - group["htp:metric"]).abs().median()
-            rows.append({"model": model, "numerics": numerics, "plans": len(group),
+            rows.append({"model": model, "numerics": numerics, "plans": len(group), "rankable": rankable(group),
                          "spearman_metric": float(np.nan_to_num(rho_metric)),
                          "spearman_snr": float(np.nan_to_num(rho_snr)), "median_abs_metric_error": float(error),
                          "median_snr_gap_db": float((group[f"{numerics}:snr_db"] - group["htp:snr_db"]).abs().median())})
     return pd.DataFrame(rows)
 
 
+def rankable(group: pd.DataFrame) -> bool:
+    """Whether the HTP's task metric separates the plans at all: at least half of them get distinct values.
+    A model whose metric is the same for most plans on HTP (a classifier sure of every sample whatever the
+    plan) has no order for any numerics to predict; it is shown, and left out of the pick and the gate."""
+    return group["htp:metric"].round(6).nunique() >= len(group) / 2
+
+
 def pick(summary: pd.DataFrame) -> str:
-    """The numerics whose worst Spearman (task metric) over the models is highest; then lowest mean error."""
-    by = summary.groupby("numerics").agg(worst=("spearman_metric", "min"), error=("median_abs_metric_error", "mean"))
-    return by.sort_values(["worst", "error"], ascending=[False, True]).index[0]
+    """The numerics whose worst Spearman (task metric) over the rankable models is highest; then lowest mean
+    error; then the sensitivity engine's own (fake-quant), so one numerics serves the ranking and the study."""
+    by = summary[summary["rankable"]].groupby("numerics").agg(worst=("spearman_metric", "min"),
+                                                             error=("median_abs_metric_error", "mean"))
+    by["other"] = by.index != "cpu/fake-quant"
+    return by.sort_values(["worst", "error", "other"], ascending=[False, True, True]).index[0]
 
 
 def main() -> int:
@@ -294,10 +305,13 @@ def main() -> int:
           f"model, {time.perf_counter() - started:.0f} s; per-plan values in {out.name}")
     for model, group in summary.groupby("model", sort=False):
         print(f"\n{model} ({group['plans'].iloc[0]} plans; task metric {metrics[model]})")
-        print(group.drop(columns=["model", "plans"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        print(group.drop(columns=["model", "plans", "rankable"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     chosen = pick(summary)
     default = f"cpu/{DEFAULT_CPU_NUMERICS}"
-    worst = summary[summary["numerics"] == default]["spearman_metric"].min()
+    worst = summary[(summary["numerics"] == default) & summary["rankable"]]["spearman_metric"].min()
+    for model in summary[~summary["rankable"]]["model"].unique():
+        print(f"{model}: its task metric is the same on HTP for most plans (nothing to rank); not in the pick "
+              "or the gate")
     print(f"\nmeasured pick: {chosen}; mpstudio's default: {default} (worst Spearman {worst:.3f}, target >= "
           f"{SPEARMAN_TARGET})")
     failed = False
