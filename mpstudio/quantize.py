@@ -123,6 +123,7 @@ class Quantizer:
             prepared.save(self.float_path)
         self._lock = threading.Lock()
         self._cache: CalibrationCache | None = None
+        self._data_key: str | None = None
         # Imported encodings that plans pin their parameters to (`PrecisionPlan.encodings` names one).
         self.encodings_dir = self.cache_dir / "encodings"
 
@@ -132,7 +133,11 @@ class Quantizer:
 
     # ---- calibration -----------------------------------------------------------------------------------
     def calibration_key(self) -> str:
-        text = f"{self.prepared.sha256}|{self.calibration.fingerprint()}|{self.method}|{toolchain_key()}"
+        """Names the model, the calibration data, the method and the toolchain: the ranges, and every model
+        generated from them, are cached under it (the data's fingerprint, which reads every sample, once)."""
+        if self._data_key is None:
+            self._data_key = self.calibration.fingerprint()
+        text = f"{self.prepared.sha256}|{self._data_key}|{self.method}|{toolchain_key()}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def calibrate(self, progress: Progress | None = None, cancel: threading.Event | None = None) -> CalibrationCache:
@@ -184,7 +189,9 @@ class Quantizer:
 
     # ---- regeneration ------------------------------------------------------------------------------------
     def model_path(self, plan: PrecisionPlan) -> Path:
-        return self.cache_dir / "models" / f"g{GENERATOR_VERSION}-{toolchain_key()}-{plan.hash}.onnx"
+        # Keyed by the calibration too, so one cache folder shared by two models (or two data sets) never
+        # hands one's QDQ model to the other.
+        return self.cache_dir / "models" / f"g{GENERATOR_VERSION}-{self.calibration_key()}-{plan.hash}.onnx"
 
     def generate(self, plan: PrecisionPlan, progress: Progress | None = None, cancel=None) -> Path:
         """The QDQ model file for `plan` (made from the cached ranges, or taken from the model cache)."""

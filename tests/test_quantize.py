@@ -125,8 +125,16 @@ def test_models_are_cached_by_plan_hash(quantizer):
     stamp = first.stat().st_mtime_ns
     again = quantizer.generate(PrecisionPlan.a8w8().promote(["relu1_out", "conv1_out"], name="same content"))
     assert again == first and again.stat().st_mtime_ns == stamp
-    assert first.name == f"g{GENERATOR_VERSION}-{toolchain_key()}-{MIXED.hash}.onnx"
+    assert first.name == f"g{GENERATOR_VERSION}-{quantizer.calibration_key()}-{MIXED.hash}.onnx"
     assert PrecisionPlan.load(first.with_suffix(".plan.json")) == MIXED
+
+
+def test_a_cache_folder_shared_by_two_models_keeps_their_qdq_models_apart(prepared, tmp_path):
+    other = prepare_model(make_conv_model(seed=7))
+    assert other.sha256 != prepared.sha256
+    first = Quantizer(prepared, FeedList(conv_feeds(4)), tmp_path / "shared").generate(PrecisionPlan.a8w8())
+    second = Quantizer(other, FeedList(conv_feeds(4)), tmp_path / "shared").generate(PrecisionPlan.a8w8())
+    assert first != second and first.read_bytes() != second.read_bytes()
 
 
 def test_unknown_tensor_fails_before_any_work(quantizer):
