@@ -469,3 +469,14 @@ def test_bad_metric_on_the_command_line_fails_before_any_work(tmp_path):
         out = _cli("search", model, "--data", tmp_path / "data", "--study", tmp_path / metric.replace(":", "_"),
                    "--metric", metric, "--metric-direction", "higher", "--quiet", pythonpath=[site])
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_isolation_scores_with_a_metric_that_compares_with_the_float_model(tmp_path):
+    from mpstudio.sensitivity import analyze
+
+    with _chain_study(tmp_path) as study:
+        report = analyze(study.quantizer, study.calibration.head(4), isolation_samples=2,
+                         metric=metric_spec("top1").build(study.prepared))
+        assert report.isolation.metric == "top-1 agreement"
+        # Agreement with the float model: all-16-bit agrees more than all-8-bit, and almost fully.
+        assert 0.0 < report.isolation.all_8 < report.isolation.all_16 <= 1.0 and report.isolation.all_16 > 0.9
