@@ -175,12 +175,11 @@ def charset_classes(lines: list[str], classes: int | None, where: str, fix: str)
     """The CTC classes of a character list (blank, the characters, then a space when the model has one more
     class), checked: one character per line, no markup, and as many classes as the model outputs."""
     chars = [line[:-1] if line.endswith("\r") else line for line in lines]
-    if chars and chars[-1] == "" and (classes is None or len(chars) + 1 > classes):
+    if chars and chars[-1] == "":
         chars = chars[:-1]  # a final newline
-    head = "".join(chars[:50]).lstrip().lower()
-    if head.startswith("<") and re.search(r"<(!doctype|html|head|body|meta|script|div|title)\b", head):
-        raise MpstudioError(f"{where} is an HTML page, not a character list; {fix}")
     bad = [(i, c) for i, c in enumerate(chars) if len(c) != 1]
+    if bad and re.search(r"<(!doctype|html|head|body|meta|script|div|title)\b", "\n".join(chars[:200]).lower()):
+        raise MpstudioError(f"{where} is an HTML page, not a character list; {fix}")
     if bad:
         i, c = bad[0]
         raise MpstudioError(f"{where} is not one character per line: {len(bad)} of its {len(chars)} lines are not "

@@ -480,3 +480,8 @@ def test_isolation_scores_with_a_metric_that_compares_with_the_float_model(tmp_p
         assert report.isolation.metric == "top-1 agreement"
         # Agreement with the float model: all-16-bit agrees more than all-8-bit, and almost fully.
         assert 0.0 < report.isolation.all_8 < report.isolation.all_16 <= 1.0 and report.isolation.all_16 > 0.9
+
+
+def test_a_charset_of_single_characters_that_spell_markup_is_still_a_charset():
+    chars = list("<html>abcd")
+    assert ctc_charset(make_ctc_model(12, character="\n".join(chars) + "\n")) == ["<blank>"] + chars + [" "]
