@@ -153,6 +153,13 @@ def _open_study(args, progress):
             study.close()
             raise MpstudioError(f"{folder} is a study scored by {study.metric_spec.describe()}; a study keeps one "
                                 "metric: drop --metric to continue it, or give a new --study folder")
+        for option, what, count, source in (
+                ("--calibration-samples", "calibration", args.calibration_samples, study.calibration),
+                ("--eval-samples", "evaluation", args.eval_samples, study.evaluation_data)):
+            if count is not None and count != len(source):
+                study.close()
+                raise MpstudioError(f"{folder} was created with {len(source)} {what} samples; {option} applies when "
+                                    "a study is created: drop it, or give a new --study folder")
         return study
     if not args.model or not args.data:
         raise MpstudioError("give MODEL and --data to start a study (or --study DIR of an existing one, or --demo)")

@@ -455,6 +455,8 @@ def test_search_with_a_metric_module_then_show_and_search_the_study_from_new_pro
 
     other = _cli("search", "--study", folder, "--metric", "top1", "--quiet", pythonpath=[site])
     assert other.returncode == 2 and "a study keeps one metric" in other.stderr
+    resized = _cli("search", "--study", folder, "--eval-samples", "3", "--quiet", pythonpath=[site])
+    assert resized.returncode == 2 and "created with 6 evaluation samples" in resized.stderr
     unknown = _cli("search", "--study", folder, "--target", "nonesuch+2%", "--quiet", pythonpath=[site])
     assert unknown.returncode == 2 and "names 'nonesuch'" in unknown.stderr and "a16w8-pc" in unknown.stderr
 
