@@ -423,8 +423,8 @@ def test_search_with_a_metric_module_then_show_and_search_the_study_from_new_pro
     FeedList(chain_feeds(6)).save_npz(tmp_path / "data")
     folder = tmp_path / "s"
     first = _cli("search", model, "--data", tmp_path / "data", "--study", folder, "--metric", "pkg.mod:sign_agreement",
-                 "--target", "float-2%", "--weights", "per-tensor", "--max-evaluations", "8", "--quiet",
-                 pythonpath=[site])
+                 "--target", "float-2%", "--weights", "per-tensor", "--max-evaluations", "8", "--calibration-samples",
+                 "4", "--quiet", pythonpath=[site])
     assert first.returncode in (0, 1), first.stderr
     assert "target: sign agreement >= 0.9800 (float-2%)" in first.stdout
     assert "float model (ORT CPU): sign agreement 1.0000" in first.stdout
@@ -436,6 +436,7 @@ def test_search_with_a_metric_module_then_show_and_search_the_study_from_new_pro
 
     with Study.open(folder) as study:
         before = len(study.evaluations())
+        assert len(study.calibration) == 4 and len(study.evaluation_data) == 6
     again = _cli("search", "--study", folder, "--target", "float", "--weights", "per-tensor", "--max-evaluations", "8",
                  "--quiet", pythonpath=[site])
     assert again.returncode in (0, 1), again.stderr
