@@ -22,7 +22,7 @@ from mpstudio.metrics import (
 )
 from mpstudio.plan import PrecisionPlan
 from mpstudio.search import (
-    LITTLE_MORE, LineProgress, Target, better_for_little_more, closest_plan, meets, search,
+    LITTLE_MORE, LineProgress, Target, better_for_little_more, closest_plan, search,
 )
 from mpstudio.sources import Latency
 from mpstudio.store import Evaluation
