@@ -8,7 +8,7 @@ left pending.
 Layout::
 
     study.json  study.sqlite  model.onnx  data/calibration/  data/evaluation/
-    cache/ (calibration, generated models)  reference/ (float outputs)  sensitivity/  exports/
+    cache/ (calibration, generated models)  reference/ (float outputs, the float model's metric)  sensitivity/  exports/
 """
 
 from __future__ import annotations
