@@ -89,9 +89,10 @@ class Evaluator:
     def __init__(self, study: Study):
         self.study = study
         outputs = [o.name for o in onnx.load(study.quantizer.float_path, load_external_data=False).graph.output]
-        references = [] if study.metric is not None else float_references(
+        metric = study.task_metric()  # a metric stored by reference is imported here
+        references = [] if metric is not None and not metric.needs_reference else float_references(
             study.quantizer.float_path, study.evaluation_data, outputs)
-        self.scorer = OutputScorer(references, outputs, study.metric)
+        self.scorer = OutputScorer(references, outputs, metric)
         self._cache: dict[str, float] = {}
 
     @property

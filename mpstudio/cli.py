@@ -141,11 +141,26 @@ def _open_study(args, progress):
     """The study of `--study` (reopened when it exists), else a new one from MODEL and --data, or the demo."""
     from .study import STUDY_FILE, Study
 
+    spec = _metric_arg(args)
     if args.demo:
+        if spec is not None:
+            raise MpstudioError("the demo is scored by its CER; --metric is for a study of your own model")
         return Study.demo(args.study, progress=progress)
     folder = Path(args.study) if args.study else None
     if folder is not None and (folder / STUDY_FILE).exists():
-        return Study.open(folder)
+        study = Study.open(folder)
+        if spec is not None and spec.to_json() != study.metric_spec.to_json():
+            study.close()
+            raise MpstudioError(f"{folder} is a study scored by {study.metric_spec.describe()}; a study keeps one "
+                                "metric: drop --metric to continue it, or give a new --study folder")
+        for option, what, count, source in (
+                ("--calibration-samples", "calibration", args.calibration_samples, study.calibration),
+                ("--eval-samples", "evaluation", args.eval_samples, study.evaluation_data)):
+            if count is not None and count != len(source):
+                study.close()
+                raise MpstudioError(f"{folder} was created with {len(source)} {what} samples; {option} applies when "
+                                    "a study is created: drop it, or give a new --study folder")
+        return study
     if not args.model or not args.data:
         raise MpstudioError("give MODEL and --data to start a study (or --study DIR of an existing one, or --demo)")
     from .data import NpzFolder
@@ -156,8 +171,32 @@ def _open_study(args, progress):
     calibration = NpzFolder(args.data, names)
     evaluation = NpzFolder(args.eval_data, names) if args.eval_data else calibration
     folder = folder or Path(f"{Path(args.model).stem}.study")
-    return Study.create(folder, prepared, calibration, evaluation, htp_arch=args.htp_arch, progress=progress,
-                        allow_fallback=getattr(args, "allow_fallback", False))
+    if (folder / STUDY_FILE).exists():
+        return Study.open(folder)
+    study = Study.create(folder, prepared, calibration, evaluation, spec, htp_arch=args.htp_arch,
+                         calibration_samples=args.calibration_samples, evaluation_samples=args.eval_samples,
+                         progress=progress, allow_fallback=getattr(args, "allow_fallback", False))
+    if spec is not None:
+        try:  # the float model's own value: "float" targets are relative to it, and a broken metric fails now
+            study.float_value(progress)
+        except BaseException:
+            study.close()
+            raise
+    return study
+
+
+def _metric_arg(args):
+    """The MetricSpec of `--metric` and its options (None without --metric)."""
+    from .metrics import metric_spec
+
+    if not args.metric:
+        for option, value in (("--metric-args", args.metric_args), ("--metric-direction", args.metric_direction),
+                              ("--charset", args.charset), ("--labels", args.labels)):
+            if value is not None:
+                raise MpstudioError(f"{option} goes with --metric")
+        return None
+    return metric_spec(args.metric, args=args.metric_args, direction=args.metric_direction, charset=args.charset,
+                       labels=args.labels)
 
 
 def _search(args) -> int:
@@ -171,7 +210,8 @@ def _search(args) -> int:
         print(f"study: {study.folder}")
         result = search(study, args.target, latency_budget_ms=args.latency_budget,
                         max_evaluations=args.max_evaluations, backend=args.backend, runner=runner,
-                        weights=args.weights, progress=progress)
+                        weights=args.weights, sensitivity_samples=args.sensitivity_samples,
+                        isolation_samples=args.isolation_samples, progress=progress, quiet=args.quiet)
         print(result.describe())
         if args.confirm and args.backend != "htp":
             # The search ran on ORT's CPU QDQ reference for speed; HTP numerics confirm the choice.
@@ -378,7 +418,31 @@ def _add_search_parser(sub) -> None:
     s.add_argument("--study", help="study folder (created when new, continued when it exists; default MODEL.study)")
     s.add_argument("--demo", action="store_true", help="search the built-in demo (PP-OCRv4 recognizer, CER)")
     s.add_argument("--target", default="a16w8+10%",
-                   help="metric value to reach, or a baseline within a margin like 'a16w8+10%%' (default)")
+                   help="what to reach: a metric value (0.14); 'float' (the float model's value; needs --metric); a "
+                        "baseline (a8w8, a16w8, a8w8-pc, a16w8-pc: per-channel int8 weights) or any stored plan's "
+                        "name; each with a margin toward worse, whichever the sign: 'float-1%%', 'a16w8-pc+5%%', "
+                        "'PLAN+2%%' (default a16w8+10%%)")
+    s.add_argument("--metric", metavar="NAME|MODULE:FUNCTION",
+                   help="the study's task metric (when the study is created): a built-in (top1: top-1 agreement "
+                        "with the float model; cosine or snr of the outputs; cer with --charset [--labels]; "
+                        "recall@K over paired samples) or module:function, a function fn(outputs, reference, "
+                        "**args) -> float importable from PYTHONPATH (see mpstudio.metrics). Stored by reference: "
+                        "later commands evaluate it again (default: output SNR against the float model)")
+    s.add_argument("--metric-args", metavar="JSON", help="keyword arguments of the metric function, a JSON object")
+    s.add_argument("--metric-direction", choices=["higher", "lower"],
+                   help="whether a higher value of a module:function metric is better (when the function has no "
+                        "higher_is_better attribute)")
+    s.add_argument("--charset", metavar="FILE", help="for --metric cer: the CTC character list, one per line")
+    s.add_argument("--labels", metavar="FILE",
+                   help="for --metric cer: one reference text per evaluation sample (default: the float model's text)")
+    s.add_argument("--calibration-samples", type=int, metavar="N",
+                   help="when creating the study: calibrate on the first N samples of --data")
+    s.add_argument("--eval-samples", type=int, metavar="N",
+                   help="when creating the study: evaluate on the first N evaluation samples")
+    s.add_argument("--sensitivity-samples", type=int, default=32, metavar="N",
+                   help="calibration samples of the sensitivity analysis (default 32)")
+    s.add_argument("--isolation-samples", type=int, default=8, metavar="N",
+                   help="samples per isolation evaluation of the sensitivity analysis (default 8)")
     s.add_argument("--max-evaluations", type=int, default=24, help="evaluation budget, baselines included")
     s.add_argument("--latency-budget", type=float, metavar="MS", help="largest estimated latency allowed (ms)")
     s.add_argument("--backend", default="cpu", choices=["cpu", "htp"], help="where accuracy is measured")

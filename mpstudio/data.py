@@ -308,12 +308,20 @@ class Cancelled(MpstudioError):
 class TaskMetric:
     """A task metric over a whole evaluation set: `fn(outputs) -> float`, outputs in sample order.
 
-    Each item of `outputs` is a dict of output name -> array for one sample; the labels live in `fn`.
+    Each item of `outputs` is a dict of output name -> array for one sample; the labels live in `fn`. With
+    `needs_reference`, `fn(outputs, reference)` also gets the float model's outputs on the same samples (a
+    study passes them; see `mpstudio.metrics` for metrics stored by reference).
     """
 
     name: str
-    fn: Callable[[list[Feed]], float]
+    fn: Callable[..., float]
     higher_is_better: bool = False
+    needs_reference: bool = False
 
-    def __call__(self, outputs: list[Feed]) -> float:
-        return float(self.fn(outputs))
+    def __call__(self, outputs: list[Feed], reference: list[Feed] | None = None) -> float:
+        if not self.needs_reference:
+            return float(self.fn(outputs))
+        if reference is None:
+            raise MpstudioError(f"the metric {self.name!r} compares with the float model's outputs; evaluate it "
+                                "in a study (Study.evaluate), which passes them")
+        return float(self.fn(outputs, reference))

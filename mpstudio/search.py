@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -27,48 +29,115 @@ import pandas as pd
 from .data import Cancelled, Progress
 from .errors import MpstudioError
 from .plan import PrecisionPlan
-from .study import Evaluation, Study
+from .study import Evaluation, Study, pareto_mask
 
 # Per-channel weights are tried first when they are this much better (median over weights, dB).
 PER_CHANNEL_GAIN_DB = 6.0
-_TARGET = re.compile(r"^\s*(?P<base>a8w8|a16w8)\s*(?:(?P<sign>[+-])\s*(?P<pct>\d+(?:\.\d+)?)\s*%)?\s*$")
+# A reference name followed by a margin: "a16w8+10%", "float-1%", "a8w8+3x16 + 2 %".
+_MARGIN = re.compile(r"^(?P<base>.*?\S)\s*[+-]\s*(?P<pct>\d+(?:\.\d+)?)\s*%\s*$")
+# "Much better for little more" (see `better_for_little_more`): at most this much more estimated latency than
+# the recommended plan (relative), for at most this fraction of its distance from the float model's value.
+LITTLE_MORE = 0.10
+MUCH_BETTER = 0.5
 _generate_lock = threading.Lock()  # ORT's quantizer is patched process-wide while it runs: one at a time
+
+
+def named_baselines() -> dict[str, PrecisionPlan]:
+    """Plans a target may name whether or not the study holds them yet (the search evaluates them)."""
+    return {"a8w8": PrecisionPlan.a8w8(), "a16w8": PrecisionPlan.a16w8(),
+            "a8w8-pc": PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc"),
+            "a16w8-pc": PrecisionPlan(activation_type="uint16", weight_type="int8", per_channel=True,
+                                      name="a16w8-pc")}
 
 
 @dataclass(frozen=True)
 class Target:
-    """What the search must reach: an absolute metric value, or a baseline's value within a relative margin.
+    """What the search must reach: an absolute metric value, or a reference's value within a relative margin.
 
-    `Target.parse("0.14")`, `Target.parse("a16w8")`, `Target.parse("a16w8+10%")` (10% worse than a16w8
-    at most, whichever direction is worse for the metric).
+    Forms: a number (`0.14`); a reference (`a16w8`, `float`); a reference and a margin (`a16w8+10%`,
+    `float-1%`). References: `float` (the float model's own value of the metric, on ONNX Runtime's CPU: see
+    `Study.float_value`), the baselines `a8w8`, `a16w8`, `a8w8-pc`, `a16w8-pc` (per-channel int8 weights;
+    evaluated when the study lacks them), or the name of any plan stored in the study. A margin is a
+    tolerance toward worse, whatever its sign and the metric's direction: `a16w8+10%` and `a16w8-10%` both
+    mean "at most 10% (of the reference's magnitude) worse than a16w8", so `float-1%` on an accuracy and
+    `a16w8-pc+5%` on an error rate read naturally. A target stricter than a reference is given as a number.
     """
 
     text: str
     value: float | None = None
-    baseline: str | None = None
+    baseline: str | None = None  # the reference's name: "float", a baseline or a stored plan
     margin: float = 0.0  # relative, 0.1 = 10%
 
     @classmethod
     def parse(cls, text: str | float) -> "Target":
-        if isinstance(text, (int, float)):
-            return cls(str(text), float(text))
-        match = _TARGET.match(str(text))
-        if match:
-            pct = float(match["pct"] or 0.0) / 100
-            if match["sign"] == "-":
-                pct = -pct
-            return cls(str(text), None, match["base"], pct)
+        if isinstance(text, (int, float)) and not isinstance(text, bool):
+            return cls(str(text), _finite(float(text), text))
+        raw = str(text).strip()
+        if not raw:
+            raise MpstudioError("the target is empty: give a number, or a reference like 'float-1%' or 'a16w8+10%'")
         try:
-            return cls(str(text), float(text))
+            number = float(raw)
         except ValueError:
-            raise MpstudioError(f"target {text!r} is neither a number nor a baseline like 'a16w8' or 'a16w8+10%'")
+            number = None
+        if number is not None:
+            return cls(raw, _finite(number, raw))
+        match = _MARGIN.match(raw)
+        if match:
+            return cls(raw, None, match["base"].strip(), float(match["pct"]) / 100)
+        return cls(raw, None, raw, 0.0)
 
-    def threshold(self, baselines: dict[str, Evaluation], higher_is_better: bool) -> float:
+    def threshold(self, references: dict, higher_is_better: bool) -> float:
+        """The metric value to reach, given the references' values (Evaluations or numbers, by name)."""
         if self.value is not None:
             return self.value
-        base = baselines[self.baseline].value
+        if self.baseline not in references:
+            raise MpstudioError(f"target {self.text!r}: no value for {self.baseline!r}; known: "
+                                f"{', '.join(sorted(references))}")
+        base = references[self.baseline]
+        base = float(getattr(base, "value", base))
         worse = -1.0 if higher_is_better else 1.0
         return base + worse * self.margin * abs(base)
+
+    def check(self, study: Study) -> None:
+        """Raise unless the study can resolve this target's reference (the error lists what it can)."""
+        if self.baseline is None:
+            return
+        if self.baseline == "float":
+            if study.metric_spec.kind == "output":
+                raise MpstudioError(
+                    f"target {self.text!r}: the study's metric is {study.metric_name} against the float model, so the "
+                    "float model is the reference itself (exact, no finite value); give a number (e.g. 30 for 30 dB) "
+                    "or a plan's name with a margin ('a16w8+10%'), or create the study with a task metric (--metric)")
+            return
+        if self.baseline in named_baselines():
+            return
+        names = study.plans()["name"]
+        if (names == self.baseline).any():
+            return
+        available = ["float"] * (study.metric_spec.kind != "output") + list(named_baselines())
+        stored = [n for n in dict.fromkeys(names) if n not in available]
+        raise MpstudioError(
+            f"target {self.text!r} names {self.baseline!r}, which is neither a number nor a known plan; give a number "
+            f"or one of: {', '.join(available + stored[:30])}{' ...' if len(stored) > 30 else ''} (with a margin like "
+            "'+2%' if you like)")
+
+
+def _finite(value: float, text) -> float:
+    if not math.isfinite(value):
+        raise MpstudioError(f"target {text!r} is not a finite number")
+    return value
+
+
+def target_plan(study: Study, name: str) -> PrecisionPlan:
+    """The plan a target's reference names: a stored plan of that name, else a named baseline."""
+    plans = study.plans()
+    matching = plans[plans["name"] == name]
+    if len(matching) > 1:
+        raise MpstudioError(f"several plans are named {name!r} (ids {', '.join(map(str, matching['plan_id']))}); "
+                            "give the target as a number, or name a plan that is unique")
+    if len(matching) == 1:
+        return study.plan(int(matching["plan_id"].iloc[0]))
+    return named_baselines()[name]
 
 
 def meets(value: float, threshold: float, higher_is_better: bool) -> bool:
@@ -77,7 +146,13 @@ def meets(value: float, threshold: float, higher_is_better: bool) -> bool:
 
 @dataclass(frozen=True)
 class SearchResult:
-    """What a search found. `path` is every evaluation it used, in order (baselines first)."""
+    """What a search found. `path` is every evaluation it used, in order (baselines first).
+
+    When the target is missed, `recommended` is the closest plan (`closest_plan`: no evaluated plan is more
+    accurate). `alternatives` are plans of the search's front that are much better for little more latency
+    than the recommended one (`better_for_little_more`). `float_value` is the float model's own value of the
+    metric (None for output SNR).
+    """
 
     search_id: int
     target: str
@@ -92,6 +167,8 @@ class SearchResult:
     new_evaluations: int
     order: tuple = ()  # the promotion order the walk used
     promoted: int = 0  # how many tensors of the order the recommended plan promotes
+    float_value: float | None = None
+    alternatives: tuple = ()  # of Evaluation, by estimated latency
 
     @property
     def evaluations(self) -> int:
@@ -103,16 +180,27 @@ class SearchResult:
         sign = 1.0 if self.higher_is_better else -1.0
         return sign * (self.recommended.value - self.threshold)
 
+    @property
+    def misses_by(self) -> float | None:
+        """How much worse than the threshold the recommended plan is (None when it reaches it)."""
+        return None if self.gap >= 0 else -self.gap
+
     def latency_ratio(self, baseline: str = "a16w8", source: str = "estimate") -> float | None:
         mine, theirs = self.recommended.latency(source), self.baselines[baseline].latency(source)
         return mine.ms / theirs.ms if mine and theirs and theirs.ms > 0 else None
 
     def to_json(self) -> dict:
+        base_ms = _estimate_ms(self.recommended)
         return {"search_id": self.search_id, "target": self.target, "threshold": self.threshold,
                 "metric": self.metric, "reached": self.reached, "stop_reason": self.stop_reason,
-                "recommended_plan_id": self.recommended.plan_id, "recommended_value": self.recommended.value,
+                "recommended_plan_id": self.recommended.plan_id, "recommended_name": self.recommended.name,
+                "recommended_value": self.recommended.value, "misses_by": self.misses_by,
+                "float_value": self.float_value,
                 "promoted": self.promoted, "evaluations": self.evaluations, "new_evaluations": self.new_evaluations,
-                "path": [e.plan_id for e in self.path]}
+                "path": [e.plan_id for e in self.path],
+                "alternatives": [{"plan_id": e.plan_id, "name": e.name, "value": e.value,
+                                  "estimate_ms": _estimate_ms(e), "more_ms": _estimate_ms(e) - base_ms}
+                                 for e in self.alternatives]}
 
     def describe(self) -> str:
         r = self.recommended
@@ -122,16 +210,108 @@ class SearchResult:
             "baselines: " + "; ".join(f"{k} {v.value:.4f}" + (f" at {v.latency('estimate').ms:.3f} ms estimated"
                                                              if v.latency("estimate") else "")
                                       for k, v in self.baselines.items()),
-            f"{'reached' if self.reached else 'NOT reached'} ({self.stop_reason}) with {self.evaluations} evaluations "
-            f"({self.new_evaluations} new)",
-            f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} "
-            f"({'+' if self.gap >= 0 else ''}{self.gap:.4f} against the threshold)"
-            + (f", {est}" if est else ""),
         ]
+        if self.float_value is not None:
+            lines.append(f"float model (ORT CPU): {self.metric} {self.float_value:.4f}")
+        lines.append(f"{'reached' if self.reached else 'NOT reached'} ({self.stop_reason}) with {self.evaluations} "
+                     f"evaluations ({self.new_evaluations} new)")
+        if self.reached:
+            lines.append(f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} "
+                         f"({'+' if self.gap >= 0 else ''}{self.gap:.4f} against the threshold)"
+                         + (f", {est}" if est else ""))
+        else:
+            relative = f", {self.misses_by / abs(self.threshold):.1%} of it" if self.threshold else ""
+            lines.append(f"recommended (the closest): plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f}, misses "
+                         f"the threshold by {self.misses_by:.4f}{relative}" + (f"; {est}" if est else ""))
         ratio = self.latency_ratio()
         if ratio is not None:
             lines.append(f"estimated latency {ratio:.2f}x of a16w8's")
+        if self.alternatives:
+            lines.append(f"much better for little more (at most {LITTLE_MORE:.0%} more estimated latency, "
+                         + ("at least 3 dB more" if self.float_value is None else
+                            f"at most {MUCH_BETTER:.0%} of the distance from the float model's value") + "):")
+            base_ms = _estimate_ms(r)
+            for e in self.alternatives:
+                more = _estimate_ms(e) - base_ms
+                lines.append(f"  plan {e.plan_id} {e.name}: {self.metric} {e.value:.4f} for +{more:.3f} ms "
+                             f"(+{more / base_ms:.1%}) estimated")
         return "\n".join(lines)
+
+
+def _estimate_ms(evaluation: Evaluation) -> float:
+    latency = evaluation.latency("estimate")
+    return latency.ms if latency is not None else math.inf
+
+
+def closest_plan(evaluations, higher_is_better: bool, sixteen_bit: dict | None = None,
+                 latency_budget_ms: float | None = None) -> Evaluation:
+    """The plan to recommend when none reaches the target: the most accurate of `evaluations` (of those within
+    the latency budget, when any is); equal values go to fewer 16-bit activation tensors (`sixteen_bit`:
+    plan_id -> count), then lower estimated latency, then the earlier evaluation. No evaluated plan is more
+    accurate, so none (a baseline such as all-16-bit included) dominates it."""
+    pool = list(evaluations)
+    if not pool:
+        raise MpstudioError("no evaluated plan to recommend")
+    if latency_budget_ms is not None:
+        pool = [e for e in pool if _estimate_ms(e) <= latency_budget_ms] or pool
+    sign = 1.0 if higher_is_better else -1.0
+    best = max(sign * e.value for e in pool)
+    tied = [e for e in pool if math.isclose(sign * e.value, best, rel_tol=1e-9, abs_tol=1e-12)]
+    counts = sixteen_bit or {}
+    return min(tied, key=lambda e: (counts.get(e.plan_id, math.inf), _estimate_ms(e)))
+
+
+def better_for_little_more(recommended: Evaluation, evaluations, higher_is_better: bool,
+                           float_value: float | None, *, snr_metric: bool = False,
+                           latency_budget_ms: float | None = None) -> list[Evaluation]:
+    """Plans on the front of `evaluations` (metric against estimated latency) that are much better than
+    `recommended` for little more: an estimated latency no lower than its and at most `LITTLE_MORE` (10 %)
+    above it (and within the budget), and a metric value at most `MUCH_BETTER` (half) as far from the float
+    model's value as its (a value better than float counts as no distance). For output SNR, which has no
+    float value, much better is at least 3 dB more (half the noise power). By estimated latency."""
+    base_ms = _estimate_ms(recommended)
+    if not math.isfinite(base_ms):
+        return []
+    unique = list({e.plan_id: e for e in evaluations}.values())
+    on_front = pareto_mask([e.value for e in unique], [_estimate_ms(e) for e in unique], higher_is_better)
+
+    def distance(value: float) -> float:
+        return max(0.0, (float_value - value) if higher_is_better else (value - float_value))
+
+    out = []
+    for e, front in zip(unique, on_front):
+        ms = _estimate_ms(e)
+        if not front or e.plan_id == recommended.plan_id or not base_ms <= ms <= base_ms * (1 + LITTLE_MORE):
+            continue
+        if latency_budget_ms is not None and ms > latency_budget_ms:
+            continue
+        if snr_metric:
+            much = e.value - recommended.value >= 10 * math.log10(1 / MUCH_BETTER)
+        elif float_value is not None:
+            gap = distance(recommended.value)
+            much = gap > 0 and distance(e.value) <= MUCH_BETTER * gap and e.value != recommended.value
+        else:
+            much = False
+        if much:
+            out.append(e)
+    return sorted(out, key=_estimate_ms)
+
+
+class LineProgress:
+    """A `progress(done, total, message)` callback that writes plain lines to stderr: one when a step starts,
+    then at most one every `interval` seconds while it runs. What `search()` reports when given no callback."""
+
+    def __init__(self, stream=None, interval: float = 10.0):
+        self.stream, self.interval = stream, interval
+        self._message, self._last = None, 0.0
+
+    def __call__(self, done: int, total: int, message: str) -> None:
+        now = time.monotonic()
+        if message == self._message and now - self._last < self.interval:
+            return
+        self._message, self._last = message, now
+        stream = self.stream or sys.stderr
+        print(f"mpstudio: {message} ({done}/{total})", file=stream, flush=True)
 
 
 def search(
@@ -144,23 +324,41 @@ def search(
     runner=None,
     weights: str = "auto",
     sensitivity_samples: int = 32,
+    isolation_samples: int = 8,
     progress: Progress | None = None,
+    quiet: bool = False,
     cancel: threading.Event | None = None,
 ) -> SearchResult:
     """Search the study's plans for the cheapest one that reaches `target` (see the module docstring).
 
+    `target`: see `Target` (a number, `float-1%`, `a16w8+10%`, `a16w8-pc+5%`, `<plan name>+2%`).
     `runner` is None (this process), an AgentClient or an AgentPool (one plan per agent per round).
     `weights` is "auto" (try per-channel int8 weights first when they help), "per-tensor" or "per-channel".
+    `sensitivity_samples` calibration samples are scored per tensor and `isolation_samples` of them run per
+    isolation evaluation (`Study.sensitivity`); the calibration and evaluation samples are the study's own
+    (`Study.create(calibration_samples=..., evaluation_samples=...)`), as every plan of a study is scored on
+    the same data. Progress goes to `progress(done, total, message)`, else to stderr as plain lines unless
+    `quiet`. When the target is missed, the closest plan is recommended (`closest_plan`); plans much better
+    for little more latency are listed either way (`better_for_little_more`).
     """
     if weights not in ("auto", "per-tensor", "per-channel"):
         raise MpstudioError(f"weights must be auto, per-tensor or per-channel, not {weights!r}")
     if max_evaluations < 3:
         raise MpstudioError("max_evaluations must be at least 3 (two baselines and one candidate)")
+    for what, count in (("sensitivity_samples", sensitivity_samples), ("isolation_samples", isolation_samples)):
+        if int(count) < 1:
+            raise MpstudioError(f"{what} must be at least 1, not {count}")
     goal = Target.parse(target)
+    goal.check(study)
+    if progress is None and not quiet:
+        progress = LineProgress()
     spec = {"target": goal.text, "latency_budget_ms": latency_budget_ms, "max_evaluations": max_evaluations,
             "backend": backend, "weights": weights, "sensitivity_samples": sensitivity_samples}
+    if isolation_samples != 8:  # keys added later only when set, so older records of the same search still match
+        spec["isolation_samples"] = isolation_samples
     search_id = study.start_search(spec)
     walk = _Walk(study, search_id, backend, runner, max_evaluations, progress, cancel)
+    walk.isolation_samples, walk.latency_budget_ms = isolation_samples, latency_budget_ms
     try:
         result = walk.run(goal, latency_budget_ms, weights, sensitivity_samples)
     except Cancelled:
@@ -243,8 +441,9 @@ class _Walk:
     def run(self, goal: Target, latency_budget_ms, weights, sensitivity_samples) -> SearchResult:
         a8, a16 = self.evaluate([PrecisionPlan.a8w8(), PrecisionPlan.a16w8()])
         self.baselines = {"a8w8": a8, "a16w8": a16}
-        self.goal, self.threshold = goal, goal.threshold(self.baselines, self.hib)
-        report = self.study.sensitivity(samples=sensitivity_samples, progress=self.progress, cancel=self.cancel)
+        self.goal, self.threshold = goal, goal.threshold(self._target_references(goal), self.hib)
+        report = self.study.sensitivity(samples=sensitivity_samples, isolation_samples=self.isolation_samples,
+                                        progress=self.progress, cancel=self.cancel)
         base_plan, base = self._base(report, weights)
         if self._meets(base):
             return self._result(base, 0, "the base plan already reaches the target")
@@ -329,9 +528,52 @@ class _Walk:
         return self._result(known[best_k], best_k, reason, order)
 
     def _result(self, best: Evaluation, k: int, reason: str, order=()) -> SearchResult:
+        if not self._meets(best):
+            # Missed: the closest evaluated plan, never one another evaluated plan (e.g. a16w8) beats.
+            closest = closest_plan(self.path, self.hib, self._sixteen_bit(), self.latency_budget_ms)
+            if closest.plan_id != best.plan_id:
+                best, k = closest, self._promoted(closest, order)
+        float_value = self._float_value()
+        alternatives = better_for_little_more(best, self.path, self.hib, float_value,
+                                              snr_metric=self.study.metric_spec.kind == "output",
+                                              latency_budget_ms=self.latency_budget_ms)
         return SearchResult(self.search_id, self.goal.text, self.threshold, self.study.metric_name, self.hib,
                             self._meets(best), reason, best, self.baselines, tuple(self.path), self.new,
-                            tuple(order), k)
+                            tuple(order), k, float_value, tuple(alternatives))
+
+    # ---- targets and recommendations (beside the walk) ----
+    isolation_samples = 8
+    latency_budget_ms: float | None = None
+    _float = None
+
+    def _float_value(self) -> float | None:
+        if self._float is None and self.study.metric_spec.kind != "output":
+            self._float = self.study.float_value(self.progress, self.cancel)
+        return self._float
+
+    def _target_references(self, goal: Target) -> dict:
+        """The values a target may be relative to: the baselines, and the one the target names."""
+        references = dict(self.baselines)
+        name = goal.baseline
+        if name is None or name in references:
+            return references
+        if name == "float":
+            references["float"] = self._float_value()
+        else:
+            (references[name],) = self.evaluate([target_plan(self.study, name)])
+        return references
+
+    def _sixteen_bit(self) -> dict:
+        plans = self.study.plans()
+        return dict(zip(plans["plan_id"].astype(int), plans["sixteen_bit"].astype(int)))
+
+    def _promoted(self, evaluation: Evaluation, order) -> int:
+        """How many tensors of the promotion order an evaluated plan promotes."""
+        plan = self.study.plan(evaluation.plan_id)
+        if plan.activation_type == "uint16":
+            return len(order)
+        ordered = set(order)
+        return sum(1 for tensor in plan.overrides if tensor in ordered)
 
     def _meets(self, evaluation: Evaluation) -> bool:
         return meets(evaluation.value, self.threshold, self.hib)
@@ -435,4 +677,5 @@ def path_frame(result: SearchResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-__all__ = ["search", "resume", "resume_searches", "Target", "SearchResult", "meets", "path_frame"]
+__all__ = ["search", "resume", "resume_searches", "Target", "SearchResult", "meets", "path_frame", "closest_plan",
+           "better_for_little_more", "named_baselines", "target_plan", "LineProgress", "LITTLE_MORE", "MUCH_BETTER"]

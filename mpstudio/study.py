@@ -8,7 +8,7 @@ left pending.
 Layout::
 
     study.json  study.sqlite  model.onnx  data/calibration/  data/evaluation/  imported/ (encodings of imported plans)
-    cache/ (calibration, generated models)  reference/ (float outputs)  sensitivity/  exports/
+    cache/ (calibration, generated models)  reference/ (float outputs, the float model's metric)  sensitivity/  exports/
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ STUDY_FILE = "study.json"
 RESULTS_FILE = "results.count"
 PROFILES_DIR = "profiles"  # per-op profiles of device runs, one folder per device
 CALIBRATION_FILE = "calibration.json"  # the cost model's scales refitted on a device
+FLOAT_METRIC_FILE = "metric.json"  # in reference/: the float model's own task metric
 _CONFIG_KEYS = {"format": int, "inputs": list, "metric": dict}
 
 
@@ -101,13 +102,18 @@ class Study:
     def create(cls, folder: str | Path, model, calibration: DataSource, evaluation: DataSource | None = None,
                metric: TaskMetric | MetricSpec | None = None, *, input_shapes: dict | None = None,
                htp_arch: str = "75", calibration_method: str = "minmax", name: str | None = None,
+               calibration_samples: int | None = None, evaluation_samples: int | None = None,
                progress: Progress | None = None, allow_fallback: bool = False) -> "Study":
         """A new study in `folder` (which must not hold one already): prepares the model and copies the data in.
 
         `model` is a path or a PreparedModel; `evaluation` defaults to `calibration`. `metric` is a
         TaskMetric (kept for this process; reopen with `Study.open(folder, metric=...)`), a MetricSpec, or
-        None for output SNR and cosine against the float model. Two processes creating the same study make
-        one: the second waits and opens it.
+        None for output SNR and cosine against the float model (`mpstudio.metrics.metric_spec` names one by
+        `module:function` or a built-in name, stored so that any process can evaluate it). Two processes
+        creating the same study make one: the second waits and opens it.
+
+        `calibration_samples` / `evaluation_samples` keep only the first N samples of each: every plan of a
+        study is scored on the same data, so these counts belong to the study, not to a search.
 
         A model with nodes QNN HTP cannot run (after preparation's rewrites) is refused, naming them, unless
         `allow_fallback`: then HTP evaluations run those nodes on ORT's CPU EP, and every HTP accuracy and
@@ -120,6 +126,11 @@ class Study:
         if not prepared.qnn_ready and not allow_fallback:
             raise MpstudioError(prepared.fallback_refusal())
         evaluation = evaluation if evaluation is not None else calibration
+        for what, count in (("calibration", calibration_samples), ("evaluation", evaluation_samples)):
+            if count is not None and count < 1:
+                raise MpstudioError(f"{what}_samples must be at least 1, not {count}")
+        calibration = calibration.head(calibration_samples) if calibration_samples else calibration
+        evaluation = evaluation.head(evaluation_samples) if evaluation_samples else evaluation
         for what, source in (("calibration", calibration), ("evaluation", evaluation)):
             if len(source) == 0:
                 raise MpstudioError(f"the {what} data is empty; give at least one sample")
@@ -154,8 +165,10 @@ class Study:
         inputs = config["inputs"]
         calibration = NpzFolder(folder / "data" / "calibration", inputs)
         evaluation = NpzFolder(folder / "data" / "evaluation", inputs)
+        # A metric stored by reference is imported when a plan is evaluated, so a study whose metric module is
+        # not on this process's path still opens and shows its results.
         spec = MetricSpec.from_json(config["metric"])
-        if metric is None and spec.kind != "python":
+        if metric is None and spec.kind not in ("python", "reference"):
             metric = spec.build(prepared)
         return cls(folder, config, prepared, calibration, evaluation, metric)
 
@@ -206,6 +219,44 @@ class Study:
     @property
     def metric(self) -> TaskMetric | None:
         return self._metric
+
+    def task_metric(self) -> TaskMetric | None:
+        """The metric plans are scored with (None: output SNR); a metric stored by reference is imported now,
+        with a clear error when this process cannot import it or a Python metric was not given again."""
+        if self._metric is None and self.metric_spec.kind != "output":
+            self._metric = self.metric_spec.build(self.prepared)
+        return self._metric
+
+    def float_value(self, progress: Progress | None = None, cancel: threading.Event | None = None) -> float | None:
+        """The task metric of the float model itself (ONNX Runtime on CPU, the evaluation data): what targets
+        like "float-1%" are relative to. None for output SNR, whose reference is the float model itself.
+        Computed once and kept in `reference/metric.json`."""
+        if self.metric_spec.kind == "output":
+            return None
+        path = self.folder / "reference" / FLOAT_METRIC_FILE
+        key = self.metric_spec.to_json()
+        if path.exists():
+            try:
+                saved = json.loads(path.read_text())
+                if saved.get("metric") == key:
+                    return float(saved["value"])
+            except (ValueError, KeyError, TypeError):
+                pass  # damaged: computed again below
+        metric = self.task_metric()
+        references = self.float_outputs(progress, cancel)
+        value = float(metric(references, references))
+        _atomic_write(path, json.dumps({"metric": key, "value": value, "source": "float model on ORT CPU",
+                                        "samples": len(references)}) + "\n")
+        return value
+
+    def stored_float_value(self) -> float | None:
+        """The float model's metric when `float_value` has computed it (never computes it)."""
+        path = self.folder / "reference" / FLOAT_METRIC_FILE
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return float(saved["value"]) if saved.get("metric") == self.metric_spec.to_json() else None
 
     @property
     def metric_name(self) -> str:
@@ -280,16 +331,15 @@ class Study:
         found = self.store.evaluation(plan_id, source)
         if found is not None:
             return found
-        metric = self._metric
-        if metric is None and self.metric_spec.kind != "output":
-            self.metric_spec.build(self.prepared)  # raises: the Python metric must be given again
+        metric = self.task_metric()
         started = time.perf_counter()
         path = self.quantizer.generate(plan, progress, cancel)
         options = {"htp_arch": self.htp_arch} if backend == "htp" else None
         outputs = runs.outputs(path, self.evaluation_data, backend, options, progress, cancel,
                                **({"allow_cpu_fallback": True} if fallback else {}))
-        snr, cosine = output_agreement(self.float_outputs(progress, cancel), outputs)
-        value = metric(outputs) if metric is not None else snr
+        references = self.float_outputs(progress, cancel)
+        snr, cosine = output_agreement(references, outputs)
+        value = metric(outputs, references) if metric is not None else snr
         record = AccuracyRecord(backend, source, self.metric_name, float(value), self.higher_is_better, snr, cosine,
                                 len(self.evaluation_data), time.perf_counter() - started)
         latencies = []
@@ -410,13 +460,16 @@ class Study:
     def summary(self, latency_source: str = "estimate") -> str:
         """A plain-text table of every evaluation and the front, for `mpstudio study show`."""
         lines = [f"study {self.name} ({self.folder})",
-                 f"metric: {self.metric_name} ({'higher' if self.higher_is_better else 'lower'} is better); "
+                 f"metric: {self.metric_spec.describe()} ({'higher' if self.higher_is_better else 'lower'} is better); "
                  f"evaluation samples: {len(self.evaluation_data)}; target HTP v{self.htp_arch}"]
         frame = self.front(latency_source)
         if frame.empty:
             lines.append(f"no evaluations with {latency_source} latency yet")
             return "\n".join(lines)
         lines.append(f"accuracy from {frame['accuracy_source'].iloc[0]}; latency: {frame['latency_label'].iloc[0]}")
+        float_value = self.stored_float_value()
+        if float_value is not None:
+            lines.append(f"float model (ORT CPU): {self.metric_name} {float_value:.4f}")
         show = frame[["plan_id", "name", "origin", "sixteen_bit", "value", "latency_ms", "pareto"]].copy()
         if frame["latency_low_ms"].notna().any():  # an estimate's interval, beside it
             show.insert(6, "interval (ms)", [f"{lo:.3f}-{hi:.3f}" if lo == lo else "-"

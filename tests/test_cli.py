@@ -84,3 +84,12 @@ def test_demo_command(demo, demo_cache):
     result = run("demo", "--samples", "5", "--quiet", env_extra={"MPSTUDIO_CACHE_DIR": str(demo_cache) + "-cli"})
     assert result.returncode == 0, result.stderr
     assert "CER on 5 evaluation lines" in result.stdout and "a16w8" in result.stdout
+
+
+def test_search_help_names_the_metric_and_target_forms():
+    result = run("search", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    for words in ("--metric NAME|MODULE:FUNCTION", "fn(outputs, reference, **args)", "recall@K", "--charset FILE",
+                  "'float-1%'", "'a16w8-pc+5%'", "--isolation-samples", "--eval-samples"):
+        assert words in text, words

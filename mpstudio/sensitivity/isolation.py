@@ -675,7 +675,9 @@ class OutputScorer:
 
     def score(self, outputs: Sequence[list[np.ndarray]]) -> float:
         if self.metric is not None:
-            return self.metric([dict(zip(self.output_names, o)) for o in outputs])
+            reference = ([dict(zip(self.output_names, r)) for r in self.references]
+                         if self.metric.needs_reference else None)
+            return self.metric([dict(zip(self.output_names, o)) for o in outputs], reference)
         acc = ErrorAccumulator()
         for reference, values in zip(self.references, outputs):
             for r, v in zip(reference, values):
