@@ -50,16 +50,19 @@ DIVERGENCE_DIR = "divergence"
 #   order: position in topological order; tensor: the float model's name; op, node, namespace: its producer
 #   ("" for a graph input); dtype, step: its encoding (step = scale, the size of one quantization code);
 #   exposed: the QDQ model value compared (the tensor's DequantizeLinear output);
-#   status: "compared", or why not ("htp: ..." when the HTP backend could not expose it);
+#   status: "compared", or why not ("graph input (fed alike)": both backends quantize it on the CPU from
+#   the same feed; "htp: ..." when the HTP backend could not expose it);
 #   rms_steps, max_steps: RMS and largest |HTP - CPU| in steps, over every element of every sample;
 #   mismatch: the share of elements whose codes differ (|HTP - CPU| >= half a step);
 #   snr_db (capped at SNR_CAP_DB), cosine: HTP against CPU as reference; max_abs: largest |HTP - CPU|;
 #   diverges: rms_steps > the threshold; inputs: the compared tensors its op reads (through unquantized
 #   values), ";"-joined; inputs_agree: none of them diverges; first: diverges while its inputs agree;
+#   snr_drop_db: the lowest snr_db of its compared inputs minus its own (dB; large where this op widens the
+#   gap, useful below a first divergence, where everything diverges; NaN without compared inputs);
 #   samples: how many samples were compared.
 COLUMNS = ["order", "tensor", "op", "node", "namespace", "dtype", "step", "exposed", "status", "rms_steps",
            "max_steps", "mismatch", "snr_db", "cosine", "max_abs", "diverges", "inputs", "inputs_agree", "first",
-           "samples"]
+           "snr_drop_db", "samples"]
 SUMMARY_COLUMNS = ["tensor", "op", "namespace", "dtype", "rms_steps", "max_steps", "mismatch", "snr_db", "inputs"]
 
 
@@ -95,7 +98,7 @@ class DivergenceReport:
     def describe(self, top: int = 10) -> str:
         """A plain-text summary: what was compared and the first diverging tensors."""
         frame = self.frame
-        compared = int((frame["status"] == "compared").sum())
+        compared = int((frame["status"] == "compared").sum())  # graph inputs are fed alike, not compared
         lines = [f"plan {self.plan.name or self.plan.summary()}: {compared} of {len(frame)} tensors compared on "
                  f"{self.samples} sample(s), {self.htp_source} vs {self.cpu_source}, in {self.chunks} HTP "
                  f"session(s) of up to {self.chunk_size} tensors",
@@ -106,7 +109,7 @@ class DivergenceReport:
             lines.append(f"warning: exposing tensors changed the model's HTP outputs in chunk(s) "
                          f"{', '.join(str(c) for c in self.perturbed)}; those tensors' values may not be the "
                          "unmodified model's")
-        failed = frame[frame["status"] != "compared"]
+        failed = frame[~frame["status"].isin(["compared", "graph input (fed alike)"])]
         if len(failed):
             lines.append(f"{len(failed)} tensor(s) could not be compared: "
                          f"{', '.join(failed['tensor'].head(5))}{' ...' if len(failed) > 5 else ''}")
@@ -121,6 +124,12 @@ class DivergenceReport:
             lines.append(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
             if len(first) > top:
                 lines.append(f"... and {len(first) - top} more")
+        widening = frame[frame["diverges"] & ~frame["first"]].nlargest(5, "snr_drop_db")
+        widening = widening[widening["snr_drop_db"] > 3]
+        if len(widening):
+            lines.append("below them, the gap widens most at: " + ", ".join(
+                f"{t} ({op}, -{d:.1f} dB)" for t, op, d in zip(widening["tensor"], widening["op"],
+                                                               widening["snr_drop_db"])))
         return "\n".join(lines)
 
 
@@ -174,6 +183,7 @@ class _Target:
     """One tensor to compare: its row's identity and the value exposed."""
 
     tensor: str
+    graph_input: bool
     exposed: str
     order: int
     op: str
@@ -230,7 +240,7 @@ def targets_of(model) -> list[_Target]:
     for name, t in activations.items():
         op = producer.get(name)
         node = op.name if op is not None else ""
-        targets.append(_Target(name, t.post, order_of.get(t.post, -1), op.op_type if op is not None else "", node,
+        targets.append(_Target(name, name in read.graph_inputs, t.post, order_of.get(t.post, -1), op.op_type if op is not None else "", node,
                                t.encoding.dtype, t.encoding.step, tuple(dict.fromkeys(upstream(name, {name})))))
     return sorted(targets, key=lambda t: t.order)
 
@@ -270,7 +280,10 @@ def compare(model: str | Path, data: DataSource, *, plan: PrecisionPlan | None =
     outputs = list(read.graph_outputs)
     stats = {t.tensor: _Stats(t.step) for t in targets}
     failed: dict[str, str] = {}
-    pending = [targets[i:i + chunk_size] for i in range(0, len(targets), chunk_size)]
+    # Both backends quantize a graph input on the CPU from the same feed (the QNN EP leaves a graph input's
+    # QuantizeLinear to ORT), so it agrees by definition; exposed on HTP it reads back unquantized.
+    exposable = [t for t in targets if not t.graph_input]
+    pending = [exposable[i:i + chunk_size] for i in range(0, len(exposable), chunk_size)]
     total = len(pending) + 1
     done = 0
     perturbed: list[int] = []
@@ -336,21 +349,27 @@ def _frame(targets: list[_Target], stats: dict[str, _Stats], failed: dict[str, s
            samples: int) -> pd.DataFrame:
     rows = []
     for t in targets:
+        status = "graph input (fed alike)" if t.graph_input else failed.get(t.tensor, "compared")
         row = {"order": t.order, "tensor": t.tensor, "op": t.op, "node": t.node,
                "namespace": namespace_of(t.node) if t.node else "", "dtype": t.dtype, "step": t.step,
-               "exposed": t.exposed, "status": failed.get(t.tensor, "compared"), "inputs": ";".join(t.inputs),
-               "samples": samples}
-        if t.tensor in failed or stats[t.tensor].error.count == 0:
+               "exposed": t.exposed, "status": status, "inputs": ";".join(t.inputs), "samples": samples}
+        if status != "compared" or stats[t.tensor].error.count == 0:
             row.update({"rms_steps": math.nan, "max_steps": math.nan, "mismatch": math.nan, "snr_db": math.nan,
                         "cosine": math.nan, "max_abs": math.nan})
         else:
             row.update(stats[t.tensor].row())
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in ("diverges", "inputs_agree", "first")])
+    derived = ("diverges", "inputs_agree", "first", "snr_drop_db")
+    frame = pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in derived])
+    frame["order"] = range(len(frame))
     frame["diverges"] = frame["rms_steps"] > threshold  # NaN (not compared) is not a divergence
     diverging = set(frame.loc[frame["diverges"], "tensor"])
     frame["inputs_agree"] = [not any(i in diverging for i in inputs.split(";") if i) for inputs in frame["inputs"]]
     frame["first"] = frame["diverges"] & frame["inputs_agree"]
+    snr = dict(zip(frame["tensor"], frame["snr_db"]))
+    worst_input = [min((snr[i] for i in inputs.split(";") if i and np.isfinite(snr.get(i, np.nan))), default=np.nan)
+                   for inputs in frame["inputs"]]
+    frame["snr_drop_db"] = np.asarray(worst_input, dtype=float) - frame["snr_db"].to_numpy(float)
     return frame[COLUMNS]
 
 
