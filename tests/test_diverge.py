@@ -161,3 +161,29 @@ def test_the_demo_names_its_first_diverging_tensors(demo, demo_quantizer):
     # Every first divergence reads only tensors that agree; the model's output is downstream of them.
     diverging = set(report.frame.loc[report.frame["diverges"], "tensor"])
     assert all(not set(inputs.split(";")) & diverging for inputs in first["inputs"])
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+def test_the_graph_colours_by_divergence(study):
+    pytest.importorskip("panel")
+    from mpstudio.widgets import GraphView, StudioState
+
+    state = StudioState(study, auto_analyze=False)
+    try:
+        view = GraphView(state=state)
+        state.color_by = "divergence"  # runs the triage of the current plan (or reads the study's table)
+        job = state.jobs[0]
+        assert job.kind == "diverge" and job.wait(300) and job.status == "done", job.error
+        frame = state.tensors.set_index("tensor")
+        assert frame.loc["inverse", "divergence"] > 10 and frame.loc["conv_out", "divergence"] < 1
+        row = view._row_of_tensor["inverse"]
+        assert view.nodes.data["score"][row] == pytest.approx(frame.loc["inverse", "divergence"])
+        assert view.color_bar.title == "HTP vs CPU (steps)"
+        assert state.focus == "inverse" and "inverse" in state.message
+        # Another plan drops the table and compares that plan.
+        state.set_plan(PrecisionPlan.a16w8())
+        job = state.jobs[0]
+        assert job.kind == "diverge" and job.wait(300) and job.status == "done", job.error
+        assert state.divergence is not None and state.plan_id == study.plan_id(PrecisionPlan.a16w8())
+    finally:
+        state.close()
