@@ -296,7 +296,7 @@ def compare(model: str | Path, data: DataSource, *, plan: PrecisionPlan | None =
             progress(done, total, message)
 
     with tempfile.TemporaryDirectory(prefix="mpstudio-diverge-") as tmp:
-        tick("running the unmodified model on htp")
+        tick(f"comparing {len(exposable)} tensors on htp and cpu, {chunk_size} at a time")
         reference = htp_runs.outputs(model, data, "htp", options, None, cancel)
         cpu_reference = here.outputs(model, data, "cpu", None, None, cancel)
         done += 1
@@ -304,7 +304,7 @@ def compare(model: str | Path, data: DataSource, *, plan: PrecisionPlan | None =
         while pending:
             chunk = pending.pop(0)
             chunk_index += 1
-            tick(f"comparing tensors on htp and cpu (chunk {chunk_index}, {len(chunk)} tensors)")
+            tick(f"comparing {len(exposable)} tensors on htp and cpu, {chunk_size} at a time")
             path = Path(tmp) / f"chunk-{chunk_index}.onnx"
             exposed = [t.exposed for t in chunk]
             path.write_bytes(qdq.with_outputs(read, outputs + [e for e in exposed if e not in outputs]))

@@ -135,7 +135,7 @@ def test_command_line_on_a_study_and_on_a_bare_model(study, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "first diverging tensors" in result.stdout and "inverse" in result.stdout
     assert f"full table: {study.folder / 'divergence'}" in result.stdout
-    assert "comparing tensors" in result.stderr  # progress goes to stderr, the table to stdout
+    assert "tensors on htp and cpu" in result.stderr  # progress goes to stderr, the table to stdout
     unknown = run_cli("diverge", str(study.folder), "--plan", "77", "--quiet")
     assert unknown.returncode == 2 and "no plan 77" in unknown.stderr and "Traceback" not in unknown.stderr
     # A bare model and its data: a study is made beside it, and the plan defaults to a8w8.
