@@ -22,9 +22,9 @@ import json
 import math
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -99,12 +99,12 @@ class DivergenceReport:
         """A plain-text summary: what was compared and the first diverging tensors."""
         frame = self.frame
         compared = int((frame["status"] == "compared").sum())  # graph inputs are fed alike, not compared
-        lines = [f"plan {self.plan.name or self.plan.summary()}: {compared} of {len(frame)} tensors compared on "
-                 f"{self.samples} sample(s), {self.htp_source} vs {self.cpu_source}, in {self.chunks} HTP "
-                 f"session(s) of up to {self.chunk_size} tensors",
-                 f"{int(frame['diverges'].sum())} tensor(s) differ by more than {self.threshold_steps:g} "
-                 f"quantization step(s) RMS; {int(frame['first'].sum())} of them are first divergences "
-                 "(their inputs agree)"]
+        lines = [(f"plan {self.plan.name or self.plan.summary()}: {compared} of {len(frame)} tensors compared on "
+                  f"{self.samples} sample(s), {self.htp_source} vs {self.cpu_source}, in {self.chunks} HTP "
+                  f"session(s) of up to {self.chunk_size} tensors"),
+                 (f"{int(frame['diverges'].sum())} tensor(s) differ by more than {self.threshold_steps:g} "
+                  f"quantization step(s) RMS; {int(frame['first'].sum())} of them are first divergences "
+                  "(their inputs agree)")]
         if self.perturbed:
             lines.append(f"warning: exposing tensors changed the model's HTP outputs in chunk(s) "
                          f"{', '.join(str(c) for c in self.perturbed)}; those tensors' values may not be the "
@@ -217,7 +217,7 @@ class _Stats:
                 "snr_db": float(min(e.snr_db, SNR_CAP_DB)), "cosine": e.cosine, "max_abs": e.max_abs}
 
 
-def targets_of(model) -> list[_Target]:
+def _targets(model) -> list[_Target]:
     """Every quantized activation of a QDQ model with its exposed value and the compared tensors its op reads,
     in topological order."""
     read = qdq.read(model)
@@ -240,8 +240,9 @@ def targets_of(model) -> list[_Target]:
     for name, t in activations.items():
         op = producer.get(name)
         node = op.name if op is not None else ""
-        targets.append(_Target(name, name in read.graph_inputs, t.post, order_of.get(t.post, -1), op.op_type if op is not None else "", node,
-                               t.encoding.dtype, t.encoding.step, tuple(dict.fromkeys(upstream(name, {name})))))
+        targets.append(_Target(name, name in read.graph_inputs, t.post, order_of.get(t.post, -1),
+                               op.op_type if op is not None else "", node, t.encoding.dtype, t.encoding.step,
+                               tuple(dict.fromkeys(upstream(name, {name})))))
     return sorted(targets, key=lambda t: t.order)
 
 
@@ -266,7 +267,7 @@ def compare(model: str | Path, data: DataSource, *, plan: PrecisionPlan | None =
     read = qdq.read(model)
     if not read.quantized:
         raise MpstudioError(f"{model.name} has no quantized activations; give a QDQ model (or a float model and a plan)")
-    targets = targets_of(read)
+    targets = _targets(read)
     if tensors is not None:
         unknown = [t for t in tensors if t not in {x.tensor for x in targets}]
         if unknown:
@@ -423,5 +424,5 @@ def _short_list(text: str, width: int = 48) -> str:
     return text if len(text) <= width else text[:width - 1] + "\u2026"
 
 
-__all__ = ["DivergenceReport", "COLUMNS", "compare", "diverge", "resolve_plan", "load_report", "report_path",
-           "targets_of", "DEFAULT_SAMPLES", "DEFAULT_CHUNK", "DEFAULT_THRESHOLD_STEPS"]
+__all__ = ["COLUMNS", "DEFAULT_CHUNK", "DEFAULT_SAMPLES", "DEFAULT_THRESHOLD_STEPS", "DivergenceReport", "compare",
+           "diverge", "load_report", "report_path", "resolve_plan"]

@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pandas as pd
 import pytest
+from conftest import IR, requires_qnn
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import IR, requires_qnn
 from mpstudio import MpstudioError
 from mpstudio.data import FeedList
 from mpstudio.diverge import COLUMNS, compare, diverge, load_report, resolve_plan
@@ -127,7 +127,7 @@ def test_plans_by_id_name_builtin_and_file(study, tmp_path):
 
 def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "mpstudio", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=300)
+                          env=dict(os.environ), timeout=300, check=False)
 
 
 def test_command_line_on_a_study_and_on_a_bare_model(study, tmp_path):
