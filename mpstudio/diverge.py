@@ -47,7 +47,8 @@ DIVERGENCE_DIR = "divergence"
 
 # Columns of `DivergenceReport.frame` (one row per quantized activation tensor of the plan's QDQ model, in
 # topological order):
-#   order: position in topological order; tensor: the float model's name; op, node, namespace: its producer
+#   order: position in topological order; tensor: the float model's name; kind: input, activation or output
+#   (a graph input or output of the model); op, node, namespace: its producer
 #   ("" for a graph input); dtype, step: its encoding (step = scale, the size of one quantization code);
 #   exposed: the QDQ model value compared (the tensor's DequantizeLinear output);
 #   status: "compared", or why not ("graph input (fed alike)": both backends quantize it on the CPU from
@@ -60,7 +61,7 @@ DIVERGENCE_DIR = "divergence"
 #   snr_drop_db: the lowest snr_db of its compared inputs minus its own (dB; large where this op widens the
 #   gap, useful below a first divergence, where everything diverges; NaN without compared inputs);
 #   samples: how many samples were compared.
-COLUMNS = ["order", "tensor", "op", "node", "namespace", "dtype", "step", "exposed", "status", "rms_steps",
+COLUMNS = ["order", "tensor", "kind", "op", "node", "namespace", "dtype", "step", "exposed", "status", "rms_steps",
            "max_steps", "mismatch", "snr_db", "cosine", "max_abs", "diverges", "inputs", "inputs_agree", "first",
            "snr_drop_db", "samples"]
 SUMMARY_COLUMNS = ["tensor", "op", "namespace", "dtype", "rms_steps", "max_steps", "mismatch", "snr_db", "inputs"]
@@ -113,6 +114,9 @@ class DivergenceReport:
         if len(failed):
             lines.append(f"{len(failed)} tensor(s) could not be compared: "
                          f"{', '.join(failed['tensor'].head(5))}{' ...' if len(failed) > 5 else ''}")
+        for row in frame[(frame["kind"] == "output") & (frame["status"] == "compared")].itertuples():
+            lines.append(f"model output {row.tensor}: {row.rms_steps:.3g} steps RMS, {row.max_steps:.3g} at most, "
+                         f"{row.mismatch:.2%} of codes differ, SNR {row.snr_db:.1f} dB")
         first = self.first()
         if first.empty:
             lines.append("no first divergence: HTP and CPU agree within the threshold on every compared tensor")
@@ -183,7 +187,7 @@ class _Target:
     """One tensor to compare: its row's identity and the value exposed."""
 
     tensor: str
-    graph_input: bool
+    kind: str  # input / activation / output
     exposed: str
     order: int
     op: str
@@ -240,7 +244,8 @@ def _targets(model) -> list[_Target]:
     for name, t in activations.items():
         op = producer.get(name)
         node = op.name if op is not None else ""
-        targets.append(_Target(name, name in read.graph_inputs, t.post, order_of.get(t.post, -1),
+        kind = "input" if name in read.graph_inputs else "output" if name in read.graph_outputs else "activation"
+        targets.append(_Target(name, kind, t.post, order_of.get(t.post, -1),
                                op.op_type if op is not None else "", node, t.encoding.dtype, t.encoding.step,
                                tuple(dict.fromkeys(upstream(name, {name})))))
     return sorted(targets, key=lambda t: t.order)
@@ -283,7 +288,7 @@ def compare(model: str | Path, data: DataSource, *, plan: PrecisionPlan | None =
     failed: dict[str, str] = {}
     # Both backends quantize a graph input on the CPU from the same feed (the QNN EP leaves a graph input's
     # QuantizeLinear to ORT), so it agrees by definition; exposed on HTP it reads back unquantized.
-    exposable = [t for t in targets if not t.graph_input]
+    exposable = [t for t in targets if t.kind != "input"]
     pending = [exposable[i:i + chunk_size] for i in range(0, len(exposable), chunk_size)]
     total = len(pending) + 1
     done = 0
@@ -350,8 +355,8 @@ def _frame(targets: list[_Target], stats: dict[str, _Stats], failed: dict[str, s
            samples: int) -> pd.DataFrame:
     rows = []
     for t in targets:
-        status = "graph input (fed alike)" if t.graph_input else failed.get(t.tensor, "compared")
-        row = {"order": t.order, "tensor": t.tensor, "op": t.op, "node": t.node,
+        status = "graph input (fed alike)" if t.kind == "input" else failed.get(t.tensor, "compared")
+        row = {"order": t.order, "tensor": t.tensor, "kind": t.kind, "op": t.op, "node": t.node,
                "namespace": namespace_of(t.node) if t.node else "", "dtype": t.dtype, "step": t.step,
                "exposed": t.exposed, "status": status, "inputs": ";".join(t.inputs), "samples": samples}
         if status != "compared" or stats[t.tensor].error.count == 0:
