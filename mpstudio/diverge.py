@@ -60,11 +60,18 @@ DIVERGENCE_DIR = "divergence"
 #   values), ";"-joined; inputs_agree: none of them diverges; first: diverges while its inputs agree;
 #   snr_drop_db: the lowest snr_db of its compared inputs minus its own (dB; large where this op widens the
 #   gap, useful below a first divergence, where everything diverges; NaN without compared inputs);
+#   isolated_rms_steps, isolated_max_steps: the same comparison of the op alone, both backends fed the CPU's
+#   codes of its inputs (computed for first divergences and the tensors where the gap widens most; NaN
+#   elsewhere); cause: for those, "op" when the op alone diverges (the HTP computes it differently), "inputs"
+#   when it does not (the op amplifies its inputs' small differences), "isolation failed: ..." when the op
+#   could not be cut out; "" elsewhere;
 #   samples: how many samples were compared.
 COLUMNS = ["order", "tensor", "kind", "op", "node", "namespace", "dtype", "step", "exposed", "status", "rms_steps",
            "max_steps", "mismatch", "snr_db", "cosine", "max_abs", "diverges", "inputs", "inputs_agree", "first",
-           "snr_drop_db", "samples"]
-SUMMARY_COLUMNS = ["tensor", "op", "namespace", "dtype", "rms_steps", "max_steps", "mismatch", "snr_db", "inputs"]
+           "snr_drop_db", "isolated_rms_steps", "isolated_max_steps", "cause", "samples"]
+SUMMARY_COLUMNS = ["tensor", "op", "dtype", "rms_steps", "max_steps", "mismatch", "snr_db", "isolated_rms_steps",
+                   "cause", "inputs"]
+WIDENING = 5  # tensors below the first divergences, where the gap widens most, also isolated
 
 
 @dataclass(frozen=True)
@@ -121,19 +128,21 @@ class DivergenceReport:
         if first.empty:
             lines.append("no first divergence: HTP and CPU agree within the threshold on every compared tensor")
         else:
-            shown = first[SUMMARY_COLUMNS].head(top).copy()
+            shown = first[SUMMARY_COLUMNS].head(top).rename(columns={"isolated_rms_steps": "isolated"})
             shown["inputs"] = [_short_list(v) for v in shown["inputs"]]
             lines.append("first diverging tensors (rms/max in quantization steps, mismatch = share of codes that "
-                         "differ):")
+                         "differ; isolated = the op alone fed the same input codes: cause op = the HTP computes it "
+                         "differently, inputs = it amplifies its inputs' small differences):")
             lines.append(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
             if len(first) > top:
                 lines.append(f"... and {len(first) - top} more")
-        widening = frame[frame["diverges"] & ~frame["first"]].nlargest(5, "snr_drop_db")
+        widening = frame[frame["diverges"] & ~frame["first"]].nlargest(WIDENING, "snr_drop_db")
         widening = widening[widening["snr_drop_db"] > 3]
         if len(widening):
             lines.append("below them, the gap widens most at: " + ", ".join(
-                f"{t} ({op}, -{d:.1f} dB)" for t, op, d in zip(widening["tensor"], widening["op"],
-                                                               widening["snr_drop_db"])))
+                f"{row.tensor} ({row.op}, -{row.snr_drop_db:.1f} dB"
+                + (f", isolated {row.isolated_rms_steps:.2g} steps: {row.cause}" if row.cause in ("op", "inputs")
+                   else "") + ")" for row in widening.itertuples()))
         return "\n".join(lines)
 
 
@@ -290,7 +299,7 @@ def compare(model: str | Path, data: DataSource, *, plan: PrecisionPlan | None =
     # QuantizeLinear to ORT), so it agrees by definition; exposed on HTP it reads back unquantized.
     exposable = [t for t in targets if t.kind != "input"]
     pending = [exposable[i:i + chunk_size] for i in range(0, len(exposable), chunk_size)]
-    total = len(pending) + 1
+    total = len(pending) + 2
     done = 0
     perturbed: list[int] = []
     sessions = 0
@@ -339,9 +348,14 @@ def compare(model: str | Path, data: DataSource, *, plan: PrecisionPlan | None =
                     raise Cancelled("divergence triage cancelled")
             del cpu, htp
             done += 1
+        frame = _frame(targets, stats, failed, threshold_steps, len(data))
+        chosen = _to_isolate(frame)
+        if chosen:
+            tick(f"isolating {len(chosen)} op(s) on htp and cpu")
+            _isolate(read, {t.tensor: t for t in targets}, chosen, frame, data, here, htp_runs, options, Path(tmp),
+                     threshold_steps, cancel)
     if progress:
         progress(total, total, "compared")
-    frame = _frame(targets, stats, failed, threshold_steps, len(data))
     return DivergenceReport(frame, plan or PrecisionPlan(name=model.stem), model, float(threshold_steps), len(data),
                             chunk_size, sessions, here.source("cpu"), htp_runs.source("htp"), tuple(perturbed),
                             provider_options=options)
@@ -365,7 +379,7 @@ def _frame(targets: list[_Target], stats: dict[str, _Stats], failed: dict[str, s
         else:
             row.update(stats[t.tensor].row())
         rows.append(row)
-    derived = ("diverges", "inputs_agree", "first", "snr_drop_db")
+    derived = ("diverges", "inputs_agree", "first", "snr_drop_db", "isolated_rms_steps", "isolated_max_steps", "cause")
     frame = pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in derived])
     frame["order"] = range(len(frame))
     frame["diverges"] = frame["rms_steps"] > threshold  # NaN (not compared) is not a divergence
@@ -376,7 +390,65 @@ def _frame(targets: list[_Target], stats: dict[str, _Stats], failed: dict[str, s
     worst_input = [min((snr[i] for i in inputs.split(";") if i and np.isfinite(snr.get(i, np.nan))), default=np.nan)
                    for inputs in frame["inputs"]]
     frame["snr_drop_db"] = np.asarray(worst_input, dtype=float) - frame["snr_db"].to_numpy(float)
+    frame["isolated_rms_steps"] = np.nan
+    frame["isolated_max_steps"] = np.nan
+    frame["cause"] = ""
     return frame[COLUMNS]
+
+
+def _to_isolate(frame: pd.DataFrame) -> list[str]:
+    """The first divergences and, below them, the tensors where the gap widens most."""
+    first = frame.loc[frame["first"], "tensor"].tolist()
+    widening = frame[frame["diverges"] & ~frame["first"] & (frame["snr_drop_db"] > 3)].nlargest(WIDENING, "snr_drop_db")
+    return [t for t in frame["tensor"] if t in set(first) | set(widening["tensor"]) and frame.loc[
+        frame["tensor"] == t, "inputs"].iloc[0]]
+
+
+def _isolate(read, targets: dict, chosen: list[str], frame: pd.DataFrame, data: DataSource, here, htp_runs,
+             options: dict, tmp: Path, threshold: float, cancel) -> None:
+    """Run each chosen tensor's op alone on both backends, fed the CPU's codes of its inputs, into `frame`.
+
+    The op is cut out of the QDQ model from its inputs' QuantizeLinear inputs to its own DequantizeLinear
+    output, so both backends quantize the same float values (on grid: the CPU's dequantized codes) and run
+    the same Q/DQ unit.
+    """
+    import onnx
+    from onnx.utils import Extractor
+
+    from .data import FeedList
+
+    activations = read.activations()
+    needed = list(dict.fromkeys(i for t in chosen for i in targets[t].inputs))
+    try:
+        extractor = Extractor(onnx.shape_inference.infer_shapes(read.model))
+    except Exception as exc:  # noqa: BLE001 - ONNX's checker and inference raise many types; the row says why
+        frame.loc[frame["tensor"].isin(chosen), "cause"] = f"isolation failed: {str(exc).splitlines()[0][:120]}"
+        return
+    path = tmp / "inputs.onnx"
+    path.write_bytes(qdq.with_outputs(read, [activations[i].post for i in needed]))
+    inputs = here.outputs(path, data, "cpu", None, None, cancel)
+    for tensor in chosen:
+        row = frame.index[frame["tensor"] == tensor][0]
+        names = targets[tensor].inputs
+        try:
+            sub = extractor.extract_model([activations[i].pre for i in names], [targets[tensor].exposed])
+            cut = tmp / "isolated.onnx"
+            onnx.save(sub, cut)
+            feeds = FeedList([{activations[i].pre: run[activations[i].post] for i in names} for run in inputs],
+                             f"CPU codes of the inputs of {tensor}")
+            cpu = here.outputs(cut, feeds, "cpu", None, None, cancel)
+            htp = htp_runs.outputs(cut, feeds, "htp", options, None, cancel)
+        except Cancelled:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an op that cannot be cut out or run alone keeps its row
+            frame.loc[row, "cause"] = f"isolation failed: {str(exc).splitlines()[0][:120]}"
+            continue
+        stats = _Stats(targets[tensor].step)
+        for c, h in zip(cpu, htp):
+            stats.add(c[targets[tensor].exposed], h[targets[tensor].exposed])
+        isolated = stats.row()
+        frame.loc[row, ["isolated_rms_steps", "isolated_max_steps"]] = [isolated["rms_steps"], isolated["max_steps"]]
+        frame.loc[row, "cause"] = "op" if isolated["rms_steps"] > threshold else "inputs"
 
 
 # ---- studies -------------------------------------------------------------------------------------------------

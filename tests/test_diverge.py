@@ -76,6 +76,9 @@ def test_a_planted_divergence_is_the_first_and_its_inputs_agree(study):
     assert report.first()["tensor"].tolist() == ["inverse"]
     assert frame.loc["inverse", "rms_steps"] > 10 and frame.loc["inverse", "mismatch"] > 0.05
     assert frame.loc["inverse", "inputs"] == "divisor" and frame.loc["inverse", "inputs_agree"]
+    # Cut out and fed the CPU's codes of `divisor` on both backends, the Reciprocal alone still differs: the
+    # op itself, not an upstream difference it amplifies.
+    assert frame.loc["inverse", "cause"] == "op" and frame.loc["inverse", "isolated_rms_steps"] > 10
     assert not frame.loc[UPSTREAM, "diverges"].any(), frame.loc[UPSTREAM, "rms_steps"]
     assert (frame.loc[UPSTREAM, "rms_steps"] < 0.5).all()
     assert frame.loc["x", "status"] == "graph input (fed alike)" and not frame.loc["x", "diverges"]
@@ -158,6 +161,7 @@ def test_the_demo_names_its_first_diverging_tensors(demo, demo_quantizer):
     first = report.first()
     assert len(first) >= 1 and first["rms_steps"].min() > report.threshold_steps
     assert report.perturbed == ()
+    assert set(first["cause"]) <= {"op", "inputs"}, first["cause"]
     # Every first divergence reads only tensors that agree; the model's output is downstream of them.
     diverging = set(report.frame.loc[report.frame["diverges"], "tensor"])
     assert all(not set(inputs.split(";")) & diverging for inputs in first["inputs"])
