@@ -136,12 +136,22 @@ class DivergenceReport:
             lines.append(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
             if len(first) > top:
                 lines.append(f"... and {len(first) - top} more")
+        if not first.empty and (first["cause"] == "inputs").all():
+            mismatch = dict(zip(frame["tensor"], frame["mismatch"].fillna(0.0)))
+            quiet_inputs = np.array([all(mismatch.get(i, 0.0) == 0 for i in inputs.split(";") if i)
+                                     for inputs in frame["inputs"]], dtype=bool)
+            origin = frame[(frame["mismatch"] > 0).to_numpy() & quiet_inputs]
+            if len(origin):
+                lines.append("every first divergence is carried from below the threshold; codes first differ at: "
+                             + ", ".join(f"{row.tensor} ({row.op}, {row.mismatch:.1%} of codes, "
+                                         f"{row.rms_steps:.2f} steps RMS, {row.max_steps:.0f} at most)"
+                                         for row in origin.head(5).itertuples()))
         widening = frame[frame["diverges"] & ~frame["first"]].nlargest(WIDENING, "snr_drop_db")
         widening = widening[widening["snr_drop_db"] > 3]
         if len(widening):
             lines.append("below them, the gap widens most at: " + ", ".join(
                 f"{row.tensor} ({row.op}, -{row.snr_drop_db:.1f} dB"
-                + (f", isolated {row.isolated_rms_steps:.2g} steps: {row.cause}" if row.cause in ("op", "inputs")
+                + (f", isolated {row.isolated_rms_steps:.2f} steps: {row.cause}" if row.cause in ("op", "inputs")
                    else "") + ")" for row in widening.itertuples()))
         return "\n".join(lines)
 
@@ -493,7 +503,8 @@ def load_report(study, plan_id: int) -> pd.DataFrame | None:
     if not path.exists():
         return None
     frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
-    frame["inputs"] = frame["inputs"].fillna("").astype(str)
+    for column in ("inputs", "cause", "op", "node", "namespace"):
+        frame[column] = frame[column].fillna("").astype(str)
     return frame
 
 
