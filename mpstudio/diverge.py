@@ -80,7 +80,7 @@ class DivergenceReport:
 
     `cpu_source` and `htp_source` name where each side ran (the HTP emulator is never called a device);
     `perturbed` lists the chunks whose model outputs differed from a run of the unmodified model on either
-    backend (empty: exposing the tensors left both numerics as they are); `chunks` is how many HTP sessions were used.
+    backend (empty: exposing the tensors left both numerics as they are); `chunks` counts the HTP sessions.
     """
 
     frame: pd.DataFrame
@@ -114,7 +114,7 @@ class DivergenceReport:
                   f"quantization step(s) RMS; {int(frame['first'].sum())} of them are first divergences "
                   "(their inputs agree)")]
         if self.perturbed:
-            lines.append(f"warning: exposing tensors changed the model's HTP outputs in chunk(s) "
+            lines.append(f"warning: exposing tensors changed the model's outputs in chunk(s) "
                          f"{', '.join(str(c) for c in self.perturbed)}; those tensors' values may not be the "
                          "unmodified model's")
         failed = frame[~frame["status"].isin(["compared", "graph input (fed alike)"])]
