@@ -418,7 +418,8 @@ def _diverge(args) -> int:
     target = Path(args.target) if args.target else None
     if target is not None and target.is_dir():
         if not (target / STUDY_FILE).exists():
-            raise MpstudioError(f"{target} is not a study folder (no {STUDY_FILE}); give a study folder or a model file")
+            raise MpstudioError(f"{target} is not a study folder (no {STUDY_FILE}); give a study folder or a model "
+                                "file")
         args.study, args.model = str(target), None
     else:
         args.model = args.target

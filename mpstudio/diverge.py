@@ -290,7 +290,8 @@ def compare(model: str | Path, data: DataSource, *, plan: PrecisionPlan | None =
     model = Path(model)
     read = qdq.read(model)
     if not read.quantized:
-        raise MpstudioError(f"{model.name} has no quantized activations; give a QDQ model (or a float model and a plan)")
+        raise MpstudioError(f"{model.name} has no quantized activations; give a QDQ model (or a float model and a "
+                            "plan)")
     targets = _targets(read)
     if tensors is not None:
         unknown = [t for t in tensors if t not in {x.tensor for x in targets}]
