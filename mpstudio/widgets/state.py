@@ -134,12 +134,12 @@ class StudioState(param.Parameterized):
     evaluations = param.DataFrame(default=pd.DataFrame(), constant=True,
                                   doc="study.front(latency_source): every evaluation with a `pareto` column")
     focus = param.String("", constant=True, doc="A tensor the graph should scroll to")
+    divergence = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1,
+                                 doc="The current plan's divergence table (mpstudio.diverge.COLUMNS)")
     jobs = param.List(default=[], item_type=Job, constant=True)
     message = param.String("", constant=True)
     error = param.String("", constant=True)
     latency_ops = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1)
-    divergence = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1,
-                                 doc="The current plan's divergence table (mpstudio.diverge.COLUMNS)")
 
     def __init__(self, study: Study | None = None, *, study_folder: str | Path | None = None,
                  auto_analyze: bool = True, **params):
