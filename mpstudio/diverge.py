@@ -424,6 +424,7 @@ def _isolate(read, targets: dict, chosen: list[str], frame: pd.DataFrame, data: 
     the same Q/DQ unit.
     """
     import onnx
+    from onnx import TensorProto, helper
     from onnx.utils import Extractor
 
     from .data import FeedList
@@ -431,7 +432,14 @@ def _isolate(read, targets: dict, chosen: list[str], frame: pd.DataFrame, data: 
     activations = read.activations()
     needed = list(dict.fromkeys(i for t in chosen for i in targets[t].inputs))
     try:
-        extractor = Extractor(onnx.shape_inference.infer_shapes(read.model))
+        inferred = onnx.shape_inference.infer_shapes(read.model)
+        # ONNX's inference leaves out some values (16-bit Q/DQ at older opsets); the cut needs a type for its
+        # inputs and outputs, which are all float.
+        known = {v.name for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)}
+        ends = [activations[i].pre for i in needed] + [targets[t].exposed for t in chosen]
+        inferred.graph.value_info.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+                                         for name in dict.fromkeys(ends) if name not in known)
+        extractor = Extractor(inferred)
     except Exception as exc:  # noqa: BLE001 - ONNX's checker and inference raise many types; the row says why
         frame.loc[frame["tensor"].isin(chosen), "cause"] = f"isolation failed: {str(exc).splitlines()[0][:120]}"
         return
