@@ -281,7 +281,9 @@ def _add_diverge_parser(sub) -> None:
     d.add_argument("--htp-arch", default="75", help="HTP architecture of a new study")
     _add_runner_args(d)
     _add_quiet_arg(d)
-    d.set_defaults(func=_diverge)
+    # A study diverge creates takes the defaults of the options `search` has for creating one.
+    d.set_defaults(func=_diverge, metric=None, metric_args=None, metric_direction=None, charset=None, labels=None,
+                   calibration_samples=None, eval_samples=None)
 
 
 def _export(args) -> int:
