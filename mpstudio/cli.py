@@ -277,6 +277,56 @@ def _study_resume(args) -> int:
     return 0
 
 
+def _diverge(args) -> int:
+    from contextlib import ExitStack
+
+    from .diverge import diverge
+    from .study import STUDY_FILE
+
+    target = Path(args.target) if args.target else None
+    if target is not None and target.is_dir():
+        if not (target / STUDY_FILE).exists():
+            raise MpstudioError(f"{target} is not a study folder (no {STUDY_FILE}); give a study folder or a model "
+                                "file")
+        args.study, args.model = str(target), None
+    else:
+        args.model = args.target
+    with ExitStack() as stack, progress_bar(not args.quiet) as progress:
+        study = stack.enter_context(_open_study(args, progress))
+        report = diverge(study, args.plan, samples=args.samples, chunk_size=args.chunk, threshold_steps=args.threshold,
+                         runner=_runner(args, stack), progress=progress)
+    print(report.describe(args.top))
+    print(f"full table: {report.csv_path}")
+    return 0
+
+
+def _add_diverge_parser(sub) -> None:
+    d = sub.add_parser("diverge", help="find the first tensors where the HTP and ORT's CPU disagree beyond "
+                                       "quantization noise, for one plan")
+    d.add_argument("target", nargs="?", metavar="MODEL_OR_STUDY",
+                   help="a study folder, or a float ONNX model (with --data; its study is MODEL.study or --study)")
+    d.add_argument("--plan", help="plan id, name or hash of the study, a8w8 / a16w8 / a8w8-pc, or a plan JSON file "
+                                  "(default a8w8)")
+    d.add_argument("--data", help="samples of a bare model (.npz per sample, keys = input names)")
+    d.add_argument("--eval-data", help="evaluation samples of a bare model (default: --data); diverge runs on these")
+    d.add_argument("--study", help="study folder of a bare model (default MODEL.study)")
+    d.add_argument("--demo", action="store_true", help="the built-in demo (PP-OCRv4 recognizer)")
+    d.add_argument("--samples", type=int, default=2, help="evaluation samples compared (HTP runs are slow; default 2)")
+    d.add_argument("--chunk", type=int, default=64,
+                   help="tensors exposed per HTP session (default 64; fewer outputs per session keep its graph "
+                        "closer to the unmodified model's)")
+    d.add_argument("--threshold", type=float, default=1.0,
+                   help="a tensor diverges when HTP and CPU differ by more than this many quantization steps RMS")
+    d.add_argument("--top", type=int, default=15, help="first diverging tensors to print")
+    _add_shape_arg(d)
+    d.add_argument("--htp-arch", default="75", help="HTP architecture of a new study")
+    _add_runner_args(d)
+    _add_quiet_arg(d)
+    # A study diverge creates takes the defaults of the options `search` has for creating one.
+    d.set_defaults(func=_diverge, metric=None, metric_args=None, metric_direction=None, charset=None, labels=None,
+                   calibration_samples=None, eval_samples=None)
+
+
 def _export(args) -> int:
     from contextlib import ExitStack
 
@@ -533,6 +583,8 @@ def _add_agent_parser(sub) -> None:
 
 _COMMANDS = (_add_prepare_parser, _add_quantize_parser, _add_analyze_parser, _add_demo_parser, _add_search_parser,
              _add_study_parser, _add_export_parser, _add_import_parser, _add_agent_parser)
+
+_COMMANDS += (_add_diverge_parser,)
 
 
 def build_parser() -> argparse.ArgumentParser:

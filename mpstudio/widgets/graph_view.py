@@ -26,9 +26,9 @@ WINDOW_LAYERS = 36  # layers shown at first in a tall graph; the minimap shows t
 _LABELS = {v: k for k, v in SCORES.items()}
 # How a namespace node summarises its members' scores.
 _AGGREGATE = {"snr_db": np.nanmin, "cosine": np.nanmin, "isolation_gain": np.nanmax, "latency_share": np.nansum,
-              "rank": np.nanmin, "local_snr_8": np.nanmin}
+              "rank": np.nanmin, "local_snr_8": np.nanmin, "divergence": np.nanmax}
 _MARKERS = {"8": "circle", "16": "square", "8+16": "diamond", "-": "triangle"}
-_HOVER_COLUMNS = ["snr_db", "cosine", "isolation_gain", "latency_share", "rank", "local_snr_8"]
+_HOVER_COLUMNS = ["snr_db", "cosine", "isolation_gain", "latency_share", "rank", "local_snr_8", "divergence"]
 _NUMERIC = {"score", "line_width", *_HOVER_COLUMNS}
 # Columns that depend on scores and the plan (patched); the rest depend on the layout only (replaced).
 _STYLE_COLUMNS = ["score", "bits", "line_width", "tensor", *_HOVER_COLUMNS]
@@ -132,7 +132,7 @@ class GraphView(View):
             ("tensor", "@tensor"), ("node", "@id"), ("op", "@op"), ("bits", "@bits"),
             ("SNR", "@snr_db{0.00} dB"), ("cosine", "@cosine{0.0000}"), ("local SNR 8-bit", "@local_snr_8{0.0} dB"),
             ("isolation gain", "@isolation_gain{0.0000}"), ("rank", "@rank"),
-            ("latency share", "@latency_share{0.0%}")])
+            ("latency share", "@latency_share{0.0%}"), ("HTP vs CPU", "@divergence{0.00} steps RMS")])
         wheel = WheelZoomTool()
         fig.add_tools(hover, TapTool(renderers=[nodes]), wheel)
         fig.toolbar.active_scroll = wheel

@@ -34,17 +34,19 @@ _CREATING = threading.Lock()  # studies are created one at a time in this proces
 # What the graph can be coloured by: label -> column of StudioState.tensors. Each has a direction: for
 # "low" scores low values need attention (drawn red), for "high" scores high values do.
 SCORES = {"SNR (dB)": "snr_db", "cosine": "cosine", "isolation gain": "isolation_gain",
-          "latency share": "latency_share", "rank": "rank"}
-SCORE_ATTENTION = {"snr_db": "low", "cosine": "low", "isolation_gain": "high", "latency_share": "high", "rank": "low"}
+          "latency share": "latency_share", "rank": "rank", "HTP vs CPU (steps)": "divergence"}
+SCORE_ATTENTION = {"snr_db": "low", "cosine": "low", "isolation_gain": "high", "latency_share": "high", "rank": "low",
+                   "divergence": "high"}
 RUNNERS = {"this process": "local", "local agent": "agent", "remote agent": "remote"}
 _LANES = ("open", "long")
 
 # Columns of StudioState.tensors (one row per activation tensor, in topological order):
 #   tensor, node (its producer; "" for a graph input), op, namespace, kind, bits (8 or 16 in the current plan),
 #   rank, snr_db, cosine, local_snr_8, local_snr_16, isolation_gain (NaN until the sensitivity analysis ran),
-#   latency_share (share of the estimated latency of the current plan spent in its producer; NaN if unknown).
+#   latency_share (share of the estimated latency of the current plan spent in its producer; NaN if unknown),
+#   divergence (RMS of HTP - CPU in quantization steps for the current plan, from mpstudio.diverge; NaN if unknown).
 TENSOR_COLUMNS = ["tensor", "node", "op", "namespace", "kind", "bits", "rank", "snr_db", "cosine", "local_snr_8",
-                  "local_snr_16", "isolation_gain", "latency_share"]
+                  "local_snr_16", "isolation_gain", "latency_share", "divergence"]
 _SCORE_COLUMNS = ["rank", "snr_db", "cosine", "local_snr_8", "local_snr_16", "isolation_gain"]
 
 
@@ -132,6 +134,8 @@ class StudioState(param.Parameterized):
     evaluations = param.DataFrame(default=pd.DataFrame(), constant=True,
                                   doc="study.front(latency_source): every evaluation with a `pareto` column")
     focus = param.String("", constant=True, doc="A tensor the graph should scroll to")
+    divergence = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1,
+                                 doc="The current plan's divergence table (mpstudio.diverge.COLUMNS)")
     jobs = param.List(default=[], item_type=Job, constant=True)
     message = param.String("", constant=True)
     error = param.String("", constant=True)
@@ -275,10 +279,12 @@ class StudioState(param.Parameterized):
             plan.validate(self.study.graph, self.study.htp_arch)
         plan_id = self.study.plan_id(plan) if self.study is not None else None
         with param.edit_constant(self):
-            self.param.update(plan=plan, plan_id=plan_id, latency_ops=None)  # the old plan's latency
+            self.param.update(plan=plan, plan_id=plan_id, latency_ops=None, divergence=None)  # the old plan's
         self._refresh_tensors()
         if self.color_by == "latency_share" and self.study is not None:
             self.estimate_latency()
+        if self.color_by == "divergence" and self.study is not None:
+            self.find_divergence()
 
     def load_plan(self, plan_id: int) -> PrecisionPlan:
         """Make a stored plan the current one (a click on the Pareto plot)."""
@@ -347,6 +353,36 @@ class StudioState(param.Parameterized):
                                   message=f"estimated latency {estimate.ms:.3f} ms ({estimate.latency.label})")
             self._refresh_tensors()
         return self._submit("latency", f"estimating the latency of {plan.name or plan.summary()}", work, done)
+
+    def find_divergence(self, samples: int = 1) -> Job:
+        """Where the current plan's HTP run first departs from ORT's CPU (mpstudio.diverge), for colouring by
+        divergence: the study's saved table of this plan when there is one, else a run on the HTP backend."""
+        from ..diverge import diverge, load_report
+
+        study = self._require_study()
+        plan = self.plan
+
+        def work(progress, cancel):
+            plan_id = study.plan_id(plan)
+            saved = load_report(study, plan_id) if plan_id is not None else None
+            if saved is not None:
+                return saved
+            return diverge(study, plan, samples=samples, runner=self._runner(), progress=progress,
+                           cancel=cancel).frame
+
+        def done(frame):
+            if plan.hash != self.plan.hash:
+                return
+            first = frame.loc[frame["first"].astype(bool), "tensor"].tolist()
+            with param.edit_constant(self):
+                self.param.update(divergence=frame, plan_id=study.plan_id(plan),
+                                  message=f"first HTP/CPU divergence: {', '.join(first[:5])}" if first else
+                                  "HTP and CPU agree within quantization noise on every tensor")
+            self._refresh_tensors()
+            if first:
+                with param.edit_constant(self):
+                    self.focus = first[0]
+        return self._submit("diverge", f"comparing {plan.name or plan.summary()} on HTP and CPU", work, done)
 
     def start_search(self, target: str | None = None, max_evaluations: int = 16) -> Job:
         """Search for the cheapest plan that reaches `target`; its recommendation becomes the current plan."""
@@ -479,6 +515,9 @@ class StudioState(param.Parameterized):
         if self.latency_ops is not None and "share" in self.latency_ops:
             share = self.latency_ops.groupby("node")["share"].sum()
             frame["latency_share"] = frame["node"].map(share)
+        frame["divergence"] = np.nan
+        if self.divergence is not None:
+            frame["divergence"] = frame["tensor"].map(self.divergence.set_index("tensor")["rms_steps"])
         frame = frame[TENSOR_COLUMNS]
         with param.edit_constant(self):
             self.tensors = frame
@@ -502,6 +541,8 @@ class StudioState(param.Parameterized):
     def _on_color_by(self, event) -> None:
         if event.new == "latency_share" and self.latency_ops is None and self.study is not None:
             self.estimate_latency()
+        if event.new == "divergence" and self.divergence is None and self.study is not None:
+            self.find_divergence()
 
     def _on_latency_source(self, event) -> None:
         self.refresh_evaluations()
