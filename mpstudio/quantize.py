@@ -481,7 +481,27 @@ def init_overrides(plan: PrecisionPlan, graph: ModelGraph) -> dict[str, list[dic
         upstream = _folded_activation_input(graph, tensor)
         if upstream is not None and upstream not in plan.overrides:
             overrides[upstream] = [dict(entries[0])]
+    overrides.update(_unsigned_norm_scales(plan, graph))
     return overrides
+
+
+def _unsigned_norm_scales(plan: PrecisionPlan, graph: ModelGraph) -> dict[str, list[dict]]:
+    """Overrides that keep a LayerNormalization's scale unsigned (asymmetric) when the plan's weights are
+    signed: QNN HTP rejects a LayerNormalization whose scale is int8 or int16 (the node falls back to the CPU,
+    measured on onnxruntime-qnn 2.7), while its Conv, MatMul and Gemm weights take signed types. A per-tensor
+    override of the scale in the plan is kept as it is."""
+    if not plan.weight_type.startswith("int"):
+        return {}
+    unsigned = QUANT_TYPES["u" + plan.weight_type]
+    out = {}
+    for node in graph.nodes.values():
+        if node.op_type != "LayerNormalization" or len(node.inputs) < 2:
+            continue
+        scale = node.inputs[1]
+        info = graph.tensors.get(scale)
+        if info is not None and not info.is_activation and scale not in plan.overrides:
+            out[scale] = [{"quant_type": unsigned, "symmetric": False}]
+    return out
 
 
 # Activations ORT's QDQ quantizer folds into the op before them (the op then writes their output directly).

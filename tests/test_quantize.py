@@ -224,3 +224,24 @@ def test_caches_are_keyed_by_the_toolchain(quantizer, monkeypatch):
     monkeypatch.setattr(q, "toolchain", lambda: {"onnxruntime": "9.9.9", "onnx": "0"})
     assert quantizer.model_path(MIXED) != path and quantizer.calibration_key() != key
     assert not ort_patch_applies("9.9.9") and ort_patch_applies("1.32.0")
+
+
+@requires_qnn
+def test_signed_weights_keep_a_layernorm_scale_unsigned_so_htp_takes_the_node(tmp_path):
+    from transformer_models import encoder_feeds, make_encoder
+
+    from mpstudio import qdq
+
+    prepared = prepare_model(make_encoder())
+    scales = [n.input[1] for n in prepared.model.graph.node if n.op_type == "LayerNormalization"]
+    assert scales
+    quantizer = Quantizer(prepared, FeedList(encoder_feeds(4)), tmp_path)
+    plan = PrecisionPlan(weight_type="int8", per_channel=True, name="a8w8-pc")
+    path = quantizer.generate(plan)
+    params = qdq.read(path).params()
+    assert all(params[s].encoding.dtype == "uint8" for s in scales)
+    assert any(q.encoding.dtype == "int8" for t, q in params.items() if t not in scales)
+    create_session(path, "htp", {"htp_arch": "75"})  # raises when a node falls back to the CPU
+    # A plan's own override of a scale stays the plan's.
+    own = quantizer.generate(plan.with_overrides({scales[0]: "uint16"}))
+    assert qdq.read(own).params()[scales[0]].encoding.dtype == "uint16"
