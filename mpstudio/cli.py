@@ -137,8 +137,17 @@ def _runner(args, stack):
     return None
 
 
+# The options with which `search` creates a study; commands without them (import, diverge) create one with
+# these defaults.
+_STUDY_OPTIONS = ("metric", "metric_args", "metric_direction", "charset", "labels", "calibration_samples",
+                  "eval_samples")
+
+
 def _open_study(args, progress):
     """The study of `--study` (reopened when it exists), else a new one from MODEL and --data, or the demo."""
+    for option in _STUDY_OPTIONS:
+        if not hasattr(args, option):
+            setattr(args, option, None)
     from .study import STUDY_FILE, Study
 
     spec = _metric_arg(args)
@@ -322,9 +331,7 @@ def _add_diverge_parser(sub) -> None:
     d.add_argument("--htp-arch", default="75", help="HTP architecture of a new study")
     _add_runner_args(d)
     _add_quiet_arg(d)
-    # A study diverge creates takes the defaults of the options `search` has for creating one.
-    d.set_defaults(func=_diverge, metric=None, metric_args=None, metric_direction=None, charset=None, labels=None,
-                   calibration_samples=None, eval_samples=None)
+    d.set_defaults(func=_diverge)
 
 
 def _export(args) -> int:
