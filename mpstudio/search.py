@@ -447,7 +447,6 @@ class _Walk:
                 # Ranked as the jump from int4 (it makes the int8 step redundant); its gain after an int8
                 # step is the rest, as the prediction below counts it.
                 candidates.append((f"{w}:{WIDTH_TYPES[16]}", float(noise[4][w] - noise[16][w]), cost, step))
-        candidates = [c for c in candidates if c[1] > 0]
         if not candidates:
             return [], [], []
         costs = np.array([c[2] for c in candidates], dtype=float)
@@ -456,19 +455,21 @@ class _Walk:
         # Steps cheaper than the median are ranked by their gain alone: a weight step that costs next to
         # nothing (a few bytes more) must still earn its place, or every such step would come first.
         floor = max(float(np.median(positive)) if positive.size else 1e-6, 1e-6)
-        score = np.array([c[1] for c in candidates]) / np.clip(costs, floor, None)
-        ranked = [candidates[i] for i in np.argsort(-score, kind="stable")]
-        seen = {}  # weight -> the width its steps so far give it
+        pending = {c[0]: [c[1], max(float(cost), floor), c[3]] for c, cost in zip(candidates, costs)}
         order, steps, predicted = [], [], []
         level = 10 ** (-base.snr_db / 10) if base.snr_db is not None else noise_8
-        for label, gain, _, overrides in ranked:
+        # Greedy, re-ranked as steps are taken: after a weight's int8 step its int16 step only removes the
+        # rest (int8 noise less int16 noise); an int16 step taken first makes the int8 step redundant.
+        while pending:
+            label = max(pending, key=lambda k: (pending[k][0] / pending[k][1], -len(order)))
+            gain, _, overrides = pending.pop(label)
+            if gain <= 0:
+                break
             tensor, _, kind = label.partition(":")
-            if kind == "int8" and seen.get(tensor) == 16:
-                continue  # its int16 step came first and covers it
-            if kind == "int16" and seen.get(tensor) == 8:
-                gain = float(noise[8][tensor] - noise[16][tensor])
-            if kind:
-                seen[tensor] = int(kind[3:])
+            if kind == "int8" and f"{tensor}:int16" in pending:
+                pending[f"{tensor}:int16"][0] = float(noise[8][tensor] - noise[16][tensor])
+            elif kind == "int16":
+                pending.pop(f"{tensor}:int8", None)
             order.append(label)
             steps.append(overrides)
             level = max(level - gain, 1e-12)
