@@ -452,9 +452,7 @@ class _Walk:
         costs = np.array([c[2] for c in candidates], dtype=float)
         costs = np.nan_to_num(costs, nan=float(np.nanmedian(costs)) if np.isfinite(costs).any() else 1.0)
         positive = costs[costs > 0]
-        # Steps cheaper than the median are ranked by their gain alone: a weight step that costs next to
-        # nothing (a few bytes more) must still earn its place, or every such step would come first.
-        floor = max(float(np.median(positive)) if positive.size else 1e-6, 1e-6)
+        floor = max(float(positive.min()) if positive.size else 1e-6, 1e-6)
         pending = {c[0]: [c[1], max(float(cost), floor), c[3]] for c, cost in zip(candidates, costs)}
         order, steps, predicted = [], [], []
         level = 10 ** (-base.snr_db / 10) if base.snr_db is not None else noise_8
