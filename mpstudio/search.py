@@ -456,6 +456,10 @@ class _Walk:
         pending = {c[0]: [c[1], max(float(cost), floor), c[3]] for c, cost in zip(candidates, costs)}
         order, steps, predicted = [], [], []
         level = 10 ** (-base.snr_db / 10) if base.snr_db is not None else noise_8
+        # Shares measured one at a time overstate what they remove from a plan whose outputs are already
+        # swamped (int4 everywhere): the prediction scales them to remove at most the base's noise.
+        total = sum(max(c[1], 0.0) for c in candidates)
+        shrink = min(1.0, 0.99 * level / total) if total > 0 else 1.0
         # Greedy, re-ranked as steps are taken: after a weight's int8 step its int16 step only removes the
         # rest (int8 noise less int16 noise); an int16 step taken first makes the int8 step redundant.
         while pending:
@@ -470,7 +474,7 @@ class _Walk:
                 pending.pop(f"{tensor}:int8", None)
             order.append(label)
             steps.append(overrides)
-            level = max(level - gain, 1e-12)
+            level = max(level - shrink * gain, 1e-12)
             predicted.append(-10 * math.log10(level))
         return order, predicted, steps
 

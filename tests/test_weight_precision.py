@@ -22,11 +22,11 @@ from mpstudio.search import apply_steps, mixed_base, search
 from mpstudio.sensitivity.weight_isolation import matrix_weights, weight_isolation
 from mpstudio.study import Study
 
-WIDTH = 256
+WIDTH = 1024
 
 
 def make_mlp_model(layers: int = 4, seed: int = 0) -> onnx.ModelProto:
-    """x[1,256] -> `layers` x (/fcI/MatMul -> /fcI/Relu) -> /head/MatMul -> y[1,16], where fc3's weight is the
+    """x[1,1024] -> `layers` x (/fcI/MatMul -> /fcI/Relu) -> /head/MatMul -> y[1,16], where fc3's weight is the
     sensitive one.
 
     Weights are uniform (int4 per channel keeps them to about 23 dB each), except fc3.weight: its first row is 40 while
@@ -179,7 +179,7 @@ def test_weight_isolation_sees_what_the_weights_own_snr_misses(mlp_quantizer):
     own = weight_scores(mlp_quantizer.prepared.model, graph).set_index("tensor")
     assert list(frame.index) == matrix_weights(graph) == ["fc1.weight", "fc2.weight", "fc3.weight", "fc4.weight",
                                                           "head.weight"]
-    assert own.loc["fc3.weight", "snr_pc_8"] > 25  # "fine" by its own SNR ...
+    assert own.loc["fc3.weight", "snr_pc_8"] > 20  # "fine" by its own SNR ...
     assert frame.loc["fc3.weight", "output_snr_8"] < 10  # ... ruinous at the outputs
     assert frame.loc["fc3.weight", "output_snr_16"] > 40
     benign = frame.drop("fc3.weight")
@@ -198,6 +198,9 @@ def test_mixed_search_keeps_int4_and_puts_int16_on_the_sensitive_weight(tmp_path
         types = {w: plan.overrides[w].type for w in matrix_weights(study.graph)}
         assert types["fc3.weight"] == "int16" and plan.overrides["relu3_out"].type == "uint16"
         assert sum(t == "int4" for t in types.values()) >= 3  # int4 stays where it does little harm
+        # ... and its bytes pay for the 16-bit weight: no dearer than all-8-bit by the cost model.
+        a8 = result.baselines["a8w8"].latency("estimate").ms
+        assert result.recommended.latency("estimate").ms <= a8
         assert "fc3.weight:int16" in result.order[:3]
         assert result.path[2].name == "a8w4-pc"  # the walk starts from int4 weights
         assert apply_steps(mixed_base(study.graph), []).overrides == mixed_base(study.graph).overrides
