@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import IR, make_conv_model, conv_feeds, requires_qnn
+from conftest import IR, make_conv_model, conv_feeds, qnn_available, requires_qnn
 from mpstudio import qdq
 from mpstudio.data import FeedList
 from mpstudio.errors import MpstudioError
@@ -204,3 +204,8 @@ def test_mixed_search_keeps_int4_and_puts_int16_on_the_sensitive_weight(tmp_path
         assert "fc3.weight:int16" in result.order[:3]
         assert result.path[2].name == "a8w4-pc"  # the walk starts from int4 weights
         assert apply_steps(mixed_base(study.graph), []).overrides == mixed_base(study.graph).overrides
+        if qnn_available():  # the pick runs on HTP as it is (CPU fallback disabled)
+            from mpstudio.runtime import create_session
+
+            session = create_session(study.quantizer.generate(plan), "htp", {"htp_arch": study.htp_arch})
+            assert session.run(None, mlp_feeds(1)[0])[0].shape == (1, 16)
