@@ -1,7 +1,7 @@
 """mpstudio's mixed-precision search against AIMET's (aimet-onnx), on one model, one target, one evaluator.
 
     python benchmarks/search.py [--target 0.02] [--study DIR] [--no-aimet] [--sweep-samples 2]
-                                [--budget-minutes 15] [--keep DIR]
+                                [--budget-minutes 15] [--keep DIR] [--weights mixed]
 
 Model and data: the built-in demo (PP-OCRv4 text-line recognizer, 100 calibration and 100 evaluation lines,
 scored by CER), or with `--study DIR` the model, data and metric of an existing study. Every method starts
@@ -16,8 +16,10 @@ QDQ model: an estimate, not a measurement.
 
 Rows (wall time from the float model to the scored result, calibration included):
 - mpstudio: `mpstudio.search.search` (sensitivity analysis, weights first, gain per latency cost, bisection)
-  with its default budget. "evals" counts plans scored on the evaluation data (the baselines too); its
-  sensitivity analysis is inside its wall time.
+  with its default budget and `--weights` mode. "evals" counts plans scored on the evaluation data (the
+  baselines too); its sensitivity analysis is inside its wall time. Below the table: the float model's score
+  with the same evaluator, and the pick's estimated latency premium over mpstudio's a8w8 as a share of
+  a16w8's premium over a8w8.
 - AIMET a8w8: `QuantizationSimModel(param_type=int8, activation_type=int8, config_file="htp_v<arch>")`
   calibrated with `compute_encodings`: AIMET's own HTP layout, all 8 bits, no search. For reference.
 - AIMET Lite-MP p%: `analyze_per_layer_sensitivity` (one sim run per op with only that op's quantizers on,
@@ -35,7 +37,9 @@ Rows (wall time from the float model to the scored result, calibration included)
 quantized to 16 bits in the final QDQ model.
 
 Gates (exit 1 when one fails): mpstudio's pick reaches the target; no AIMET result that reaches the target
-has a lower estimated latency than mpstudio's pick; the whole run takes at most `--budget-minutes`.
+has a lower estimated latency than mpstudio's pick; the whole run takes at most `--budget-minutes`; with
+`--weights mixed`, the pick is within 2x of the float model's error (an error metric such as CER) at no more
+than 1/3 of a16w8's estimated premium over a8w8.
 Without aimet-onnx (`pip install 'mpstudio[aimet]'`) its rows print as skipped and only the first and last
 gates apply.
 """
@@ -130,9 +134,9 @@ def fresh_study(folder: Path, source: str | None) -> Study:
 
 
 # ---- mpstudio ----------------------------------------------------------------------------------------------------
-def run_mpstudio(study: Study, target: str, evaluator: Evaluator):
+def run_mpstudio(study: Study, target: str, evaluator: Evaluator, weights: str = "auto"):
     started = time.perf_counter()
-    result = search(study, target)
+    result = search(study, target, weights=weights)
     seconds = time.perf_counter() - started
     path = study.quantizer.generate(study.plan(result.recommended.plan_id))
     value = evaluator.score(path)
@@ -142,6 +146,35 @@ def run_mpstudio(study: Study, target: str, evaluator: Evaluator):
     row = Row("mpstudio search", result.evaluations, None, seconds, value, evaluator.estimate_ms(path),
               sixteen_bit_tensors(path), meets(value, result.threshold, evaluator.higher_is_better), note)
     return row, result
+
+
+@dataclass(frozen=True)
+class Premium:
+    """The pick against the float model and the baselines, all through the one evaluator and the cost model."""
+
+    float_value: float
+    pick_value: float
+    a8w8_ms: float
+    a16w8_ms: float
+    pick_ms: float
+
+    @property
+    def share(self) -> float:
+        """The pick's estimated premium over a8w8 as a share of a16w8's premium over a8w8."""
+        return (self.pick_ms - self.a8w8_ms) / (self.a16w8_ms - self.a8w8_ms)
+
+    def describe(self, metric: str) -> str:
+        return (f"float {metric} {self.float_value:.4f}; pick {self.pick_value:.4f} "
+                f"({self.pick_value / self.float_value:.2f}x float); estimated ms: a8w8 {self.a8w8_ms:.3f}, "
+                f"a16w8 {self.a16w8_ms:.3f} (premium {self.a16w8_ms - self.a8w8_ms:.3f}), pick {self.pick_ms:.3f} "
+                f"(premium {self.pick_ms - self.a8w8_ms:.3f} = {self.share:.2f} of a16w8's)")
+
+
+def premium(study: Study, evaluator: Evaluator, result, row: Row) -> Premium:
+    def ms(name: str) -> float:
+        return evaluator.estimate_ms(study.quantizer.generate(study.plan(result.baselines[name].plan_id)))
+
+    return Premium(evaluator.score(study.quantizer.float_path), row.value, ms("a8w8"), ms("a16w8"), row.estimate_ms)
 
 
 # ---- AIMET -------------------------------------------------------------------------------------------------------
@@ -293,6 +326,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="calibration samples per AIMET sensitivity run (default 1, as AIMET's Lite-MP example)")
     parser.add_argument("--budget-minutes", type=float, default=15.0)
     parser.add_argument("--keep", help="keep the study and the exported models here")
+    parser.add_argument("--weights", default="auto", choices=["auto", "per-tensor", "per-channel", "mixed"],
+                        help="mpstudio's weight mode (mixed: each matrix weight int4/int8/int16, chosen jointly)")
     return parser.parse_args(argv)
 
 
@@ -309,8 +344,9 @@ def main(argv=None) -> int:
         print(f"model: {study.name}, {len(study.prepared.model.graph.node)} nodes, "
               f"{len(study.graph.activations())} activation tensors; {len(study.calibration)} calibration and "
               f"{len(study.evaluation_data)} evaluation samples; target {args.target}", flush=True)
-        ours, result = run_mpstudio(study, args.target, evaluator)
+        ours, result = run_mpstudio(study, args.target, evaluator, args.weights)
         print("mpstudio: " + result.describe().replace("\n", "\n  "), flush=True)
+        against = premium(study, evaluator, result, ours)
         rows = [ours]
         if args.no_aimet:
             rows.append(Row("AIMET", None, None, 0.0, None, None, None, None, "skipped: --no-aimet"))
@@ -324,7 +360,12 @@ def main(argv=None) -> int:
             rows.append(aimet.amp())
         elapsed = time.perf_counter() - started
         print_table(rows, study.metric_name, result.threshold, study.higher_is_better)
+        print("mpstudio's pick: " + against.describe(study.metric_name))
         failed = gates([r for r in rows if r.value is not None], elapsed, args.budget_minutes)
+        if args.weights == "mixed" and not study.higher_is_better and not (
+                against.pick_value <= 2 * against.float_value and against.share <= 1 / 3):
+            failed.append(f"the mixed-weight pick is {against.pick_value / against.float_value:.2f}x float at "
+                          f"{against.share:.2f} of a16w8's premium (wanted <= 2x at <= 0.33)")
     finally:
         study.close()
         if not args.keep:

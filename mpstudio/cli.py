@@ -505,8 +505,9 @@ def _add_search_parser(sub) -> None:
     s.add_argument("--backend", default="cpu", choices=["cpu", "htp"], help="where accuracy is measured")
     s.add_argument("--confirm", action="store_true",
                    help="evaluate the recommended plan on the HTP backend too (the search itself runs on CPU)")
-    s.add_argument("--weights", default="auto", choices=["auto", "per-tensor", "per-channel"],
-                   help="weight quantization of the base plan (auto: per-channel int8 when it clearly helps)")
+    s.add_argument("--weights", default="auto", choices=["auto", "per-tensor", "per-channel", "mixed"],
+                   help="weight quantization of the base plan (auto: per-channel int8 when it clearly helps; "
+                        "mixed: int4 matrix weights, each promoted to int8/int16 with the activations)")
     _add_shape_arg(s)
     s.add_argument("--allow-fallback", action="store_true",
                    help="accept a model with nodes QNN HTP cannot run: HTP evaluations run them on ORT's CPU EP and "

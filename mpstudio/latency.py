@@ -251,6 +251,7 @@ class _Op:
     kind: str = "compute"  # "compute", "convert", "io", "graph"
     hidden_by: int = -1  # index of the matrix op whose time can hide this activation's HVX time
     absorbed: list = field(default_factory=list)  # tensors a fused pattern (SiLU, Gelu) now reads inside itself
+    weights: list = field(default_factory=list)  # [(float-model name, dtype, elements)] of its constant operands
 
 
 @dataclass
@@ -383,6 +384,7 @@ def _compute_op(qop, elements: _ElementCounter) -> _Op | None:
         return None
     weights = [(o.value, _htp_type(o.dtype)) for o in qop.weights]
     shapes = elements.shapes
+    op.weights = [(o.tensor, _htp_type(o.dtype), _elements(shapes.get(o.value)) or 0) for o in qop.weights]
     op.weight_bytes = float(sum((_elements(shapes.get(w)) or 0) * _bytes(t) for w, t in weights))
     if qop.op_type == "Gather" and weights:  # a table lookup reads only the rows it gathers
         op.weight_bytes = float(op.outputs[0][2] * _bytes(weights[0][1]))
@@ -1021,6 +1023,39 @@ def promotion_costs(qdq_model_8bit, tensors: Iterable[str], htp_arch: str | int 
     names = list(dict.fromkeys(tensors))
     values = [analysis.cost(name, graph) for name in names]
     return pd.Series(values, index=pd.Index(names, name="tensor"), name="promotion_ms", dtype=float)
+
+
+def weight_costs(qdq_model, types: Mapping[str, str], htp_arch: str | int | HtpArch = "75",
+                 activation_type: str | None = None) -> pd.Series:
+    """Estimated ms added by giving each weight in `types` (float-model name -> "int4", "int8", "int16" ...),
+    alone, that type in `qdq_model`: the op that reads it moves more or fewer weight bytes (int4 half of int8,
+    int16 twice), and a 16-bit weight runs the matrix unit at the 16-bit rate. Negative when cheaper.
+
+    The op keeps its activation types, or computes in `activation_type` ("uint16") when given: HTP takes a
+    16-bit weight only on an op that computes at 16 bits, whose own promotion (and its converts) is
+    `promotion_costs`' part. int4 is priced by its bytes only (assumption: the matrix unit expands 4-bit
+    weights to 8 bits; no int4 model is in the fit data). A name no op reads as a weight costs NaN.
+    Returns a Series indexed by weight name (in the order given), named "weight_ms".
+    """
+    arch = _resolve_arch(htp_arch)
+    parsed = _parsed(qdq_model)
+    readers: dict[str, _Op] = {}
+    for op in parsed.ops:
+        if op.kind == "compute":
+            for name, _, _ in op.weights:
+                readers.setdefault(name, op)
+    values = []
+    for name, new_type in types.items():
+        op = readers.get(name)
+        if op is None or new_type not in _TYPE_BITS:
+            values.append(float("nan"))
+            continue
+        changed = [(w, new_type if w == name else t, n) for w, t, n in op.weights]
+        after = dataclasses.replace(op, weights=changed, weight_bytes=float(sum(n * _bytes(t) for _, t, n in changed)),
+                                    weight_type=next((t for _, t, _ in changed if t != "int32"), ""))
+        values.append(_op_ms(after, arch, activation_type, activation_type)
+                      - _op_ms(op, arch, activation_type, activation_type))
+    return pd.Series(values, index=pd.Index(list(types), name="tensor"), name="weight_ms", dtype=float)
 
 
 class _PromotionAnalysis:

@@ -16,10 +16,19 @@ PLAN_FORMAT = 1
 
 # HTP takes unsigned 8/16-bit activations; signed int16 activations are rejected by the backend.
 ACTIVATION_TYPES = ("uint8", "uint16")
-WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16")
+# A plan's default weight type; a per-tensor override may also ask for int4 (WEIGHT_TYPES).
+DEFAULT_WEIGHT_TYPES = ("uint8", "int8", "uint16", "int16")
+WEIGHT_TYPES = ("int4",) + DEFAULT_WEIGHT_TYPES
 _SIXTEEN_BIT = ("uint16", "int16")
+FOUR_BIT = ("int4",)
 # 16-bit weights need HTP v73 or newer.
 MIN_ARCH_16BIT_WEIGHTS = 73
+# int4 weights: symmetric, the weight of a matrix op. QNN's HTP (ORT's QNN EP 2.7, the HTP emulator) ran int4
+# per-channel and per-tensor Conv, MatMul and Gemm weights with 8- and 16-bit activations on every arch
+# mpstudio targets (v68 to v81), so no arch gate; per-block int4 is left out: ORT's quantizer applies one
+# block size to every weight (rank-2 only) and the QNN EP took block-quantized MatMul weights with 16-bit
+# activations only.
+INT4_WEIGHT_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 
 
 @dataclass(frozen=True)
@@ -82,8 +91,11 @@ class PrecisionPlan:
             raise MpstudioError(
                 f"activation type {self.activation_type!r} is not supported on HTP; use one of {', '.join(ACTIVATION_TYPES)}"
             )
-        if self.weight_type not in WEIGHT_TYPES:
-            raise MpstudioError(f"weight type {self.weight_type!r} is unknown; use one of {', '.join(WEIGHT_TYPES)}")
+        if self.weight_type not in DEFAULT_WEIGHT_TYPES:
+            hint = (" (int4 is set per weight, in the overrides, for the weights of Conv/MatMul/Gemm)"
+                    if self.weight_type in FOUR_BIT else "")
+            raise MpstudioError(f"default weight type {self.weight_type!r} is not supported; use one of "
+                                f"{', '.join(DEFAULT_WEIGHT_TYPES)}{hint}")
         if self.weight_symmetric is None:
             object.__setattr__(self, "weight_symmetric", self.weight_type.startswith("int"))
         ordered = {k: self.overrides[k] for k in sorted(self.overrides)}
@@ -215,6 +227,35 @@ class PrecisionPlan:
                 raise MpstudioError(
                     f"weight {tensor!r} cannot be {override.type} on HTP v{arch}: 16-bit weights need v{MIN_ARCH_16BIT_WEIGHTS}+"
                 )
+            elif override.type in FOUR_BIT:
+                _check_int4_weight(graph, tensor, override)
+        self._check_sixteen_bit_weights(graph)
+
+    def _check_sixteen_bit_weights(self, graph: ModelGraph) -> None:
+        """HTP takes a 16-bit weight only on a matrix op that computes at 16 bits (measured with ORT's QNN EP
+        2.7: Conv, MatMul and Gemm with int16 weights and 8-bit activations fall back to the CPU), so one of
+        the op's activations must be 16-bit in the plan (ORT then converts the others)."""
+        wide = None
+        for node in graph.nodes.values():
+            if node.op_type not in INT4_WEIGHT_OPS or len(node.inputs) < 2:
+                continue
+            weight = graph.tensors.get(node.inputs[1])
+            if weight is None or weight.is_activation:
+                continue
+            override = self.overrides.get(weight.name)
+            kind = override.type if override is not None and override.type else self.weight_type
+            if kind not in _SIXTEEN_BIT:
+                continue
+            if wide is None:
+                wide = set(self.sixteen_bit_activations(graph))
+            near = _op_activations(graph, node)
+            if not wide & set(near):
+                raise MpstudioError(
+                    f"weight {weight.name!r} is {kind}, but {node.op_type} {node.name!r} computes at 8 bits: HTP "
+                    f"takes 16-bit weights only on ops that compute at 16 bits; promote its input or output to "
+                    f"uint16 too ({', '.join(repr(t) for t in near[:2])})"
+                )
+
 
     def sixteen_bit_activations(self, graph: ModelGraph) -> list[str]:
         """Activation tensors this plan quantizes to 16 bits (before the converts ORT adds)."""
@@ -233,7 +274,38 @@ class PrecisionPlan:
 
     def summary(self) -> str:
         n16 = sum(1 for o in self.overrides.values() if o.type in _SIXTEEN_BIT)
+        n4 = sum(1 for o in self.overrides.values() if o.type in FOUR_BIT)
         base = self.base_name
         pc = " per-channel" if self.per_channel else ""
-        more = f" + {len(self.overrides)} overrides ({n16} to 16-bit)" if self.overrides else ""
+        four = f", {n4} int4" if n4 else ""
+        more = f" + {len(self.overrides)} overrides ({n16} to 16-bit{four})" if self.overrides else ""
         return f"{self.name or self.hash}: {base}{pc}{more}"
+
+
+def _op_activations(graph: ModelGraph, node) -> list[str]:
+    """The activations whose type decides what `node` computes in: its activation inputs, its outputs, and the
+    output of a Relu/Clip that ORT folds into it."""
+    names = [t for t in list(node.outputs) + list(node.inputs)
+             if t in graph.tensors and graph.tensors[t].is_activation]
+    for out in node.outputs:
+        info = graph.tensors.get(out)
+        if info is not None and len(info.consumers) == 1:
+            after = graph.nodes[info.consumers[0]]
+            if after.op_type in ("Relu", "Clip"):
+                names += [t for t in after.outputs if t in graph.tensors]
+    return names
+
+
+def _check_int4_weight(graph: ModelGraph, tensor: str, override: TensorOverride) -> None:
+    """An int4 override must be the symmetric weight (input 1) of a Conv, ConvTranspose, MatMul or Gemm."""
+    info = graph.tensors[tensor]
+    ops = [graph.nodes[c] for c in info.consumers]
+    if not ops or any(node.op_type not in INT4_WEIGHT_OPS or len(node.inputs) < 2 or node.inputs[1] != tensor
+                      for node in ops):
+        used = ", ".join(sorted({node.op_type for node in ops})) or "nothing"
+        raise MpstudioError(
+            f"weight {tensor!r} cannot be int4: int4 is for the weights of {', '.join(INT4_WEIGHT_OPS)} "
+            f"(input 1), and {tensor!r} feeds {used}; use int8 or int16"
+        )
+    if override.symmetric is False:
+        raise MpstudioError(f"weight {tensor!r}: int4 weights are symmetric on HTP; drop \"symmetric\": false")

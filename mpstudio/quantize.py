@@ -40,6 +40,7 @@ from .plan import PrecisionPlan
 from .qdq import Encoding
 
 QUANT_TYPES = {
+    "int4": QuantType.QInt4,
     "uint8": QuantType.QUInt8,
     "int8": QuantType.QInt8,
     "uint16": QuantType.QUInt16,
@@ -471,6 +472,8 @@ def init_overrides(plan: PrecisionPlan, graph: ModelGraph) -> dict[str, list[dic
             if symmetric is not None:
                 entry["symmetric"] = symmetric
             per_channel = override.per_channel
+            if per_channel is None and weight_type == "int4":
+                per_channel = True  # 16 levels for a whole tensor are rarely enough: per channel unless asked
             if per_channel is None and plan.per_channel:
                 per_channel = _default_per_channel(graph, tensor)
             if per_channel:

@@ -39,6 +39,7 @@ _MARGIN = re.compile(r"^(?P<base>.*?\S)\s*[+-]\s*(?P<pct>\d+(?:\.\d+)?)\s*%\s*$"
 # the recommended plan (relative), for at most this fraction of its distance from the float model's value.
 LITTLE_MORE = 0.10
 MUCH_BETTER = 0.5
+WEIGHT_MODES = ("auto", "per-tensor", "per-channel", "mixed")
 _generate_lock = threading.Lock()  # ORT's quantizer is patched process-wide while it runs: one at a time
 
 
@@ -333,7 +334,8 @@ def search(
 
     `target`: see `Target` (a number, `float-1%`, `a16w8+10%`, `a16w8-pc+5%`, `<plan name>+2%`).
     `runner` is None (this process), an AgentClient or an AgentPool (one plan per agent per round).
-    `weights` is "auto" (try per-channel int8 weights first when they help), "per-tensor" or "per-channel".
+    `weights` is "auto" (try per-channel int8 weights first when they help), "per-tensor", "per-channel", or
+    "mixed" (each matrix weight's own precision chosen with the activations: see `_Walk.mixed_order`).
     `sensitivity_samples` calibration samples are scored per tensor and `isolation_samples` of them run per
     isolation evaluation (`Study.sensitivity`); the calibration and evaluation samples are the study's own
     (`Study.create(calibration_samples=..., evaluation_samples=...)`), as every plan of a study is scored on
@@ -341,8 +343,8 @@ def search(
     `quiet`. When the target is missed, the closest plan is recommended (`closest_plan`); plans much better
     for little more latency are listed either way (`better_for_little_more`).
     """
-    if weights not in ("auto", "per-tensor", "per-channel"):
-        raise MpstudioError(f"weights must be auto, per-tensor or per-channel, not {weights!r}")
+    if weights not in WEIGHT_MODES:
+        raise MpstudioError(f"weights must be one of {', '.join(WEIGHT_MODES)}, not {weights!r}")
     if max_evaluations < 3:
         raise MpstudioError("max_evaluations must be at least 3 (two baselines and one candidate)")
     for what, count in (("sensitivity_samples", sensitivity_samples), ("isolation_samples", isolation_samples)):
@@ -447,14 +449,20 @@ class _Walk:
         base_plan, base = self._base(report, weights)
         if self._meets(base):
             return self._result(base, 0, "the base plan already reaches the target")
-        order, predicted = self._order(report, base_plan)
+        steps = None
+        if weights == "mixed":
+            order, predicted, steps = self.mixed_order(report, base_plan, base, sensitivity_samples)
+        else:
+            order, predicted = self._order(report, base_plan)
         if not order:
             return self._result(self._best_meeting() or base, 0, "no activation tensor is predicted to help")
         plans = {0: base_plan}
 
         def plan_k(k: int) -> PrecisionPlan:
             if k not in plans:
-                plans[k] = base_plan.promote(order[:k], name=f"{base_plan.name}+{k}x16")
+                name = f"{base_plan.name}+{k}"
+                plans[k] = (apply_steps(base_plan, steps[:k], name) if steps is not None
+                            else base_plan.promote(order[:k], name=f"{base_plan.name}+{k}x16"))
             return plans[k]
 
         hi = len(order)
@@ -473,6 +481,10 @@ class _Walk:
         """The plan promotions start from: a8w8, or per-channel int8 weights when they help (or are asked for)."""
         a8 = self.baselines["a8w8"]
         per_channel = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc")
+        if weights == "mixed":
+            plan = mixed_base(self.study.graph, self.study.htp_arch)
+            (evaluation,) = self.evaluate([plan])
+            return plan, evaluation
         gain_db = float(np.nanmedian(report.weights["per_channel_gain_8"])) if len(report.weights) else 0.0
         if weights == "per-channel" or (weights == "auto" and gain_db >= PER_CHANNEL_GAIN_DB):
             (pc,) = self.evaluate([per_channel])
@@ -626,6 +638,104 @@ class _Walk:
                 predicted.append(-10 * math.log10(noise))
         return order, predicted
 
+    def mixed_order(self, report, base_plan: PrecisionPlan, base: Evaluation, samples: int):
+        """Activation promotions and weight steps (int4 -> int8, int8 -> int16) in one order, by predicted noise
+        removed per estimated ms; the predicted output SNR of each prefix; and each step's overrides.
+
+        Noise powers (relative to the output's power) add: an activation's share is its isolation score (as
+        in `_order`), a weight's is measured at the outputs with that weight alone quantized
+        (`weight_isolation`), so both are priced in the same unit. A 16-bit weight also promotes the output of
+        its op (HTP computes 16-bit weights only at 16 bits); its cost includes that promotion.
+        """
+        from .latency import promotion_costs, weight_costs
+        from .plan import MIN_ARCH_16BIT_WEIGHTS, TensorOverride
+        from .sensitivity.weight_isolation import WIDTH_TYPES
+
+        iso = report.isolation
+        if iso is None or not iso.metric.startswith("output SNR"):
+            raise MpstudioError("the mixed weight search needs output-SNR isolation scores; analyze with isolation "
+                                "enabled and no task metric")
+        graph = self.study.graph
+        per = iso.per_tensor()
+        noise_8 = 10 ** (-iso.all_8 / 10)
+        removed = noise_8 - 10 ** (-per["promoted"].astype(float) / 10)
+        added = 10 ** (-per["demoted"].astype(float) / 10) - 10 ** (-iso.all_16 / 10)
+        act_gain = np.maximum(removed, added)
+        act_gain = act_gain[act_gain > 0]
+        weights = self._weight_isolation(samples)
+        with _generate_lock:
+            model = self.study.quantizer.generate(base_plan)
+        wide_ok = int(self.study.htp_arch or 75) >= MIN_ARCH_16BIT_WEIGHTS
+        outputs = {w: _op_output(graph, w) for w in weights.index}
+        activations = set(act_gain.index) | {t for t in outputs.values() if t}
+        act_cost = promotion_costs(model, sorted(activations), self.study.htp_arch, graph=graph)
+        act_cost = act_cost.fillna(act_cost.median() if act_cost.notna().any() else 0.0)
+        cost_8 = weight_costs(model, {w: "int8" for w in weights.index}, self.study.htp_arch)
+        cost_16 = weight_costs(model, {w: "int16" for w in weights.index}, self.study.htp_arch, "uint16")
+        noise = {bits: 10 ** (-weights[f"output_snr_{bits}"].astype(float) / 10) for bits in (4, 8, 16)}
+        candidates = []  # (label, gain, cost, overrides)
+        for t, gain in act_gain.items():
+            candidates.append((t, float(gain), float(act_cost.get(t, 0.0)), {t: TensorOverride("uint16")}))
+        for w in weights.index:
+            if base_plan.overrides.get(w) is None or base_plan.overrides[w].type != "int4":
+                continue
+            candidates.append((f"{w}:{WIDTH_TYPES[8]}", float(noise[4][w] - noise[8][w]), float(cost_8.get(w, 0.0)),
+                               {w: TensorOverride("int8", per_channel=True)}))
+            out = outputs[w]
+            if wide_ok and out:
+                step = {w: TensorOverride("int16", per_channel=True), out: TensorOverride("uint16")}
+                cost = float(np.nan_to_num(cost_8.get(w, 0.0)) + np.nan_to_num(cost_16.get(w, 0.0))
+                             + act_cost.get(out, 0.0))
+                # Ranked as the jump from int4 (it makes the int8 step redundant); its gain after an int8
+                # step is the rest, as the prediction below counts it.
+                candidates.append((f"{w}:{WIDTH_TYPES[16]}", float(noise[4][w] - noise[16][w]), cost, step))
+        if not candidates:
+            return [], [], []
+        costs = np.array([c[2] for c in candidates], dtype=float)
+        costs = np.nan_to_num(costs, nan=float(np.nanmedian(costs)) if np.isfinite(costs).any() else 1.0)
+        positive = costs[costs > 0]
+        floor = max(float(positive.min()) if positive.size else 1e-6, 1e-6)
+        pending = {c[0]: [c[1], max(float(cost), floor), c[3]] for c, cost in zip(candidates, costs)}
+        order, steps, predicted = [], [], []
+        level = 10 ** (-base.snr_db / 10) if base.snr_db is not None else noise_8
+        # Shares measured one at a time overstate what they remove from a plan whose outputs are already
+        # swamped (int4 everywhere): the prediction scales them to remove at most the base's noise.
+        total = sum(max(c[1], 0.0) for c in candidates)
+        shrink = min(1.0, 0.99 * level / total) if total > 0 else 1.0
+        # Greedy, re-ranked as steps are taken: after a weight's int8 step its int16 step only removes the
+        # rest (int8 noise less int16 noise); an int16 step taken first makes the int8 step redundant.
+        while pending:
+            label = max(pending, key=lambda k: (pending[k][0] / pending[k][1], -len(order)))
+            gain, _, overrides = pending.pop(label)
+            if gain <= 0:
+                break
+            tensor, _, kind = label.partition(":")
+            if kind == "int8" and f"{tensor}:int16" in pending:
+                pending[f"{tensor}:int16"][0] = float(noise[8][tensor] - noise[16][tensor])
+            elif kind == "int16":
+                pending.pop(f"{tensor}:int8", None)
+            order.append(label)
+            steps.append(overrides)
+            level = max(level - shrink * gain, 1e-12)
+            predicted.append(-10 * math.log10(level))
+        return order, predicted, steps
+
+    def _weight_isolation(self, samples: int) -> pd.DataFrame:
+        """`weight_isolation` on the first calibration samples, computed once per study and sample count."""
+        from .sensitivity.weight_isolation import weight_isolation
+
+        n = max(1, min(8, samples))
+        path = self.study.folder / "sensitivity" / f"weight-isolation-{n}.csv"
+        if path.exists():
+            return pd.read_csv(path).set_index("tensor")
+        frame = weight_isolation(self.study.quantizer.float_path, self.study.graph, self.study.calibration.head(n),
+                                 progress=self.progress, cancel=self.cancel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        frame.to_csv(tmp, index=False)
+        tmp.replace(path)
+        return frame.set_index("tensor")
+
     def _latency_cap(self, plan_k, hi: int, budget: float) -> int:
         """The largest k whose estimated latency fits `budget` (bisection on the cost model, no evaluation)."""
         def fits(k):
@@ -658,6 +768,48 @@ class _Walk:
             if snr >= needed:
                 return k
         return hi
+
+
+def mixed_base(graph, htp_arch=None) -> PrecisionPlan:
+    """The plan a mixed weight search starts from: 8-bit activations, int8 per-channel weights, and int4
+    per-channel on every weight of a Conv, ConvTranspose, MatMul or Gemm."""
+    from .plan import TensorOverride
+    from .sensitivity.weight_isolation import matrix_weights
+
+    base = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True)
+    return base.with_overrides({w: TensorOverride("int4", per_channel=True) for w in matrix_weights(graph)},
+                               name="a8w4-pc")
+
+
+def apply_steps(base: PrecisionPlan, steps, name: str = "") -> PrecisionPlan:
+    """`base` with the overrides of `steps` (a list of {tensor: TensorOverride}) applied in order; a tensor
+    keeps the widest type any step gives it."""
+    from .qdq import INTEGER_TYPES
+
+    bits = {n: b for n, b, _ in INTEGER_TYPES.values()}
+    merged: dict = {}
+    for step in steps:
+        for tensor, override in step.items():
+            old = merged.get(tensor)
+            if old is None or bits.get(override.type, 0) >= bits.get(old.type, 0):
+                merged[tensor] = override
+    return base.with_overrides(merged, name=name)
+
+
+def _op_output(graph, weight: str) -> str | None:
+    """The activation to promote with a 16-bit `weight`: its op's output, or the Relu/Clip ORT folds into it."""
+    info = graph.tensors.get(weight)
+    if info is None or not info.consumers:
+        return None
+    node = graph.nodes[info.consumers[0]]
+    out = graph.tensors.get(node.outputs[0]) if node.outputs else None
+    if out is None:
+        return None
+    if len(out.consumers) == 1 and graph.nodes[out.consumers[0]].op_type in ("Relu", "Clip"):
+        after = graph.nodes[out.consumers[0]]
+        if after.outputs and after.outputs[0] in graph.tensors:
+            return after.outputs[0]
+    return out.name if out.is_activation and out.quantizable else None
 
 
 def _sections(lo: int, hi: int, parts: int) -> list[int]:

@@ -49,7 +49,11 @@ def test_invalid_types_are_refused(graph):
         PrecisionPlan().with_overrides({"conv1_out": TensorOverride("uint16", per_channel=True)}).validate(graph)
     with pytest.raises(MpstudioError, match="16-bit weights need v73"):
         PrecisionPlan().with_overrides({"conv1.weight": "int16"}).validate(graph, htp_arch=68)
-    PrecisionPlan().with_overrides({"conv1.weight": "int16"}).validate(graph, htp_arch=75)
+    # HTP runs a 16-bit weight only where its op computes at 16 bits (measured: 8-bit ops fall back to the CPU).
+    with pytest.raises(MpstudioError, match="computes at 8 bits"):
+        PrecisionPlan().with_overrides({"conv1.weight": "int16"}).validate(graph, htp_arch=75)
+    PrecisionPlan().with_overrides({"conv1.weight": "int16", "conv1_out": "uint16"}).validate(graph, htp_arch=75)
+    PrecisionPlan.a16w8().with_overrides({"conv1.weight": "int16"}).validate(graph, htp_arch=75)
     with pytest.raises(MpstudioError, match="bias"):
         PrecisionPlan().with_overrides({"conv1.bias": "uint16"}).validate(graph)
 

@@ -6,6 +6,7 @@ from .isolation import IsolationResult, OutputScorer, Region, SwitchableModel, i
 from .ranking import (Prediction, PredictionCheck, namespace_regions, predict, qnn_region, rank_tensors,
                       selection_region)
 from .scores import tensor_scores, weight_scores
+from .weight_isolation import matrix_weights, weight_isolation
 from ..metrics import ErrorAccumulator
 from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB
 
@@ -13,5 +14,6 @@ __all__ = [
     "COSINE_THRESHOLD", "SNR_THRESHOLD_DB", "ErrorAccumulator", "IsolationResult", "OutputScorer", "Prediction",
     "PredictionCheck", "Region", "SensitivityReport", "SwitchableModel", "analyze",
     "check_prediction", "isolation_scores", "namespace_regions", "predict", "qnn_region",
-    "rank_tensors", "selection_region", "tensor_regions", "tensor_scores", "weight_scores",
+    "rank_tensors", "selection_region", "tensor_regions", "tensor_scores", "weight_scores", "matrix_weights",
+    "weight_isolation",
 ]
