@@ -1,9 +1,16 @@
 """Calibrate once, then regenerate a QNN-valid QDQ model for any precision plan from the cached ranges.
 
-Ranges depend only on the float model, the calibration data and the method, never on the plan, so they are
-computed once (ORT's own calibrator) and kept on disk; each plan is then quantized by ORT's
-`get_qnn_qdq_config` (which adds the converts at 8/16-bit boundaries) and `quantize_static` reading that
-cache. Generated models are cached by plan hash.
+Activation ranges are calibrated with the weights already quantized, as the HTP will run them (AIMET calibrates
+this way too): ORT's calibrator first runs the float model, ORT quantizes the weights in the plan's weight form
+(type, per-channel, symmetry) from those ranges, and the calibrator runs again on the float model carrying those
+quantized weights. So ranges depend on the float model, the calibration data, the method and the plan's default
+weight form, never on its activation types or overrides: they are computed once per weight form and kept on
+disk. Each plan is then quantized by ORT's `get_qnn_qdq_config` (which adds the converts at 8/16-bit
+boundaries) and `quantize_static` reading that cache. Generated models are cached by plan hash.
+
+The HTP layout this gives (tests/test_quantize.py checks it): no Q/DQ between an op and the Relu/Clip HTP fuses
+into it (ORT drops the activation and the op writes the activation's encoding), data-movement ops (Reshape,
+Transpose, Slice, MaxPool, ...) pass their input's parameters on, and weights in a signed type are symmetric.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Mapping
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization import base_quantizer as _ort_base_quantizer
 from onnxruntime.quantization import onnx_model as _ort_onnx_model
@@ -50,7 +57,8 @@ CALIBRATION_METHODS = {
     "percentile": CalibrationMethod.Percentile,
 }
 # Names generated models in the cache with the plan hash: bump it whenever a plan generates differently.
-GENERATOR_VERSION = 2
+# 3: activation ranges calibrated with the plan's weights quantized (see the module docstring).
+GENERATOR_VERSION = 3
 # ONNX Runtime versions whose quantizer internals `_fast_ort_quantizer` was checked against (patched and
 # unpatched runs write the same model; tests/test_quantize.py checks it on the installed version). On any
 # other version ORT's own code runs unpatched: slower on big models, never different.
@@ -121,63 +129,106 @@ class Quantizer:
         if not self.float_path.exists():
             prepared.save(self.float_path)
         self._lock = threading.Lock()
-        self._cache: CalibrationCache | None = None
+        self._caches: dict[str, CalibrationCache] = {}
 
     @property
     def graph(self) -> ModelGraph:
         return self.prepared.graph
 
     # ---- calibration -----------------------------------------------------------------------------------
-    def calibration_key(self) -> str:
-        text = f"{self.prepared.sha256}|{self.calibration.fingerprint()}|{self.method}|{toolchain_key()}"
+    def calibration_key(self, plan: PrecisionPlan | None = None) -> str:
+        """The key of the ranges `plan` is quantized from (None: the default plan's, as a8w8 and a16w8 use)."""
+        form = "float" if plan is _FLOAT_RANGES else weight_form(plan or PrecisionPlan())
+        text = f"{self.prepared.sha256}|{self.calibration.fingerprint()}|{self.method}|{toolchain_key()}|{form}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def calibrate(self, progress: Progress | None = None, cancel: threading.Event | None = None) -> CalibrationCache:
-        """Ranges for every float tensor, computed once and cached on disk."""
+    def calibrate(self, progress: Progress | None = None, cancel: threading.Event | None = None,
+                  plan: PrecisionPlan | None = None) -> CalibrationCache:
+        """Ranges for every float tensor with the weights quantized in `plan`'s weight form (None: the default
+        plan's), computed once per weight form and cached on disk."""
         with self._lock:
-            if self._cache is not None:
-                return self._cache
-            key = self.calibration_key()
-            path = self.cache_dir / "calibration" / f"{key}.json"
-            meta_path = path.with_suffix(".meta.json")
-            if path.exists() and meta_path.exists():
-                meta = json.loads(meta_path.read_text())
-                self._cache = CalibrationCache(path, key, self.method, meta["samples"], meta["seconds"])
-                return self._cache
-            if len(self.calibration) == 0:
-                raise MpstudioError(f"{self.calibration.name} holds no samples to calibrate with")
+            key = self.calibration_key(plan)
+            if key in self._caches:
+                return self._caches[key]
+            cached = self._cached_calibration(key)
+            if cached is not None:
+                self._caches[key] = cached
+                return cached
             started = time.perf_counter()
-            reader = CalibrationReader(self.calibration, progress, cancel, "calibrating", self.prepared.inputs)
+            float_ranges = self._calibrate_float(progress, cancel)
+            form_plan = _weight_form_plan(plan or PrecisionPlan())
             with tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
-                calibrator = create_calibrator(
-                    self.float_path,
-                    None,  # every float tensor: ranges must serve any plan
-                    augmented_model_path=str(Path(tmp) / "augmented.onnx"),
-                    calibrate_method=CALIBRATION_METHODS[self.method],
-                )
-                try:
-                    # Chunks bound memory: ORT's calibrator merges ranges at the end of each collect_data.
-                    # (Its own max_intermediate_outputs option drops every full chunk unmerged.)
-                    while not reader.exhausted:
-                        reader.start_chunk(_CALIBRATION_CHUNK)
-                        calibrator.collect_data(reader)
-                    ranges = calibrator.compute_data()
-                except MpstudioError:
-                    raise
-                except Exception as exc:
-                    raise MpstudioError(f"calibration failed: {brief(exc)}") from exc
-                finally:
-                    del calibrator
-            # Written beside and renamed: another process may be calibrating the same study at the same time.
-            unique = f".{os.getpid()}.{threading.get_ident()}.tmp"
-            save_tensors_data(ranges, path.with_name(path.name + unique))
-            os.replace(path.with_name(path.name + unique), path)
-            seconds = time.perf_counter() - started
-            meta_path.with_name(meta_path.name + unique).write_text(
-                json.dumps({"samples": reader.count, "seconds": seconds, "method": self.method}))
-            os.replace(meta_path.with_name(meta_path.name + unique), meta_path)
-            self._cache = CalibrationCache(path, key, self.method, reader.count, seconds)
-            return self._cache
+                reference = Path(tmp) / "weights.onnx"
+                self._quantize(form_plan, float_ranges, reference)
+                carried = Path(tmp) / "float-with-quantized-weights.onnx"
+                onnx.save(with_quantized_weights(onnx.load(self.float_path), reference), carried)
+                ranges, samples = self._collect_ranges(carried, progress, cancel, "calibrating with quantized weights")
+            self._caches[key] = self._store_calibration(key, ranges, samples,
+                                                        float_ranges.seconds + time.perf_counter() - started)
+            return self._caches[key]
+
+    def _calibrate_float(self, progress, cancel) -> CalibrationCache:
+        """The float model's own ranges (the first pass, which quantizes the weights of the second)."""
+        key = self.calibration_key(_FLOAT_RANGES)
+        cached = self._cached_calibration(key)
+        if cached is None:
+            started = time.perf_counter()
+            ranges, samples = self._collect_ranges(self.float_path, progress, cancel, "calibrating")
+            cached = self._store_calibration(key, ranges, samples, time.perf_counter() - started)
+        return cached
+
+    def _cached_calibration(self, key: str) -> CalibrationCache | None:
+        path = self.cache_dir / "calibration" / f"{key}.json"
+        meta_path = path.with_suffix(".meta.json")
+        if path.exists() and meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            return CalibrationCache(path, key, self.method, meta["samples"], meta["seconds"])
+        return None
+
+    def _collect_ranges(self, model_path: Path, progress, cancel, message: str):
+        if len(self.calibration) == 0:
+            raise MpstudioError(f"{self.calibration.name} holds no samples to calibrate with")
+        reader = CalibrationReader(self.calibration, progress, cancel, message, self.prepared.inputs)
+        with tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
+            calibrator = create_calibrator(
+                model_path,
+                None,  # every float tensor: ranges must serve any plan
+                augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                calibrate_method=CALIBRATION_METHODS[self.method],
+            )
+            try:
+                # Chunks bound memory: ORT's calibrator merges ranges at the end of each collect_data.
+                # (Its own max_intermediate_outputs option drops every full chunk unmerged.)
+                while not reader.exhausted:
+                    reader.start_chunk(_CALIBRATION_CHUNK)
+                    calibrator.collect_data(reader)
+                ranges = calibrator.compute_data()
+            except MpstudioError:
+                raise
+            except Exception as exc:
+                raise MpstudioError(f"calibration failed: {brief(exc)}") from exc
+            finally:
+                del calibrator
+        return ranges, reader.count
+
+    def _store_calibration(self, key: str, ranges, samples: int, seconds: float) -> CalibrationCache:
+        path = self.cache_dir / "calibration" / f"{key}.json"
+        meta_path = path.with_suffix(".meta.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written beside and renamed: another process may be calibrating the same study at the same time.
+        unique = f".{os.getpid()}.{threading.get_ident()}.tmp"
+        save_tensors_data(ranges, path.with_name(path.name + unique))
+        os.replace(path.with_name(path.name + unique), path)
+        meta_path.with_name(meta_path.name + unique).write_text(
+            json.dumps({"samples": samples, "seconds": seconds, "method": self.method}))
+        os.replace(meta_path.with_name(meta_path.name + unique), meta_path)
+        return CalibrationCache(path, key, self.method, samples, seconds)
+
+    def _quantize(self, plan: PrecisionPlan, cache: CalibrationCache, out: Path) -> None:
+        config = qnn_config(self.prepared.model, self.graph, plan, CALIBRATION_METHODS[self.method])
+        # ORT's quantizer writes scratch files beside the float model: one process quantizes at a time.
+        with exclusive(self.cache_dir / ".quantize.lock"), _fast_ort_quantizer(), _quiet_ort_logging():
+            quantize_static(self.float_path, out, None, calibration_cache_path=cache.path, **_quantize_kwargs(config))
 
     # ---- regeneration ------------------------------------------------------------------------------------
     def model_path(self, plan: PrecisionPlan) -> Path:
@@ -189,22 +240,16 @@ class Quantizer:
         out = self.model_path(plan)
         if out.exists():
             return out
-        cache = self.calibrate(progress, cancel)
+        cache = self.calibrate(progress, cancel, plan)
         if progress:
             progress(0, 1, f"quantizing {plan.summary()}")
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.stem}.{os.getpid()}.{threading.get_ident()}.onnx")
-        config = qnn_config(self.prepared.model, self.graph, plan, CALIBRATION_METHODS[self.method])
         try:
-            # ORT's quantizer writes scratch files beside the float model: one process quantizes at a time.
-            with exclusive(self.cache_dir / ".quantize.lock"), _fast_ort_quantizer(), _quiet_ort_logging():
-                quantize_static(
-                    self.float_path,
-                    tmp,
-                    None,
-                    calibration_cache_path=cache.path,
-                    **_quantize_kwargs(config),
-                )
+            self._quantize(plan, cache, tmp)
+        except MpstudioError:
+            tmp.unlink(missing_ok=True)
+            raise
         except Exception as exc:
             tmp.unlink(missing_ok=True)
             raise MpstudioError(f"quantizing {plan.summary()} failed: {brief(exc)}") from exc
@@ -213,6 +258,52 @@ class Quantizer:
         if progress:
             progress(1, 1, f"quantized {plan.summary()}")
         return out
+
+
+# Stands for "the float model's own ranges" where a plan names the ranges to use.
+_FLOAT_RANGES = object()
+
+
+def weight_form(plan: PrecisionPlan) -> str:
+    """What of `plan` its activation ranges depend on: the default weight type, per-channel and symmetry."""
+    return (f"weights {plan.weight_type} {'per-channel' if plan.per_channel else 'per-tensor'} "
+            f"{'symmetric' if plan.weight_symmetric else 'asymmetric'}")
+
+
+def _weight_form_plan(plan: PrecisionPlan) -> PrecisionPlan:
+    return PrecisionPlan(weight_type=plan.weight_type, per_channel=plan.per_channel,
+                         weight_symmetric=plan.weight_symmetric)
+
+
+def with_quantized_weights(float_model: onnx.ModelProto, qdq_path: str | Path) -> onnx.ModelProto:
+    """`float_model` with every weight the QDQ model at `qdq_path` quantizes replaced by the value it dequantizes
+    to (per tensor or per channel), so a calibration run on it sees each activation as the quantized weights
+    make it. Biases stay float: their int32 step is far below any activation's."""
+    from .qdq import QUANTIZED_INITIALIZER_SUFFIX, read
+
+    quantized = read(qdq_path)
+    params = quantized.params()
+    out = onnx.ModelProto()
+    out.CopyFrom(float_model)
+    for init in out.graph.initializer:
+        tensor = params.get(init.name)
+        if tensor is None or tensor.encoding.bits > 16:
+            continue
+        dq = next((n for n in quantized.consumers.get(init.name + QUANTIZED_INITIALIZER_SUFFIX, ())
+                   if n.op_type == "DequantizeLinear"), None)
+        if dq is None:
+            continue
+        codes = numpy_helper.to_array(quantized.initializers[dq.input[0]]).astype(np.int64)
+        encoding = tensor.encoding
+        scale = np.asarray(encoding.scale, np.float32)
+        zero = np.asarray(encoding.zero_point, np.int64)
+        if encoding.axis is not None:
+            shape = [1] * codes.ndim
+            shape[encoding.axis] = -1
+            scale, zero = scale.reshape(shape), zero.reshape(shape)
+        value = ((codes - zero).astype(np.float32) * scale).astype(np.float32)
+        init.CopyFrom(numpy_helper.from_array(value.reshape(tuple(init.dims)), init.name))
+    return out
 
 
 def qnn_config(model: onnx.ModelProto, graph: ModelGraph, plan: PrecisionPlan, method=CalibrationMethod.MinMax,
@@ -453,13 +544,27 @@ def _quantize_kwargs(config) -> dict:
 
 def quantize_plain(model_path: str | Path, calibration: DataSource, plan: PrecisionPlan, graph: ModelGraph,
                    out: str | Path, method: str = "minmax") -> Path:
-    """ORT's own path, recalibrating every time: `get_qnn_qdq_config` + `quantize`. The baseline to beat."""
+    """ORT's own path, recalibrating every time: `get_qnn_qdq_config` + `quantize` for the weights, ORT's
+    calibrator on the float model carrying them, `quantize_static` from those ranges. The baseline to beat."""
     from onnxruntime.quantization import quantize
 
     model = onnx.load(str(model_path))
-    config = qnn_config(model, graph, plan, CALIBRATION_METHODS[method], CalibrationReader(calibration))
-    with _quiet_ort_logging():
-        quantize(str(model_path), str(out), config)
+    calibrate_method = CALIBRATION_METHODS[method]
+    with tempfile.TemporaryDirectory(prefix="mpstudio-plain-") as tmp:
+        reference, carried = Path(tmp) / "weights.onnx", Path(tmp) / "carried.onnx"
+        config = qnn_config(model, graph, _weight_form_plan(plan), calibrate_method, CalibrationReader(calibration))
+        with _quiet_ort_logging():
+            quantize(str(model_path), str(reference), config)
+        onnx.save(with_quantized_weights(model, reference), carried)
+        calibrator = create_calibrator(carried, None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                                       calibrate_method=calibrate_method)
+        calibrator.collect_data(CalibrationReader(calibration))
+        save_tensors_data(calibrator.compute_data(), Path(tmp) / "ranges.json")
+        del calibrator
+        config = qnn_config(model, graph, plan, calibrate_method)
+        with _quiet_ort_logging():
+            quantize_static(str(model_path), str(out), None, calibration_cache_path=Path(tmp) / "ranges.json",
+                            **_quantize_kwargs(config))
     return Path(out)
 
 
