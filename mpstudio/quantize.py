@@ -1,16 +1,11 @@
-"""Calibrate once, then regenerate a QNN-valid QDQ model for any precision plan from the cached ranges.
+"""Calibrate once per weight form, then regenerate a QNN-valid QDQ model for any precision plan from the cached ranges.
 
-Activation ranges are calibrated with the weights already quantized, as the HTP will run them (AIMET calibrates
-this way too): ORT's calibrator first runs the float model, ORT quantizes the weights in the plan's weight form
-(type, per-channel, symmetry) from those ranges, and the calibrator runs again on the float model carrying those
-quantized weights. So ranges depend on the float model, the calibration data, the method and the plan's default
-weight form, never on its activation types or overrides: they are computed once per weight form and kept on
-disk. Each plan is then quantized by ORT's `get_qnn_qdq_config` (which adds the converts at 8/16-bit
-boundaries) and `quantize_static` reading that cache. Generated models are cached by plan hash.
-
-The HTP layout this gives (tests/test_quantize.py checks it): no Q/DQ between an op and the Relu/Clip HTP fuses
-into it (ORT drops the activation and the op writes the activation's encoding), data-movement ops (Reshape,
-Transpose, Slice, MaxPool, ...) pass their input's parameters on, and weights in a signed type are symmetric.
+Activation ranges are calibrated with the weights already quantized, as the HTP runs them: ORT's calibrator runs
+the float model, ORT quantizes the weights in the plan's weight form (type, per-channel, symmetry) from those
+ranges, and the calibrator runs again on the float model carrying those weights. They are kept on disk per weight
+form; each plan is then quantized by ORT's `get_qnn_qdq_config` (converts at 8/16-bit boundaries) and
+`quantize_static` reading them, and `fuse_activations` leaves no Q/DQ between an op and the Relu/Clip HTP fuses
+into it. Generated models are cached by plan hash.
 """
 
 from __future__ import annotations
