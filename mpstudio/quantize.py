@@ -29,7 +29,7 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, 
 from onnxruntime.quantization import base_quantizer as _ort_base_quantizer
 from onnxruntime.quantization import onnx_model as _ort_onnx_model
 from onnxruntime.quantization import qdq_quantizer as _ort_qdq_quantizer
-from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+from onnxruntime.quantization.calibrate import TensorsData, create_calibrator, save_tensors_data
 from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
 from .cache import exclusive
@@ -212,6 +212,9 @@ class Quantizer:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Written beside and renamed: another process may be calibrating the same study at the same time.
         unique = f".{os.getpid()}.{threading.get_ident()}.tmp"
+        # ORT's calibrator lists tensors in set order, which changes from process to process: sorted, the file
+        # is the same bytes for the same ranges.
+        ranges = TensorsData(ranges.calibration_method, dict(sorted(ranges.data.items())))
         save_tensors_data(ranges, path.with_name(path.name + unique))
         os.replace(path.with_name(path.name + unique), path)
         meta_path.with_name(meta_path.name + unique).write_text(

@@ -363,3 +363,35 @@ def test_layout_model_runs_on_htp(layout_quantizer):
         cpu = create_session(layout_quantizer.generate(plan), "cpu")
         feed = conv_feeds(1)[0]
         np.testing.assert_allclose(session.run(None, feed)[0], cpu.run(None, feed)[0], atol=0.1)
+
+
+def test_calibration_files_are_the_same_bytes_in_every_process(tmp_path):
+    """ORT's calibrator lists tensors in set order (it changes with the process's hash seed); mpstudio's range
+    files and generated models do not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import sys\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "from conftest import conv_feeds, make_conv_model\n"
+        "from mpstudio.data import FeedList\n"
+        "from mpstudio.model import prepare_model\n"
+        "from mpstudio.plan import PrecisionPlan\n"
+        "from mpstudio.quantize import Quantizer\n"
+        "q = Quantizer(prepare_model(make_conv_model()), FeedList(conv_feeds(8)), sys.argv[1])\n"
+        "q.generate(PrecisionPlan(weight_type='int8', per_channel=True).promote(['add_out']))\n"
+    )
+    tests = str(Path(__file__).parent)
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / seed), tests], env=env, check=True, timeout=300)
+    files = {seed: sorted((tmp_path / seed).glob("calibration/*.json")) for seed in ("1", "2")}
+    assert [f.name for f in files["1"]] == [f.name for f in files["2"]] and len(files["1"]) == 4
+    for a, b in zip(files["1"], files["2"]):
+        if not a.name.endswith(".meta.json"):  # the meta file holds the wall time
+            assert a.read_bytes() == b.read_bytes(), a.name
+    models = {seed: sorted((tmp_path / seed).glob("models/*.onnx")) for seed in ("1", "2")}
+    assert [m.read_bytes() for m in models["1"]] == [m.read_bytes() for m in models["2"]]
