@@ -162,6 +162,14 @@ def _pin_parameters(overrides: dict[str, list[dict]], tensors: Mapping[str, Quan
                 raise MpstudioError(f"{tensor.name!r} is converted in the model in a way the overrides do not "
                                     "describe; export without pinned parameters")
             _set_parameters(entry["convert"], tensor.converts[0])
+    # An activation the model fused into the op before it (no quantizer between them) is pinned at the input
+    # too, so ORT's Q/DQ pair there matches the activation's and mpstudio's post-pass can drop it again.
+    for tensor in tensors.values():
+        source = graph.tensors[tensor.name].producer if tensor.kind == qdq.ACTIVATION else None
+        node = graph.nodes.get(source) if source else None
+        fused = node.inputs[0] if node is not None and node.op_type in ("Relu", "Clip") and node.inputs else None
+        if fused and fused not in tensors and fused in graph.tensors and graph.tensors[fused].is_activation:
+            _set_parameters(overrides.setdefault(fused, [{}])[0], tensor.encoding)
 
 
 def _set_parameters(entry: dict, encoding: Encoding) -> None:

@@ -1,9 +1,11 @@
-"""Calibrate once, then regenerate a QNN-valid QDQ model for any precision plan from the cached ranges.
+"""Calibrate once per weight form, then regenerate a QNN-valid QDQ model for any precision plan from the cached ranges.
 
-Ranges depend only on the float model, the calibration data and the method, never on the plan, so they are
-computed once (ORT's own calibrator) and kept on disk; each plan is then quantized by ORT's
-`get_qnn_qdq_config` (which adds the converts at 8/16-bit boundaries) and `quantize_static` reading that
-cache. Generated models are cached by plan hash.
+Activation ranges are calibrated with the weights already quantized, as the HTP runs them: ORT's calibrator runs
+the float model, ORT quantizes the weights in the plan's weight form (type, per-channel, symmetry) from those
+ranges, and the calibrator runs again on the float model carrying those weights. They are kept on disk per weight
+form; each plan is then quantized by ORT's `get_qnn_qdq_config` (converts at 8/16-bit boundaries) and
+`quantize_static` reading them, and `fuse_activations` leaves no Q/DQ between an op and the Relu/Clip HTP fuses
+into it. Generated models are cached by plan hash.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from typing import Mapping
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization import base_quantizer as _ort_base_quantizer
 from onnxruntime.quantization import onnx_model as _ort_onnx_model
 from onnxruntime.quantization import qdq_quantizer as _ort_qdq_quantizer
-from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+from onnxruntime.quantization.calibrate import TensorsData, create_calibrator, save_tensors_data
 from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
 from .cache import exclusive
@@ -52,7 +54,8 @@ CALIBRATION_METHODS = {
     "percentile": CalibrationMethod.Percentile,
 }
 # Names generated models in the cache with the plan hash: bump it whenever a plan generates differently.
-GENERATOR_VERSION = 2
+# 3: activation ranges calibrated with the plan's weights quantized (see the module docstring).
+GENERATOR_VERSION = 3
 # ONNX Runtime versions whose quantizer internals `_fast_ort_quantizer` was checked against (patched and
 # unpatched runs write the same model; tests/test_quantize.py checks it on the installed version). On any
 # other version ORT's own code runs unpatched: slower on big models, never different.
@@ -123,7 +126,7 @@ class Quantizer:
         if not self.float_path.exists():
             prepared.save(self.float_path)
         self._lock = threading.Lock()
-        self._cache: CalibrationCache | None = None
+        self._caches: dict[str, CalibrationCache] = {}
         self._data_key: str | None = None
         # Imported encodings that plans pin their parameters to (`PrecisionPlan.encodings` names one).
         self.encodings_dir = self.cache_dir / "encodings"
@@ -133,66 +136,114 @@ class Quantizer:
         return self.prepared.graph
 
     # ---- calibration -----------------------------------------------------------------------------------
-    def calibration_key(self) -> str:
-        """Names the model, the calibration data, the method and the toolchain: the ranges, and every model
-        generated from them, are cached under it (the data's fingerprint, which reads every sample, once)."""
+    def calibration_key(self, plan: PrecisionPlan | None = None) -> str:
+        """The key of the ranges `plan` is quantized from (None: the default plan's, as a8w8 and a16w8 use):
+        the model, the calibration data, the method, the toolchain and the plan's weight form. Generated models
+        are cached under it too (the data's fingerprint, which reads every sample, is computed once)."""
         if self._data_key is None:
             self._data_key = self.calibration.fingerprint()
-        text = f"{self.prepared.sha256}|{self._data_key}|{self.method}|{toolchain_key()}"
+        form = "float" if plan is _FLOAT_RANGES else weight_form(plan or PrecisionPlan())
+        text = f"{self.prepared.sha256}|{self._data_key}|{self.method}|{toolchain_key()}|{form}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def calibrate(self, progress: Progress | None = None, cancel: threading.Event | None = None) -> CalibrationCache:
-        """Ranges for every float tensor, computed once and cached on disk."""
+    def calibrate(self, progress: Progress | None = None, cancel: threading.Event | None = None,
+                  plan: PrecisionPlan | None = None) -> CalibrationCache:
+        """Ranges for every float tensor with the weights quantized in `plan`'s weight form (None: the default
+        plan's), computed once per weight form and cached on disk."""
         with self._lock:
-            if self._cache is not None:
-                return self._cache
-            key = self.calibration_key()
-            path = self.cache_dir / "calibration" / f"{key}.json"
-            meta_path = path.with_suffix(".meta.json")
-            if path.exists() and meta_path.exists():
-                meta = json.loads(meta_path.read_text())
-                self._cache = CalibrationCache(path, key, self.method, meta["samples"], meta["seconds"])
-                return self._cache
-            if len(self.calibration) == 0:
-                raise MpstudioError(f"{self.calibration.name} holds no samples to calibrate with")
+            key = self.calibration_key(plan)
+            if key in self._caches:
+                return self._caches[key]
+            cached = self._cached_calibration(key)
+            if cached is not None:
+                self._caches[key] = cached
+                return cached
             started = time.perf_counter()
-            reader = CalibrationReader(self.calibration, progress, cancel, "calibrating", self.prepared.inputs)
+            float_ranges = self._calibrate_float(progress, cancel)
+            form_plan = _weight_form_plan(plan or PrecisionPlan())
             with tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
-                calibrator = create_calibrator(
-                    self.float_path,
-                    None,  # every float tensor: ranges must serve any plan
-                    augmented_model_path=str(Path(tmp) / "augmented.onnx"),
-                    calibrate_method=CALIBRATION_METHODS[self.method],
-                )
-                try:
-                    # Chunks bound memory: ORT's calibrator merges ranges at the end of each collect_data.
-                    # (Its own max_intermediate_outputs option drops every full chunk unmerged.)
-                    while not reader.exhausted:
-                        reader.start_chunk(_CALIBRATION_CHUNK)
-                        calibrator.collect_data(reader)
-                    ranges = calibrator.compute_data()
-                except MpstudioError:
-                    raise
-                except Exception as exc:
-                    raise MpstudioError(f"calibration failed: {brief(exc)}") from exc
-                finally:
-                    del calibrator
-            # Written beside and renamed: another process may be calibrating the same study at the same time.
-            unique = f".{os.getpid()}.{threading.get_ident()}.tmp"
-            save_tensors_data(ranges, path.with_name(path.name + unique))
-            os.replace(path.with_name(path.name + unique), path)
-            seconds = time.perf_counter() - started
-            meta_path.with_name(meta_path.name + unique).write_text(
-                json.dumps({"samples": reader.count, "seconds": seconds, "method": self.method}))
-            os.replace(meta_path.with_name(meta_path.name + unique), meta_path)
-            self._cache = CalibrationCache(path, key, self.method, reader.count, seconds)
-            return self._cache
+                reference = Path(tmp) / "weights.onnx"
+                self._quantize(form_plan, float_ranges, reference)
+                carried = Path(tmp) / "float-with-quantized-weights.onnx"
+                onnx.save(with_quantized_weights(onnx.load(self.float_path), reference), carried)
+                ranges, samples = self._collect_ranges(carried, progress, cancel, "calibrating with quantized weights")
+            self._caches[key] = self._store_calibration(key, ranges, samples,
+                                                        float_ranges.seconds + time.perf_counter() - started)
+            return self._caches[key]
+
+    def _calibrate_float(self, progress, cancel) -> CalibrationCache:
+        """The float model's own ranges (the first pass, which quantizes the weights of the second)."""
+        key = self.calibration_key(_FLOAT_RANGES)
+        cached = self._cached_calibration(key)
+        if cached is None:
+            started = time.perf_counter()
+            ranges, samples = self._collect_ranges(self.float_path, progress, cancel, "calibrating")
+            cached = self._store_calibration(key, ranges, samples, time.perf_counter() - started)
+        return cached
+
+    def _cached_calibration(self, key: str) -> CalibrationCache | None:
+        path = self.cache_dir / "calibration" / f"{key}.json"
+        meta_path = path.with_suffix(".meta.json")
+        if path.exists() and meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            return CalibrationCache(path, key, self.method, meta["samples"], meta["seconds"])
+        return None
+
+    def _collect_ranges(self, model_path: Path, progress, cancel, message: str):
+        if len(self.calibration) == 0:
+            raise MpstudioError(f"{self.calibration.name} holds no samples to calibrate with")
+        reader = CalibrationReader(self.calibration, progress, cancel, message, self.prepared.inputs)
+        with tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
+            calibrator = create_calibrator(
+                model_path,
+                None,  # every float tensor: ranges must serve any plan
+                augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                calibrate_method=CALIBRATION_METHODS[self.method],
+            )
+            try:
+                # Chunks bound memory: ORT's calibrator merges ranges at the end of each collect_data.
+                # (Its own max_intermediate_outputs option drops every full chunk unmerged.)
+                while not reader.exhausted:
+                    reader.start_chunk(_CALIBRATION_CHUNK)
+                    calibrator.collect_data(reader)
+                ranges = calibrator.compute_data()
+            except MpstudioError:
+                raise
+            except Exception as exc:
+                raise MpstudioError(f"calibration failed: {brief(exc)}") from exc
+            finally:
+                del calibrator
+        return ranges, reader.count
+
+    def _store_calibration(self, key: str, ranges, samples: int, seconds: float) -> CalibrationCache:
+        path = self.cache_dir / "calibration" / f"{key}.json"
+        meta_path = path.with_suffix(".meta.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written beside and renamed: another process may be calibrating the same study at the same time.
+        unique = f".{os.getpid()}.{threading.get_ident()}.tmp"
+        # ORT's calibrator lists tensors in set order, which changes from process to process: sorted, the file
+        # is the same bytes for the same ranges.
+        ranges = TensorsData(ranges.calibration_method, dict(sorted(ranges.data.items())))
+        save_tensors_data(ranges, path.with_name(path.name + unique))
+        os.replace(path.with_name(path.name + unique), path)
+        meta_path.with_name(meta_path.name + unique).write_text(
+            json.dumps({"samples": samples, "seconds": seconds, "method": self.method}))
+        os.replace(meta_path.with_name(meta_path.name + unique), meta_path)
+        return CalibrationCache(path, key, self.method, samples, seconds)
+
+    def _quantize(self, plan: PrecisionPlan, cache: CalibrationCache, out: Path) -> None:
+        config = qnn_config(self.prepared.model, self.graph, plan, CALIBRATION_METHODS[self.method],
+                            pinned=self.pinned(plan))
+        # ORT's quantizer writes scratch files beside the float model: one process quantizes at a time.
+        with exclusive(self.cache_dir / ".quantize.lock"), _fast_ort_quantizer(), _quiet_ort_logging():
+            quantize_static(self.float_path, out, None, calibration_cache_path=cache.path, **_quantize_kwargs(config))
+        fuse_activations(out)
 
     # ---- regeneration ------------------------------------------------------------------------------------
     def model_path(self, plan: PrecisionPlan) -> Path:
         # Keyed by the calibration too, so one cache folder shared by two models (or two data sets) never
         # hands one's QDQ model to the other.
-        return self.cache_dir / "models" / f"g{GENERATOR_VERSION}-{self.calibration_key()}-{plan.hash}.onnx"
+        return self.cache_dir / "models" / f"g{GENERATOR_VERSION}-{self.calibration_key(plan)}-{plan.hash}.onnx"
 
     def generate(self, plan: PrecisionPlan, progress: Progress | None = None, cancel=None) -> Path:
         """The QDQ model file for `plan` (made from the cached ranges, or taken from the model cache)."""
@@ -200,23 +251,16 @@ class Quantizer:
         out = self.model_path(plan)
         if out.exists():
             return out
-        cache = self.calibrate(progress, cancel)
+        cache = self.calibrate(progress, cancel, plan)
         if progress:
             progress(0, 1, f"quantizing {plan.summary()}")
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.stem}.{os.getpid()}.{threading.get_ident()}.onnx")
-        config = qnn_config(self.prepared.model, self.graph, plan, CALIBRATION_METHODS[self.method],
-                            pinned=self.pinned(plan))
         try:
-            # ORT's quantizer writes scratch files beside the float model: one process quantizes at a time.
-            with exclusive(self.cache_dir / ".quantize.lock"), _fast_ort_quantizer(), _quiet_ort_logging():
-                quantize_static(
-                    self.float_path,
-                    tmp,
-                    None,
-                    calibration_cache_path=cache.path,
-                    **_quantize_kwargs(config),
-                )
+            self._quantize(plan, cache, tmp)
+        except MpstudioError:
+            tmp.unlink(missing_ok=True)
+            raise
         except Exception as exc:
             tmp.unlink(missing_ok=True)
             raise MpstudioError(f"quantizing {plan.summary()} failed: {brief(exc)}") from exc
@@ -303,6 +347,52 @@ def _without_range_options(entry: dict) -> dict:
     for key in _RANGE_OPTIONS:
         entry.pop(key, None)
     return entry
+
+
+# Stands for "the float model's own ranges" where a plan names the ranges to use.
+_FLOAT_RANGES = object()
+
+
+def weight_form(plan: PrecisionPlan) -> str:
+    """What of `plan` its activation ranges depend on: the default weight type, per-channel and symmetry."""
+    return (f"weights {plan.weight_type} {'per-channel' if plan.per_channel else 'per-tensor'} "
+            f"{'symmetric' if plan.weight_symmetric else 'asymmetric'}")
+
+
+def _weight_form_plan(plan: PrecisionPlan) -> PrecisionPlan:
+    return PrecisionPlan(weight_type=plan.weight_type, per_channel=plan.per_channel,
+                         weight_symmetric=plan.weight_symmetric)
+
+
+def with_quantized_weights(float_model: onnx.ModelProto, qdq_path: str | Path) -> onnx.ModelProto:
+    """`float_model` with every weight the QDQ model at `qdq_path` quantizes replaced by the value it dequantizes
+    to (per tensor or per channel), so a calibration run on it sees each activation as the quantized weights
+    make it. Biases stay float: their int32 step is far below any activation's."""
+    from .qdq import QUANTIZED_INITIALIZER_SUFFIX, read
+
+    quantized = read(qdq_path)
+    params = quantized.params()
+    out = onnx.ModelProto()
+    out.CopyFrom(float_model)
+    for init in out.graph.initializer:
+        tensor = params.get(init.name)
+        if tensor is None or tensor.encoding.bits > 16:
+            continue
+        dq = next((n for n in quantized.consumers.get(init.name + QUANTIZED_INITIALIZER_SUFFIX, ())
+                   if n.op_type == "DequantizeLinear"), None)
+        if dq is None:
+            continue
+        codes = numpy_helper.to_array(quantized.initializers[dq.input[0]]).astype(np.int64)
+        encoding = tensor.encoding
+        scale = np.asarray(encoding.scale, np.float32)
+        zero = np.asarray(encoding.zero_point, np.int64)
+        if encoding.axis is not None:
+            shape = [1] * codes.ndim
+            shape[encoding.axis] = -1
+            scale, zero = scale.reshape(shape), zero.reshape(shape)
+        value = ((codes - zero).astype(np.float32) * scale).astype(np.float32)
+        init.CopyFrom(numpy_helper.from_array(value.reshape(tuple(init.dims)), init.name))
+    return out
 
 
 def qnn_config(model: onnx.ModelProto, graph: ModelGraph, plan: PrecisionPlan, method=CalibrationMethod.MinMax,
@@ -568,14 +658,105 @@ def _quantize_kwargs(config) -> dict:
 
 def quantize_plain(model_path: str | Path, calibration: DataSource, plan: PrecisionPlan, graph: ModelGraph,
                    out: str | Path, method: str = "minmax") -> Path:
-    """ORT's own path, recalibrating every time: `get_qnn_qdq_config` + `quantize`. The baseline to beat."""
+    """ORT's own path, recalibrating every time: `get_qnn_qdq_config` + `quantize` for the weights, ORT's
+    calibrator on the float model carrying them, `quantize_static` from those ranges. The baseline to beat."""
     from onnxruntime.quantization import quantize
 
     model = onnx.load(str(model_path))
-    config = qnn_config(model, graph, plan, CALIBRATION_METHODS[method], CalibrationReader(calibration))
-    with _quiet_ort_logging():
-        quantize(str(model_path), str(out), config)
+    calibrate_method = CALIBRATION_METHODS[method]
+    with tempfile.TemporaryDirectory(prefix="mpstudio-plain-") as tmp:
+        reference, carried = Path(tmp) / "weights.onnx", Path(tmp) / "carried.onnx"
+        config = qnn_config(model, graph, _weight_form_plan(plan), calibrate_method, CalibrationReader(calibration))
+        with _quiet_ort_logging():
+            quantize(str(model_path), str(reference), config)
+        onnx.save(with_quantized_weights(model, reference), carried)
+        calibrator = create_calibrator(carried, None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                                       calibrate_method=calibrate_method)
+        calibrator.collect_data(CalibrationReader(calibration))
+        save_tensors_data(calibrator.compute_data(), Path(tmp) / "ranges.json")
+        del calibrator
+        config = qnn_config(model, graph, plan, calibrate_method)
+        with _quiet_ort_logging():
+            quantize_static(str(model_path), str(out), None, calibration_cache_path=Path(tmp) / "ranges.json",
+                            **_quantize_kwargs(config))
+    fuse_activations(out)
     return Path(out)
+
+
+# Ops HTP fuses a following Relu/Clip into (AIMET's supergroups): no quantizer belongs between them.
+_FUSING_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}
+
+
+def fuse_activations(path: str | Path) -> int:
+    """Remove the Q/DQ pair ORT leaves between an op and the Relu/Clip after it, and the activation itself,
+    where that changes no value: the pair has the activation output's encoding and that encoding's range lies
+    inside the activation's bounds (so saturating to it is the activation). ORT folds such activations itself
+    unless a convert touches their input or output (mixed plans); this finishes the job. Rewrites the model
+    at `path` in place when anything changes; returns how many activations were removed."""
+    model = onnx.load(str(path))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+
+    def constant(name):
+        return numpy_helper.to_array(inits[name]) if name in inits else None
+
+    def encoding(q):
+        scale, zero = constant(q.input[1]), constant(q.input[2]) if len(q.input) > 2 else None
+        if scale is None or zero is None or scale.size != 1:
+            return None
+        return float(scale.reshape(())), int(zero.reshape(())), zero.dtype
+
+    removed, dropped = 0, set()
+    for act in list(graph.node):
+        if act.op_type not in _FOLDED_ACTIVATIONS or not act.input:
+            continue
+        dq = producer.get(act.input[0])
+        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        op = producer.get(q.input[0]) if q is not None and q.op_type == "QuantizeLinear" else None
+        after = consumers.get(act.output[0], [])
+        if op is None or op.op_type not in _FUSING_OPS or act.output[0] in outputs or not after:
+            continue
+        if len(consumers.get(q.output[0], [])) != 1 or len(consumers.get(dq.output[0], [])) != 1 \
+                or len(consumers.get(q.input[0], [])) != 1 or q.input[0] in outputs:
+            continue
+        mine = encoding(q)
+        if mine is None or any(n.op_type != "QuantizeLinear" or encoding(n) != mine for n in after):
+            continue
+        scale, zero, dtype = mine
+        info = np.iinfo(dtype)
+        low, high = (info.min - zero) * scale, (info.max - zero) * scale
+        if act.op_type == "Relu":
+            bounds = (0.0, np.inf)
+        else:
+            values = [constant(name) if name else None for name in list(act.input[1:3]) + [None] * 2][:2]
+            attrs = {a.name: a.f for a in act.attribute}
+            bounds = (float(values[0]) if values[0] is not None else attrs.get("min", -np.inf),
+                      float(values[1]) if values[1] is not None else attrs.get("max", np.inf))
+            if any(name and name not in inits for name in act.input[1:3]):
+                continue
+        if low < bounds[0] - 1e-6 * max(1.0, abs(bounds[0])) or high > bounds[1] + 1e-6 * max(1.0, abs(bounds[1])):
+            continue
+        op.output[list(op.output).index(q.input[0])] = act.output[0]
+        producer[act.output[0]] = op
+        dropped.update(id(n) for n in (q, dq, act))
+        removed += 1
+    if not removed:
+        return 0
+    kept = [n for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {name for n in graph.node for name in n.input}
+    unused = [i for i in graph.initializer if i.name not in used]
+    for init in unused:
+        graph.initializer.remove(init)
+    onnx.save(model, str(path))
+    return removed
 
 
 # ---- ORT quantizer speed-ups -----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from mpstudio.export import (ExportResult, check_context_model, export_plan, loa
 from mpstudio.graph import ModelGraph
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan, TensorOverride
-from mpstudio.quantize import Quantizer
+from mpstudio.quantize import Quantizer, fuse_activations
 from mpstudio import qdq
 
 MIXED = PrecisionPlan.a8w8().promote(["conv1_out", "relu1_out"], name="mixed")
@@ -51,11 +51,12 @@ def requantize(quantizer: Quantizer, plan: PrecisionPlan, overrides_file, out) -
     overrides = load_ort_overrides(overrides_file, quantizer.graph)
     config = get_qnn_qdq_config(onnx.load(str(quantizer.float_path)), None, init_overrides=overrides,
                                 **qnn_config_arguments(plan))
-    quantize_static(quantizer.float_path, out, None, calibration_cache_path=quantizer.calibrate().path,
+    quantize_static(quantizer.float_path, out, None, calibration_cache_path=quantizer.calibrate(plan=plan).path,
                     quant_format=QuantFormat.QDQ, activation_type=config.activation_type,
                     weight_type=config.weight_type, op_types_to_quantize=config.op_types_to_quantize,
                     per_channel=config.per_channel, calibrate_method=config.calibrate_method,
                     extra_options=config.extra_options)
+    fuse_activations(out)  # mpstudio's post-pass on ORT's output (a Relu/Clip next to a convert)
     return read_quantized_tensors(out)
 
 

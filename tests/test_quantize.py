@@ -156,7 +156,9 @@ def test_calibration_progress_and_cancel(prepared, tmp_path):
 
     seen = []
     Quantizer(prepared, FeedList(FEEDS), tmp_path / "a").calibrate(progress=lambda d, t, m: seen.append((d, t, m)))
-    assert seen[-1] == (len(FEEDS), len(FEEDS), "calibrating")
+    # Two passes: the float model, then the float model carrying the quantized weights.
+    assert (len(FEEDS), len(FEEDS), "calibrating") in seen
+    assert seen[-1] == (len(FEEDS), len(FEEDS), "calibrating with quantized weights")
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(Cancelled):
@@ -245,3 +247,180 @@ def test_signed_weights_keep_a_layernorm_scale_unsigned_so_htp_takes_the_node(tm
     # A plan's own override of a scale stays the plan's.
     own = quantizer.generate(plan.with_overrides({scales[0]: "uint16"}))
     assert qdq.read(own).params()[scales[0]].encoding.dtype == "uint16"
+
+
+# ---- the HTP layout of generated models ------------------------------------------------------------------
+def make_layout_model(seed: int = 0) -> onnx.ModelProto:
+    """x -> Conv -> Clip(0, 6) -> MaxPool -> Conv -> Relu -> Transpose -> Reshape -> MatMul -> Add(bias) -> y:
+    activations HTP fuses into the op before them, data movement, and a MatMul with its bias."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(seed)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "c1.weight"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (8,)).astype(np.float32), "c1.bias"),
+        numpy_helper.from_array(rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32), "c2.weight"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (8,)).astype(np.float32), "c2.bias"),
+        numpy_helper.from_array(np.array([1, 512], np.int64), "flat_shape"),
+        numpy_helper.from_array(rng.normal(0, 0.05, (512, 10)).astype(np.float32), "fc.weight"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (10,)).astype(np.float32), "fc.bias"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "clip_min"),
+        numpy_helper.from_array(np.array(6.0, np.float32), "clip_max"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "c1.weight", "c1.bias"], ["c1_out"], name="/c1/Conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["c1_out", "clip_min", "clip_max"], ["clip_out"], name="/c1/Clip"),
+        helper.make_node("MaxPool", ["clip_out"], ["pool_out"], name="/pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["pool_out", "c2.weight", "c2.bias"], ["c2_out"], name="/c2/Conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2_out"], ["relu_out"], name="/c2/Relu"),
+        helper.make_node("Transpose", ["relu_out"], ["nhwc"], name="/nhwc", perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["nhwc", "flat_shape"], ["flat"], name="/flat"),
+        helper.make_node("MatMul", ["flat", "fc.weight"], ["fc_mm"], name="/fc/MatMul"),
+        helper.make_node("Add", ["fc_mm", "fc.bias"], ["y"], name="/fc/Add"),
+    ]
+    graph = helper.make_graph(nodes, "layout_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+PER_CHANNEL = PrecisionPlan(weight_type="int8", per_channel=True, name="a8w8 per-channel int8")
+LAYOUT_PLANS = {
+    "a8w8": PrecisionPlan.a8w8(),
+    "per-channel": PER_CHANNEL,
+    "per-channel-mixed": PER_CHANNEL.promote(["relu_out", "pool_out"], name="mixed"),
+}
+
+
+@pytest.fixture
+def layout_quantizer(tmp_path):
+    return Quantizer(prepare_model(make_layout_model()), FeedList(conv_feeds(8)), tmp_path / "cache")
+
+
+@pytest.mark.parametrize("which", list(LAYOUT_PLANS))
+def test_generated_models_have_the_htp_layout(layout_quantizer, which):
+    from mpstudio import qdq
+
+    plan = LAYOUT_PLANS[which]
+    assert {n.op_type for n in layout_quantizer.prepared.model.graph.node} >= {"Gemm", "Clip", "Relu"}
+    path = layout_quantizer.generate(plan)
+    model = qdq.load(path)
+    ops = [n.op_type for n in model.graph.node]
+    # Supergroups: the Clip and Relu are gone (each Conv writes its activation's output and encoding) and the
+    # MatMul carries its bias (a Gemm): no Q/DQ between an op and what HTP fuses into it.
+    assert "Clip" not in ops and "Relu" not in ops and "MatMul" not in ops and "Add" not in ops
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for name in ("clip_out", "relu_out"):
+        assert producers[name].op_type == "Conv"
+    read = qdq.read(model)
+    acts = read.activations()
+    assert acts["clip_out"].encoding.zero == 0 and acts["relu_out"].encoding.zero == 0
+    assert "c1_out" not in acts and "c2_out" not in acts
+    # Data movement passes on the parameters its input reaches it with (through a convert in a mixed plan).
+    def received(tensor):
+        return (acts[tensor].converts or (acts[tensor].encoding,))[-1]
+
+    for output, source in (("pool_out", "clip_out"), ("nhwc", "relu_out"), ("flat", "nhwc")):
+        assert acts[output].encoding == received(source), output
+    params = read.params()
+    if plan.per_channel:
+        # Signed symmetric per-channel weights: one scale per output channel, every zero point 0.
+        for weight, axis, channels in (("c1.weight", 0, 8), ("c2.weight", 0, 8)):
+            encoding = params[weight].encoding
+            assert (encoding.dtype, encoding.axis, len(encoding.scale)) == ("int8", axis, channels)
+            assert set(encoding.zero_point) == {0}
+    if plan.overrides:
+        # The mixed plan keeps its 16-bit tensors; ORT converts at the boundaries.
+        assert acts["relu_out"].encoding.dtype == acts["pool_out"].encoding.dtype == "uint16"
+        assert acts["nhwc"].encoding.dtype == "uint16"
+        assert acts["clip_out"].encoding.dtype == "uint8"
+        assert [c.dtype for c in acts["clip_out"].converts] == ["uint16"]
+        assert [c.dtype for c in acts["nhwc"].converts] == ["uint8"]
+    else:
+        assert {t.encoding.dtype for t in acts.values()} == {"uint8"}
+    session = create_session(path, "cpu")
+    assert session.run(None, conv_feeds(1)[0])[0].shape == (1, 10)
+
+
+def test_activation_ranges_see_the_quantized_weights(layout_quantizer):
+    """The Relu output's 8-bit range is the one the model's own (quantized) weights produce on the calibration
+    data, not the float weights' one."""
+    from mpstudio import qdq
+
+    float_model = layout_quantizer.prepared.model
+    feeds = conv_feeds(8)
+
+    def relu_max(model):
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        probe.graph.output.append(onnx.helper.make_empty_tensor_value_info("relu_out"))
+        session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+        return max(float(session.run(["relu_out"], f)[0].max()) for f in feeds)
+
+    for plan in (PrecisionPlan.a8w8(), PER_CHANNEL):
+        read = qdq.read(layout_quantizer.generate(plan))
+        carried = onnx.ModelProto()
+        carried.CopyFrom(float_model)
+        for init in carried.graph.initializer:
+            if init.name in ("c1.weight", "c2.weight"):
+                encoding = read.params()[init.name].encoding
+                codes = numpy_helper.to_array(read.initializers[init.name + "_quantized"]).astype(np.int64)
+                shape = (-1, 1, 1, 1) if encoding.axis == 0 else ()
+                scale = np.asarray(encoding.scale, np.float32).reshape(shape)
+                zero = np.asarray(encoding.zero_point).reshape(shape)
+                init.CopyFrom(numpy_helper.from_array(((codes - zero) * scale).astype(np.float32), init.name))
+        step = read.activations()["relu_out"].encoding.step
+        quantized_max, float_max = relu_max(carried), relu_max(float_model)
+        assert abs(quantized_max - float_max) > 1e-3 * float_max, "the weights' quantization changes nothing here"
+        assert step * 255 == pytest.approx(quantized_max, rel=1e-5), plan.summary()
+
+
+def test_calibrations_are_keyed_by_the_weight_form(layout_quantizer):
+    """A plan's activation types and overrides share its base's ranges; another weight form gets its own."""
+    q = layout_quantizer
+    assert q.calibration_key(LAYOUT_PLANS["per-channel-mixed"]) == q.calibration_key(PER_CHANNEL)
+    assert q.calibration_key(PrecisionPlan.a16w8()) == q.calibration_key(PrecisionPlan.a8w8()) == q.calibration_key()
+    assert q.calibration_key(PER_CHANNEL) != q.calibration_key()
+    assert q.calibrate(plan=PER_CHANNEL).path != q.calibrate().path
+
+
+@pytest.mark.htp
+@requires_qnn
+def test_layout_model_runs_on_htp(layout_quantizer):
+    for plan in LAYOUT_PLANS.values():
+        session = create_session(layout_quantizer.generate(plan), "htp", {"htp_arch": "75"})
+        assert session.get_providers()[0] == "QNNExecutionProvider"
+        cpu = create_session(layout_quantizer.generate(plan), "cpu")
+        feed = conv_feeds(1)[0]
+        np.testing.assert_allclose(session.run(None, feed)[0], cpu.run(None, feed)[0], atol=0.1)
+
+
+def test_calibration_files_are_the_same_bytes_in_every_process(tmp_path):
+    """ORT's calibrator lists tensors in set order (it changes with the process's hash seed); mpstudio's range
+    files and generated models do not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import sys\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "from conftest import conv_feeds, make_conv_model\n"
+        "from mpstudio.data import FeedList\n"
+        "from mpstudio.model import prepare_model\n"
+        "from mpstudio.plan import PrecisionPlan\n"
+        "from mpstudio.quantize import Quantizer\n"
+        "q = Quantizer(prepare_model(make_conv_model()), FeedList(conv_feeds(8)), sys.argv[1])\n"
+        "q.generate(PrecisionPlan(weight_type='int8', per_channel=True).promote(['add_out']))\n"
+    )
+    tests = str(Path(__file__).parent)
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / seed), tests], env=env, check=True, timeout=300)
+    files = {seed: sorted((tmp_path / seed).glob("calibration/*.json")) for seed in ("1", "2")}
+    assert [f.name for f in files["1"]] == [f.name for f in files["2"]] and len(files["1"]) == 4
+    for a, b in zip(files["1"], files["2"]):
+        if not a.name.endswith(".meta.json"):  # the meta file holds the wall time
+            assert a.read_bytes() == b.read_bytes(), a.name
+    models = {seed: sorted((tmp_path / seed).glob("models/*.onnx")) for seed in ("1", "2")}
+    assert [m.read_bytes() for m in models["1"]] == [m.read_bytes() for m in models["2"]]

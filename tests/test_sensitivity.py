@@ -141,7 +141,11 @@ def test_isolation_matches_regenerated_plans_and_predicts(conv_setup):
         assert check.measured == pytest.approx(iso.loc[tensor, "promoted"], abs=1e-3)
         assert check.prediction.predicted == pytest.approx(iso.loc[tensor, "promoted"], abs=1e-6)
     both = report.predict(["x", "add_out"])
-    assert max(iso.loc['x', 'promoted'], iso.loc['add_out', 'promoted']) <= both.predicted
+    singles = [iso.loc[t, "promoted"] for t in ("x", "add_out")]
+    if min(singles) >= report.isolation.all_8:
+        assert max(singles) <= both.predicted
+    else:  # a promotion that costs accuracy (a convert's extra rounding) pulls the pair's prediction down
+        assert min(singles) <= both.predicted <= max(singles)
     assert list(report.ranking["rank"]) == list(range(1, len(report.ranking) + 1))
     with pytest.raises(MpstudioError, match="no isolation score"):
         report.predict(["conv1_out"])
