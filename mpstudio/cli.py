@@ -96,6 +96,7 @@ def _demo(args) -> int:
     from .evaluate import evaluate
     from .plan import PrecisionPlan
     from .quantize import Quantizer
+    from .runners import CPU_SOURCE
 
     # The first N evaluation lines are the same whatever N: lines are drawn in order from one seed.
     demo = load_demo(evaluation_lines=args.samples) if args.samples else load_demo()
@@ -118,7 +119,7 @@ def _demo(args) -> int:
             path = quantizer.generate(plan, progress)
             rows.append((plan.name, evaluate(path, evaluation, demo.metric, args.backend, options, progress)))
     print(f"\n{demo.metric.name} on {len(evaluation)} evaluation lines, backend {args.backend}"
-          + (" (HTP emulator numerics)" if args.backend == "htp" else " (ORT CPU QDQ reference)"))
+          + (" (HTP emulator numerics)" if args.backend == "htp" else f" ({CPU_SOURCE})"))
     for name, value in rows:
         print(f"  {name:<24} {value:.4f}")
     return 0

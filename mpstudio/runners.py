@@ -10,9 +10,11 @@ import socket
 from pathlib import Path
 
 from .data import Cancelled, DataSource, Feed, Progress
+from .runtime import DEFAULT_CPU_NUMERICS
 from .sources import Latency
 
-CPU_SOURCE = "ORT CPU QDQ"
+# Names the CPU numerics too, so results of another numerics (older studies) are never mixed with these.
+CPU_SOURCE = f"ORT CPU QDQ ({DEFAULT_CPU_NUMERICS})"
 
 
 class InProcess:

@@ -28,9 +28,11 @@ DEFAULT_HTP_ARCH = "75"
 # kernels. "basic": basic graph optimizations only (constant folding, no QDQ fusion, no NCHWc).
 # "fake-quant": quantization simulated in float exactly as the graph writes it (ORT's QDQ transformations
 # off) and no NCHWc, whose blocked kernels sum in another order depending on the graph around each Conv.
-# Which one predicts the HTP best is measured by benchmarks/fidelity.py; DEFAULT_CPU_NUMERICS is its pick.
+# Which one predicts the HTP best is measured by benchmarks/fidelity.py (docs/benchmarks.md); DEFAULT_CPU_NUMERICS
+# is its pick. fake-quant is also the sensitivity engine's numerics, and unlike the fused integer kernels it
+# does not depend on the CPU's instruction set (ORT's int8 kernels round differently without VNNI).
 CPU_NUMERICS = ("fused", "basic", "fake-quant")
-DEFAULT_CPU_NUMERICS = "fused"
+DEFAULT_CPU_NUMERICS = "fake-quant"
 
 _PERF_MODES = (
     "burst", "balanced", "default", "high_performance", "high_power_saver", "low_balanced",

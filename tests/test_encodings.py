@@ -369,7 +369,7 @@ def test_cli_import_creates_the_study_and_evaluates_the_plan(tmp_path):
                 "--data", str(data), "--evaluate", "--quiet")
     assert done.returncode == 0, done.stderr
     assert "imported encodings 1.0.0 as plan 1" in done.stdout and "6 tensor(s) keep the imported" in done.stdout
-    assert "output SNR (dB)" in done.stdout and "[ORT CPU QDQ]" in done.stdout
+    assert "output SNR (dB)" in done.stdout and "[ORT CPU QDQ (fake-quant)]" in done.stdout
 
     shown = _cli("study", "show", str(tmp_path / "s"))
     assert shown.returncode == 0 and "imported aimet" in shown.stdout and "import" in shown.stdout

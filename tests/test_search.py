@@ -212,6 +212,6 @@ def test_search_confirms_its_choice_on_htp(tmp_path):
     assert "confirmed on HTP" in out.stdout
     with Study.open(tmp_path / "s") as study:
         frame = study.evaluations()
-        assert {"ORT CPU QDQ"} < set(frame["accuracy_source"])
+        assert {"ORT CPU QDQ (fake-quant)"} < set(frame["accuracy_source"])
         htp = frame[frame["accuracy_source"].str.startswith("HTP")]
         assert len(htp) == 1 and htp["backend"].iloc[0] == "htp"

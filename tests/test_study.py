@@ -186,7 +186,7 @@ def test_evaluation_over_a_real_agent_matches_in_process(chain_study, tmp_path):
     with LocalAgent() as agent:
         remote = other.evaluate(PrecisionPlan.a8w8(), "cpu", agent.client)
     assert remote.value == pytest.approx(local.value, abs=1e-6)
-    assert remote.accuracy_source == "ORT CPU QDQ"
+    assert remote.accuracy_source == "ORT CPU QDQ (fake-quant)"
     other.close()
 
 
