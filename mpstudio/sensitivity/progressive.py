@@ -1,0 +1,470 @@
+"""The progressive sensitivity analysis: cheap per-tensor scores first, then isolation only where it can change
+a decision, in worker processes; every step hands a partial SensitivityReport to `on_partial`.
+
+1. Scores: accumulated and local error of every activation tensor (`scores.TensorScorer`), streamed over the
+   samples in chunks spread over the workers, and weight scores. A partial report follows each chunk.
+2. Screening: every activation tensor promoted alone and demoted alone, on the first `screen_samples`
+   isolation samples only (a fraction of the cost of isolating it on all of them).
+3. Isolation where it can change a decision: the tensors that could enter the top `keep` of the ranking
+   (by promotion gain), of the contribution to the output error (the larger of what promoting it alone
+   removes and what demoting it alone adds), or of that contribution per estimated latency cost (the
+   search's order; `latency.promotion_costs`) are isolated on every isolation sample, in both directions,
+   best screened first, until no tensor left could reach any of the three (a screened value only moves so
+   far on the full samples: the bound is measured on the tensors already isolated). Namespace and selection
+   regions are always isolated.
+
+The result has the shape of `analysis.analyze`'s: its isolation table holds the isolated tensors (their
+values are exactly those of an exhaustive analysis) and the regions; the other tensors rank after them by
+their screened gain. `exhaustive=True` isolates every tensor (the old analysis, on the workers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import pickle
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..data import Cancelled, DataSource, Progress, TaskMetric
+from ..plan import PrecisionPlan
+from ..quantize import Quantizer
+from .. import qdq
+from .analysis import SensitivityReport
+from .isolation import ISOLATION_COLUMNS, IsolationResult, Region, float_references, own_params
+from .ranking import namespace_regions, rank_tensors, selection_region
+from .scores import ScoreSums, score_frame, weight_scores
+from .workers import Config, InlineWorkers, IsolationSpec, ScoringSpec, WorkerPool, worker_count
+
+ENGINE_VERSION = 1  # names the on-disk cache of isolation values; bump when the numbers would change
+_ALL_8: Config = ("promote", ())
+_ALL_16: Config = ("demote", ())
+
+
+def analyze_progressive(
+    quantizer: Quantizer,
+    data: DataSource,
+    plan: PrecisionPlan | None = None,
+    *,
+    isolation: bool = True,
+    isolation_data: DataSource | None = None,
+    isolation_samples: int = 8,
+    metric: TaskMetric | None = None,
+    namespaces: bool = True,
+    selection: Sequence[str] = (),
+    keep: int = 20,
+    screen_samples: int = 1,
+    exhaustive: bool = False,
+    workers: int | None = None,
+    chunk: int = 8,
+    htp_arch: str | int = "75",
+    cache_dir: str | Path | None = None,
+    on_partial: Callable[[SensitivityReport], None] | None = None,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> SensitivityReport:
+    """Score and rank every tensor of `quantizer`'s model for `plan` (default all 8 bits), progressively.
+
+    `workers`: processes (default: one per core; 0 runs everything in this process, with the same numbers).
+    `cache_dir`: where isolation values are kept, so a cancelled or repeated analysis does not redo them.
+    `on_partial(report)` receives each partial report (`report.meta["partial"]` is True, and
+    `report.status()` says how far it got); the final report is returned.
+    Arguments otherwise as `analysis.analyze`.
+    """
+    return _Analysis(quantizer, data, plan or PrecisionPlan.a8w8(), isolation, isolation_data, isolation_samples,
+                     metric, namespaces, selection, keep, screen_samples, exhaustive, workers, chunk, htp_arch,
+                     cache_dir, on_partial, progress, cancel).run()
+
+
+class _Analysis:
+    def __init__(self, quantizer, data, plan, isolation, isolation_data, isolation_samples, metric, namespaces,
+                 selection, keep, screen_samples, exhaustive, workers, chunk, htp_arch, cache_dir, on_partial,
+                 progress, cancel):
+        self.quantizer, self.data, self.plan = quantizer, data, plan
+        self.isolation = isolation
+        self.iso_data = isolation_data if isolation_data is not None else data.head(isolation_samples)
+        self.metric, self.namespaces, self.selection = metric, namespaces, list(selection)
+        self.keep, self.exhaustive = max(1, keep), exhaustive
+        # A task metric scores the whole set at once: it cannot be screened on part of it.
+        self.screen_samples = min(max(1, screen_samples), len(self.iso_data))
+        if metric is not None:
+            self.screen_samples = len(self.iso_data)
+        self.workers, self.chunk, self.htp_arch = workers, max(1, chunk), htp_arch
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.on_partial, self.progress, self.cancel = on_partial, progress, cancel
+        self.started = time.perf_counter()
+        self.meta: dict = {}
+        self.tensors_frame: pd.DataFrame | None = None
+        self.weights = pd.DataFrame()
+        self.values: dict[tuple[Config, int], float] = {}  # (config, samples) -> metric value
+        self.cache_path: Path | None = None
+        self.regions: list[Region] = []
+        self.isolated: list[str] = []
+
+    # ---- the steps ------------------------------------------------------------------------------------------
+    def run(self) -> SensitivityReport:
+        count = self.workers if self.workers is not None else worker_count()
+        if count and self.metric is not None and not _picklable(self.metric):
+            count = 0  # a metric that cannot travel to a worker is computed here
+        # Workers start first: they import while this process calibrates and quantizes.
+        self.pool = WorkerPool(count) if count > 0 else InlineWorkers(self.cancel)
+        try:
+            result = self._run()
+        except BaseException:
+            self.pool.terminate()
+            raise
+        self.pool.close()
+        return result
+
+    def _run(self) -> SensitivityReport:
+        q, graph = self.quantizer, self.quantizer.graph
+        self.model_8_path = q.generate(PrecisionPlan.a8w8(), self.progress, self.cancel)
+        self.model_16_path = q.generate(PrecisionPlan.a16w8(), self.progress, self.cancel)
+        plan_path = q.generate(self.plan, self.progress, self.cancel)
+        model_8 = qdq.load(self.model_8_path)
+        model_16 = qdq.load(self.model_16_path)
+        params_8 = {t: v.encoding for t, v in qdq.read(model_8).activations().items()}
+        params_16 = {t: v.encoding for t, v in qdq.read(model_16).activations().items()}
+        self.tensors = list(params_8)
+        self.counterparts = qdq.read(qdq.load(plan_path)).activations()
+        self.meta = {"model": q.prepared.source, "model_sha256": q.prepared.sha256, "plan": self.plan.summary(),
+                     "plan_hash": self.plan.hash, "samples": len(self.data), "data": self.data.name,
+                     "mode": "exhaustive" if self.exhaustive else "progressive", "tensors": len(self.tensors),
+                     "workers": len(self.pool.processes)}
+        self.pool.setup(scoring=ScoringSpec(str(q.float_path), str(plan_path), params_8, params_16))
+        chunks = self._submit_scores()
+        # While the workers score: the weights, and what isolation needs.
+        self.weights = weight_scores(q.prepared.model, graph, cancel=self.cancel)
+        if self.isolation:
+            output_names = [o.name for o in model_8.graph.output]
+            references = float_references(q.float_path, self.iso_data, output_names)
+            self.pool.setup(isolation=IsolationSpec(
+                str(q.float_path), str(self.model_8_path), str(self.model_16_path), params_16, own_params(q),
+                list(self.iso_data.feeds()), references, output_names, self.metric))
+            self._load_cache(model_8, model_16)
+        self._collect_scores(graph, chunks)
+        result = self._isolate(graph) if self.isolation else None
+        self.meta.update(partial=False, stage="done", seconds=round(time.perf_counter() - self.started, 3))
+        return self._report(result, None)
+
+    def _submit_scores(self) -> dict[int, int]:
+        """Step 1: tensor scores over the samples in chunks; returns task id -> chunk index."""
+        n = len(self.data)
+        self.chunks = [list(range(i, min(i + self.chunk, n))) for i in range(0, n, self.chunk)]
+        return {self.pool.submit("score", [self.data.sample(j) for j in c]): k for k, c in enumerate(self.chunks)}
+
+    def _collect_scores(self, graph, ids: dict[int, int]) -> None:
+        """A partial report after each chunk; the sums merge in sample order, whoever scored them."""
+        n = len(self.data)
+        done: dict[int, ScoreSums] = {}
+        while len(done) < len(self.chunks):
+            self._check_cancel()
+            for task_id, sums in self.pool.results(0.2):
+                done[ids[task_id]] = sums
+                merged = self._merge([done[k] for k in sorted(done)])
+                self.tensors_frame = score_frame(graph, self.counterparts, merged)
+                self.meta.update(stage="scores", scored_samples=merged.samples)
+                self._tick(merged.samples, n, "scoring tensors")
+                self._emit(None, None)
+
+    def _isolate(self, graph) -> IsolationResult:
+        """Steps 2 and 3: screening, then isolation of the tensors that can change a decision."""
+        from ..latency import promotion_costs
+
+        full, screen = len(self.iso_data), self.screen_samples
+        regions: list[Region] = namespace_regions(graph, self.tensors) if self.namespaces else []
+        if self.selection:
+            regions.append(selection_region(graph, self.selection))
+        self.costs = promotion_costs(self.model_8_path, self.tensors, self.htp_arch, graph=graph)
+        self.regions = regions
+        self.screened: dict[str, float] = {}
+        self.isolated: list[str] = []
+        # Baselines and regions first: every later step is measured from the baselines.
+        first = [_ALL_8, _ALL_16] + [(d, r.tensors) for r in regions for d in ("promote", "demote")]
+        self._evaluate([(c, full) for c in first], "isolating regions", 4)
+        if self.exhaustive or screen >= full:
+            order = list(self.tensors)
+            self.meta.update(screen_samples=full)
+        else:
+            self._evaluate([(c, screen) for c in (_ALL_8, _ALL_16)], "screening", 2)
+            configs = [(d, (t,)) for t in self.tensors for d in ("promote", "demote")]
+            self._evaluate([(c, screen) for c in configs], "screening tensors", 8, self._after_screening)
+            self.meta.update(screen_samples=screen)
+            order = self._candidates()
+        self._refine(order, full, screen)
+        return self._isolation_result(full)
+
+    def _after_screening(self) -> None:
+        screen = self.screen_samples
+        base_8, base_16 = self.values[(_ALL_8, screen)], self.values[(_ALL_16, screen)]
+        for t in self.tensors:
+            promoted = self.values.get((("promote", (t,)), screen))
+            demoted = self.values.get((("demote", (t,)), screen))
+            if promoted is not None and demoted is not None:
+                self.screened[t] = _contribution(self._scorer_like(), promoted, demoted, base_8, base_16)
+        self.meta.update(stage="screening", screened=len(self.screened), tensors=len(self.tensors))
+
+    def _candidates(self) -> list[str]:
+        """Every tensor in the order to isolate: the three decision orders by screened values, interleaved."""
+        screen = self.screen_samples
+        base_8 = self.values[(_ALL_8, screen)]
+        hib = self._scorer_like().higher_is_better
+        gain = pd.Series({t: (1 if hib else -1) * (self.values[(("promote", (t,)), screen)] - base_8)
+                          for t in self.tensors})
+        contribution = pd.Series(self.screened).reindex(self.tensors)
+        per_cost = contribution / self._cost_floor()
+        orders = [list(s.sort_values(ascending=False, kind="stable").index) for s in (gain, contribution, per_cost)]
+        merged: list[str] = []
+        seen: set[str] = set()
+        for rank in range(len(self.tensors)):
+            for order in orders:
+                if order[rank] not in seen:
+                    seen.add(order[rank])
+                    merged.append(order[rank])
+        self._screen_orders = {"gain": gain, "contribution": contribution, "per_cost": per_cost}
+        return merged
+
+    def _refine(self, order: list[str], full: int, screen: int) -> None:
+        """Isolate tensors of `order` on all samples, in order, until none left can change a decision."""
+        queue = list(order)
+        inflight: dict[int, str] = {}
+        pending: dict[str, int] = {}
+        ids: dict[int, tuple[str, list[Config]]] = {}
+        limit = 2 * max(1, len(self.pool.processes))
+        total = len(order)
+        last_emit = 0.0
+        stopped = False
+        while queue or inflight:
+            self._check_cancel()
+            while queue and len(inflight) < limit and not stopped:
+                if not self.exhaustive and self._cannot_change_a_decision(queue[0], full, screen):
+                    stopped = True
+                    break
+                t = queue.pop(0)
+                configs = [("promote", (t,)), ("demote", (t,))]
+                missing = [c for c in configs if (c, full) not in self.values]
+                if not missing:
+                    self.isolated.append(t)
+                    continue
+                task_id = self.pool.submit("isolate", (missing, full))
+                inflight[task_id] = t
+                ids[task_id] = (t, missing)
+            if stopped and not inflight:
+                break
+            if not inflight:
+                continue
+            for task_id, values in self.pool.results(0.2):
+                t, configs = ids.pop(task_id)
+                inflight.pop(task_id, None)
+                self._store([(c, full) for c in configs], values)
+                self.isolated.append(t)
+            self.meta.update(stage="isolation", isolated=len(self.isolated), candidates=total,
+                             tensors=len(self.tensors))
+            self._tick(len(self.isolated), total if self.exhaustive else max(len(self.isolated) + len(inflight), 1),
+                       "isolating tensors")
+            now = time.perf_counter()
+            if now - last_emit > 0.5 or not (queue or inflight):
+                last_emit = now
+                self._emit(self._isolation_result(full), self._priority())
+        del pending
+        if stopped:
+            self.meta.update(stopped=f"the other {len(queue)} tensors cannot enter the top {self.keep} "
+                                     f"(screened on {screen} of {full} samples)")
+
+    def _cannot_change_a_decision(self, tensor: str, full: int, screen: int) -> bool:
+        """Whether `tensor`, not yet isolated, cannot enter the top `keep` of any decision order.
+
+        Each order's threshold is its `keep`-th best value among isolated tensors. A tensor's screened value
+        is an estimate of its full value; the largest ratio of full to screened value seen on the isolated
+        tensors (at least 2) bounds how far it can move. Until `keep` tensors of an order are isolated, every
+        tensor can still enter it."""
+        if len(self.isolated) < 2 * self.keep:
+            return False
+        full_values = self._full_orders(full)
+        for name, screened in self._screen_orders.items():
+            known = full_values[name].dropna()
+            if len(known) < self.keep:
+                return False
+            threshold = float(known.sort_values(ascending=False).iloc[self.keep - 1])
+            pairs = pd.DataFrame({"full": known, "screened": screened.reindex(known.index)}).dropna()
+            useful = pairs[(pairs["screened"] > 0) & (pairs["full"] > 0)]
+            ratio = max(2.0, float((useful["full"] / useful["screened"]).max()) if len(useful) else 2.0)
+            value = float(screened.get(tensor, np.nan))
+            if not math.isfinite(value) or value <= 0:
+                continue
+            if value * ratio >= threshold:
+                return False
+        return True
+
+    def _full_orders(self, full: int) -> dict[str, pd.Series]:
+        base_8, base_16 = self.values[(_ALL_8, full)], self.values[(_ALL_16, full)]
+        scorer = self._scorer_like()
+        sign = 1 if scorer.higher_is_better else -1
+        gain, contribution = {}, {}
+        for t in self.isolated:
+            promoted = self.values[(("promote", (t,)), full)]
+            demoted = self.values[(("demote", (t,)), full)]
+            gain[t] = sign * (promoted - base_8)
+            contribution[t] = _contribution(scorer, promoted, demoted, base_8, base_16)
+        contribution = pd.Series(contribution, dtype=float)
+        return {"gain": pd.Series(gain, dtype=float), "contribution": contribution,
+                "per_cost": contribution / self._cost_floor().reindex(contribution.index)}
+
+    def _cost_floor(self) -> pd.Series:
+        costs = self.costs.reindex(self.tensors)
+        costs = costs.fillna(costs.median() if costs.notna().any() else 1.0)
+        positive = costs[costs > 0]
+        floor = max(float(positive.min()) if len(positive) else 1e-6, 1e-6)
+        return costs.clip(lower=floor)
+
+    # ---- running configurations ---------------------------------------------------------------------------
+    def _evaluate(self, items: list[tuple[Config, int]], message: str, batch: int,
+                  after: Callable[[], None] | None = None) -> None:
+        """Evaluate every (config, samples) not known yet, `batch` configs a task."""
+        missing = [item for item in dict.fromkeys(items) if item not in self.values]
+        groups: dict[int, list[Config]] = {}
+        for config, samples in missing:
+            groups.setdefault(samples, []).append(config)
+        ids: dict[int, tuple[list[Config], int]] = {}
+        for samples, configs in groups.items():
+            for i in range(0, len(configs), batch):
+                part = configs[i:i + batch]
+                ids[self.pool.submit("isolate", (part, samples))] = (part, samples)
+        total, done, last_emit = len(missing), 0, 0.0
+        while ids:
+            self._check_cancel()
+            for task_id, values in self.pool.results(0.2):
+                configs, samples = ids.pop(task_id)
+                self._store([(c, samples) for c in configs], values)
+                done += len(configs)
+                self._tick(done, total, message)
+                now = time.perf_counter()
+                if after is not None and (now - last_emit > 0.5 or not ids):
+                    last_emit = now
+                    after()
+                    self._emit(None, self._priority())
+        if after is not None and not missing:
+            after()
+
+    def _store(self, items: list[tuple[Config, int]], values: list[float]) -> None:
+        self.meta["evaluated"] = self.meta.get("evaluated", 0) + len(items)
+        lines = []
+        for (config, samples), value in zip(items, values):
+            self.values[(config, samples)] = float(value)
+            lines.append(json.dumps({"config": [config[0], list(config[1])], "samples": samples,
+                                     "value": float(value)}))
+        if self.cache_path is not None and lines:
+            with open(self.cache_path, "a") as handle:
+                handle.write("\n".join(lines) + "\n")
+
+    def _load_cache(self, model_8, model_16) -> None:
+        """Isolation values of an earlier run on the same models, samples and metric."""
+        self.cache_path = None
+        if self.cache_dir is None:
+            return
+        digest = hashlib.sha256()
+        for part in (model_8.SerializeToString(), model_16.SerializeToString(),
+                     self.iso_data.fingerprint().encode(),
+                     (self.metric.name if self.metric else "output SNR").encode(), f"v{ENGINE_VERSION}".encode()):
+            digest.update(hashlib.sha256(part).digest())
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.cache_path = self.cache_dir / f"isolation-{digest.hexdigest()[:16]}.jsonl"
+        if not self.cache_path.exists():
+            return
+        for line in self.cache_path.read_text().splitlines():
+            try:
+                item = json.loads(line)
+                config = (str(item["config"][0]), tuple(item["config"][1]))
+                self.values[(config, int(item["samples"]))] = float(item["value"])
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue  # a line cut short by a killed process
+        self.meta["cached"] = len(self.values)
+
+    # ---- reports --------------------------------------------------------------------------------------------
+    def _isolation_result(self, full: int) -> IsolationResult | None:
+        if (_ALL_8, full) not in self.values or (_ALL_16, full) not in self.values:
+            return None
+        scorer = self._scorer_like()
+        all_8, all_16 = self.values[(_ALL_8, full)], self.values[(_ALL_16, full)]
+        rows = []
+        for name, members, source in ([(t, (t,), "tensor") for t in self.isolated]
+                                      + [(r.name, r.tensors, r.source) for r in self.regions]):
+            promoted = self.values.get((("promote", tuple(members)), full))
+            demoted = self.values.get((("demote", tuple(members)), full))
+            if promoted is None or demoted is None:
+                continue
+            rows.append({"region": name, "source": source, "tensors": len(set(members) & set(self.tensors)),
+                         "members": ";".join(members), "promoted": promoted,
+                         "promoted_gain": scorer.gain(promoted, all_8), "demoted": demoted,
+                         "demoted_loss": scorer.gain(all_16, demoted)})
+        return IsolationResult(pd.DataFrame(rows, columns=ISOLATION_COLUMNS), scorer.name, scorer.higher_is_better,
+                               all_8, all_16, full)
+
+    def _priority(self) -> pd.Series | None:
+        """The order of tensors not isolated yet: their screened promotion gain."""
+        screen = self.screen_samples
+        if (_ALL_8, screen) not in self.values:
+            return None
+        base = self.values[(_ALL_8, screen)]
+        sign = 1 if self._scorer_like().higher_is_better else -1
+        gains = {t: sign * (self.values[(("promote", (t,)), screen)] - base) for t in self.tensors
+                 if (("promote", (t,)), screen) in self.values}
+        return pd.Series(gains, dtype=float) if gains else None
+
+    def _report(self, isolation: IsolationResult | None, priority) -> SensitivityReport:
+        if priority is None and isolation is not None:
+            priority = self._priority()
+        ranking = rank_tensors(self.tensors_frame, isolation, priority=priority)
+        return SensitivityReport(ranking, self.tensors_frame, self.weights, isolation, dict(self.meta))
+
+    def _emit(self, isolation, priority) -> None:
+        if self.on_partial is None or self.tensors_frame is None:
+            return
+        self.meta.update(partial=True, seconds=round(time.perf_counter() - self.started, 3))
+        self.on_partial(self._report(isolation, priority))
+
+    def _scorer_like(self):
+        from .isolation import OutputScorer
+
+        return OutputScorer([], [], self.metric)
+
+    def _check_cancel(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled("sensitivity analysis cancelled")
+
+    def _tick(self, done: int, total: int, message: str) -> None:
+        if self.progress:
+            self.progress(done, total, message)
+
+    @staticmethod
+    def _merge(parts: list[ScoreSums]) -> ScoreSums:
+        merged = ScoreSums({t: type(a)() for t, a in parts[0].accumulated.items()},
+                           {t: {b: type(a)() for b, a in w.items()} for t, w in parts[0].local.items()})
+        for part in parts:
+            merged.merge(part)
+        return merged
+
+
+def _contribution(scorer, promoted: float, demoted: float, base_8: float, base_16: float) -> float:
+    """What a tensor's 8 bits cost, seen from both ends (as the search orders tensors): for output SNR the
+    noise power promoting it alone removes or demoting it alone adds, whichever is larger; for a task metric
+    the larger of the two gains."""
+    if scorer.metric is None:
+        removed = 10 ** (-base_8 / 10) - 10 ** (-promoted / 10)
+        added = 10 ** (-demoted / 10) - 10 ** (-base_16 / 10)
+        return max(removed, added)
+    return max(scorer.gain(promoted, base_8), scorer.gain(base_16, demoted))
+
+
+def _picklable(value) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
