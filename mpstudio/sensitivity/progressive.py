@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import pickle
+import random
 import threading
 import time
 from pathlib import Path
@@ -45,6 +46,8 @@ from .workers import Config, InlineWorkers, IsolationSpec, ScoringSpec, WorkerPo
 ENGINE_VERSION = 1  # names the on-disk cache of isolation values; bump when the numbers would change
 _ALL_8: Config = ("promote", ())
 _ALL_16: Config = ("demote", ())
+_EXPLORE = 4  # every 4th tensor isolated is a random one
+_WITNESSES = 5  # isolated tensors screened at most as high as the best remaining one, before stopping
 
 
 def analyze_progressive(
@@ -59,6 +62,7 @@ def analyze_progressive(
     namespaces: bool = True,
     selection: Sequence[str] = (),
     keep: int = 20,
+    budget: int | None = None,
     screen_samples: int = 1,
     exhaustive: bool = False,
     workers: int | None = None,
@@ -78,19 +82,19 @@ def analyze_progressive(
     Arguments otherwise as `analysis.analyze`.
     """
     return _Analysis(quantizer, data, plan or PrecisionPlan.a8w8(), isolation, isolation_data, isolation_samples,
-                     metric, namespaces, selection, keep, screen_samples, exhaustive, workers, chunk, htp_arch,
+                     metric, namespaces, selection, keep, budget, screen_samples, exhaustive, workers, chunk, htp_arch,
                      cache_dir, on_partial, progress, cancel).run()
 
 
 class _Analysis:
     def __init__(self, quantizer, data, plan, isolation, isolation_data, isolation_samples, metric, namespaces,
-                 selection, keep, screen_samples, exhaustive, workers, chunk, htp_arch, cache_dir, on_partial,
+                 selection, keep, budget, screen_samples, exhaustive, workers, chunk, htp_arch, cache_dir, on_partial,
                  progress, cancel):
         self.quantizer, self.data, self.plan = quantizer, data, plan
         self.isolation = isolation
         self.iso_data = isolation_data if isolation_data is not None else data.head(isolation_samples)
         self.metric, self.namespaces, self.selection = metric, namespaces, list(selection)
-        self.keep, self.exhaustive = max(1, keep), exhaustive
+        self.keep, self.exhaustive, self.budget = max(1, keep), exhaustive, budget
         # A task metric scores the whole set at once: it cannot be screened on part of it.
         self.screen_samples = min(max(1, screen_samples), len(self.iso_data))
         if metric is not None:
@@ -133,7 +137,7 @@ class _Analysis:
         params_16 = {t: v.encoding for t, v in qdq.read(model_16).activations().items()}
         self.tensors = list(params_8)
         self.counterparts = qdq.read(qdq.load(plan_path)).activations()
-        self.meta = {"model": q.prepared.source, "model_sha256": q.prepared.sha256, "plan": self.plan.summary(),
+        self.meta = {"evaluated": 0, "model": q.prepared.source, "model_sha256": q.prepared.sha256, "plan": self.plan.summary(),
                      "plan_hash": self.plan.hash, "samples": len(self.data), "data": self.data.name,
                      "mode": "exhaustive" if self.exhaustive else "progressive", "tensors": len(self.tensors),
                      "workers": len(self.pool.processes)}
@@ -193,7 +197,7 @@ class _Analysis:
             self.meta.update(screen_samples=full)
         else:
             self._evaluate([(c, screen) for c in (_ALL_8, _ALL_16)], "screening", 2)
-            configs = [(d, (t,)) for t in self.tensors for d in ("promote", "demote")]
+            configs = [("promote", (t,)) for t in self.tensors]
             self._evaluate([(c, screen) for c in configs], "screening tensors", 8, self._after_screening)
             self.meta.update(screen_samples=screen)
             order = self._candidates()
@@ -202,48 +206,53 @@ class _Analysis:
 
     def _after_screening(self) -> None:
         screen = self.screen_samples
-        base_8, base_16 = self.values[(_ALL_8, screen)], self.values[(_ALL_16, screen)]
+        base_8 = self.values[(_ALL_8, screen)]
         for t in self.tensors:
             promoted = self.values.get((("promote", (t,)), screen))
-            demoted = self.values.get((("demote", (t,)), screen))
-            if promoted is not None and demoted is not None:
-                self.screened[t] = _contribution(self._scorer_like(), promoted, demoted, base_8, base_16)
+            if promoted is not None:
+                # Screening promotes only: what the promotion removes stands for the contribution.
+                self.screened[t] = _contribution(self._scorer_like(), promoted, None, base_8, None)
         self.meta.update(stage="screening", screened=len(self.screened), tensors=len(self.tensors))
 
     def _candidates(self) -> list[str]:
-        """Every tensor in the order to isolate: the three decision orders by screened values, interleaved."""
+        """Every tensor in the order to isolate: the decision orders by screened values, interleaved, and
+        every `_EXPLORE`-th a tensor drawn at random from the rest (seeded), so that how far a full value lies
+        from its screened one is also measured away from the top of the screening."""
         screen = self.screen_samples
         base_8 = self.values[(_ALL_8, screen)]
         hib = self._scorer_like().higher_is_better
         gain = pd.Series({t: (1 if hib else -1) * (self.values[(("promote", (t,)), screen)] - base_8)
-                          for t in self.tensors})
-        contribution = pd.Series(self.screened).reindex(self.tensors)
-        per_cost = contribution / self._cost_floor()
-        orders = [list(s.sort_values(ascending=False, kind="stable").index) for s in (gain, contribution, per_cost)]
+                          for t in self.tensors}, dtype=float)
+        per_cost = pd.Series(self.screened, dtype=float).reindex(self.tensors) / self._cost_floor()
+        self._screen_orders = {"gain": gain, "per_cost": per_cost}
+        orders = [list(s.sort_values(ascending=False, kind="stable").index) for s in (gain, per_cost)]
+        interleaved = list(dict.fromkeys(t for rank in range(len(self.tensors)) for t in (o[rank] for o in orders)))
+        rng = random.Random(0)
         merged: list[str] = []
-        seen: set[str] = set()
-        for rank in range(len(self.tensors)):
-            for order in orders:
-                if order[rank] not in seen:
-                    seen.add(order[rank])
-                    merged.append(order[rank])
-        self._screen_orders = {"gain": gain, "contribution": contribution, "per_cost": per_cost}
+        placed: set[str] = set()
+        ahead = iter(interleaved)
+        while len(merged) < len(interleaved):
+            if len(merged) % _EXPLORE == _EXPLORE - 1:
+                t = rng.choice([t for t in interleaved if t not in placed])
+            else:
+                t = next(t for t in ahead if t not in placed)
+            placed.add(t)
+            merged.append(t)
         return merged
 
     def _refine(self, order: list[str], full: int, screen: int) -> None:
         """Isolate tensors of `order` on all samples, in order, until none left can change a decision."""
         queue = list(order)
-        inflight: dict[int, str] = {}
-        pending: dict[str, int] = {}
-        ids: dict[int, tuple[str, list[Config]]] = {}
+        inflight: dict[int, tuple[str, list[Config]]] = {}
         limit = 2 * max(1, len(self.pool.processes))
         total = len(order)
+        budget = self.budget if self.budget is not None else max(2 * self.keep, len(self.tensors) // 8)
         last_emit = 0.0
         stopped = False
         while queue or inflight:
             self._check_cancel()
             while queue and len(inflight) < limit and not stopped:
-                if not self.exhaustive and self._cannot_change_a_decision(queue[0], full, screen):
+                if not self.exhaustive and (len(self.isolated) + len(inflight) >= budget or self._decided(queue, full)):
                     stopped = True
                     break
                 t = queue.pop(0)
@@ -252,38 +261,39 @@ class _Analysis:
                 if not missing:
                     self.isolated.append(t)
                     continue
-                task_id = self.pool.submit("isolate", (missing, full))
-                inflight[task_id] = t
-                ids[task_id] = (t, missing)
-            if stopped and not inflight:
-                break
+                inflight[self.pool.submit("isolate", (missing, full))] = (t, missing)
             if not inflight:
+                if stopped or not queue:
+                    break
                 continue
             for task_id, values in self.pool.results(0.2):
-                t, configs = ids.pop(task_id)
-                inflight.pop(task_id, None)
+                t, configs = inflight.pop(task_id)
                 self._store([(c, full) for c in configs], values)
                 self.isolated.append(t)
-            self.meta.update(stage="isolation", isolated=len(self.isolated), candidates=total,
-                             tensors=len(self.tensors))
-            self._tick(len(self.isolated), total if self.exhaustive else max(len(self.isolated) + len(inflight), 1),
+            self.meta.update(stage="isolation", isolated=len(self.isolated))
+            self._tick(len(self.isolated), total if self.exhaustive else len(self.isolated) + len(inflight) + 1,
                        "isolating tensors")
             now = time.perf_counter()
             if now - last_emit > 0.5 or not (queue or inflight):
                 last_emit = now
                 self._emit(self._isolation_result(full), self._priority())
-        del pending
-        if stopped:
+        self.meta.update(isolated=len(self.isolated))
+        if stopped and len(self.isolated) >= budget:
+            self.meta.update(stopped=f"budget of {budget} isolated tensors reached; the other {len(queue)} are "
+                                     f"ranked by their gain screened on {screen} of {full} samples")
+        elif stopped:
             self.meta.update(stopped=f"the other {len(queue)} tensors cannot enter the top {self.keep} "
                                      f"(screened on {screen} of {full} samples)")
 
-    def _cannot_change_a_decision(self, tensor: str, full: int, screen: int) -> bool:
-        """Whether `tensor`, not yet isolated, cannot enter the top `keep` of any decision order.
+    def _decided(self, remaining: Sequence[str], full: int) -> bool:
+        """Whether no tensor of `remaining` (not isolated yet) can enter the top `keep` of a decision order.
 
-        Each order's threshold is its `keep`-th best value among isolated tensors. A tensor's screened value
-        is an estimate of its full value; the largest ratio of full to screened value seen on the isolated
-        tensors (at least 2) bounds how far it can move. Until `keep` tensors of an order are isolated, every
-        tensor can still enter it."""
+        An order's threshold is its `keep`-th best full value among the isolated tensors. Let v be the best
+        screened value among the remaining tensors: one of them could pass the threshold if v plus the most
+        that the full value of an isolated tensor screened no higher than v lay above its screened value
+        exceeds it (the random picks among the isolated tensors are what measures this low in the screening).
+        Nothing is decided before twice `keep` tensors are isolated, nor on fewer than `_WITNESSES` such
+        isolated tensors."""
         if len(self.isolated) < 2 * self.keep:
             return False
         full_values = self._full_orders(full)
@@ -291,30 +301,31 @@ class _Analysis:
             known = full_values[name].dropna()
             if len(known) < self.keep:
                 return False
-            threshold = float(known.sort_values(ascending=False).iloc[self.keep - 1])
-            pairs = pd.DataFrame({"full": known, "screened": screened.reindex(known.index)}).dropna()
-            useful = pairs[(pairs["screened"] > 0) & (pairs["full"] > 0)]
-            ratio = max(2.0, float((useful["full"] / useful["screened"]).max()) if len(useful) else 2.0)
-            value = float(screened.get(tensor, np.nan))
-            if not math.isfinite(value) or value <= 0:
-                continue
-            if value * ratio >= threshold:
+            threshold = float(known.nlargest(self.keep).iloc[-1])
+            best = float(screened.reindex(list(remaining)).max())
+            if not math.isfinite(best):
+                return False
+            known_screened = screened.reindex(known.index)
+            below = known_screened <= best
+            if int(below.sum()) < _WITNESSES:
+                return False
+            reach = max(0.0, float((known[below] - known_screened[below]).max()))
+            if best + reach > threshold:
                 return False
         return True
 
     def _full_orders(self, full: int) -> dict[str, pd.Series]:
-        base_8, base_16 = self.values[(_ALL_8, full)], self.values[(_ALL_16, full)]
+        """The isolated tensors' values on the full samples, in the screening's terms (promotion only)."""
+        base_8 = self.values[(_ALL_8, full)]
         scorer = self._scorer_like()
         sign = 1 if scorer.higher_is_better else -1
-        gain, contribution = {}, {}
+        gain, removed = {}, {}
         for t in self.isolated:
             promoted = self.values[(("promote", (t,)), full)]
-            demoted = self.values[(("demote", (t,)), full)]
             gain[t] = sign * (promoted - base_8)
-            contribution[t] = _contribution(scorer, promoted, demoted, base_8, base_16)
-        contribution = pd.Series(contribution, dtype=float)
-        return {"gain": pd.Series(gain, dtype=float), "contribution": contribution,
-                "per_cost": contribution / self._cost_floor().reindex(contribution.index)}
+            removed[t] = _contribution(scorer, promoted, None, base_8, None)
+        removed = pd.Series(removed, dtype=float)
+        return {"gain": pd.Series(gain, dtype=float), "per_cost": removed / self._cost_floor().reindex(removed.index)}
 
     def _cost_floor(self) -> pd.Series:
         costs = self.costs.reindex(self.tensors)
@@ -375,6 +386,7 @@ class _Analysis:
             digest.update(hashlib.sha256(part).digest())
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.cache_path = self.cache_dir / f"isolation-{digest.hexdigest()[:16]}.jsonl"
+        self.meta["cached"] = 0
         if not self.cache_path.exists():
             return
         for line in self.cache_path.read_text().splitlines():
@@ -451,15 +463,17 @@ class _Analysis:
         return merged
 
 
-def _contribution(scorer, promoted: float, demoted: float, base_8: float, base_16: float) -> float:
+def _contribution(scorer, promoted: float, demoted: float | None, base_8: float, base_16: float | None) -> float:
     """What a tensor's 8 bits cost, seen from both ends (as the search orders tensors): for output SNR the
     noise power promoting it alone removes or demoting it alone adds, whichever is larger; for a task metric
-    the larger of the two gains."""
+    the larger of the two gains. Without `demoted`, what the promotion removes."""
     if scorer.metric is None:
         removed = 10 ** (-base_8 / 10) - 10 ** (-promoted / 10)
-        added = 10 ** (-demoted / 10) - 10 ** (-base_16 / 10)
-        return max(removed, added)
-    return max(scorer.gain(promoted, base_8), scorer.gain(base_16, demoted))
+        if demoted is None:
+            return removed
+        return max(removed, 10 ** (-demoted / 10) - 10 ** (-base_16 / 10))
+    gain = scorer.gain(promoted, base_8)
+    return gain if demoted is None else max(gain, scorer.gain(base_16, demoted))
 
 
 def _picklable(value) -> bool:
