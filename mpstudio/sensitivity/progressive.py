@@ -142,9 +142,11 @@ class _Analysis:
                      "mode": "exhaustive" if self.exhaustive else "progressive", "tensors": len(self.tensors),
                      "workers": len(self.pool.processes)}
         self.pool.setup(scoring=ScoringSpec(str(q.float_path), str(plan_path), params_8, params_16))
-        chunks = self._submit_scores()
-        # While the workers score: the weights, and what isolation needs.
+        ids = self._submit_scores()
+        done: dict[int, ScoreSums] = {}
+        # While the workers score: the weights, and what isolation needs (scores shown as they come).
         self.weights = weight_scores(q.prepared.model, graph, cancel=self.cancel)
+        self._collect_scores(graph, ids, done, wait=False)
         if self.isolation:
             output_names = [o.name for o in model_8.graph.output]
             references = float_references(q.float_path, self.iso_data, output_names)
@@ -152,7 +154,7 @@ class _Analysis:
                 str(q.float_path), str(self.model_8_path), str(self.model_16_path), params_16, own_params(q),
                 list(self.iso_data.feeds()), references, output_names, self.metric))
             self._load_cache(model_8, model_16)
-        self._collect_scores(graph, chunks)
+        self._collect_scores(graph, ids, done)
         result = self._isolate(graph) if self.isolation else None
         self.meta.update(partial=False, stage="done", seconds=round(time.perf_counter() - self.started, 3))
         return self._report(result, None)
@@ -163,19 +165,22 @@ class _Analysis:
         self.chunks = [list(range(i, min(i + self.chunk, n))) for i in range(0, n, self.chunk)]
         return {self.pool.submit("score", [self.data.sample(j) for j in c]): k for k, c in enumerate(self.chunks)}
 
-    def _collect_scores(self, graph, ids: dict[int, int]) -> None:
-        """A partial report after each chunk; the sums merge in sample order, whoever scored them."""
+    def _collect_scores(self, graph, ids: dict[int, int], done: dict[int, ScoreSums], wait: bool = True) -> None:
+        """A partial report after each chunk (until all are in, or only what is there unless `wait`); the sums
+        merge in sample order, whoever scored them."""
         n = len(self.data)
-        done: dict[int, ScoreSums] = {}
         while len(done) < len(self.chunks):
             self._check_cancel()
-            for task_id, sums in self.pool.results(0.2):
+            finished = self.pool.results(0.2) if wait or isinstance(self.pool, WorkerPool) else []
+            for task_id, sums in finished:
                 done[ids[task_id]] = sums
                 merged = self._merge([done[k] for k in sorted(done)])
                 self.tensors_frame = score_frame(graph, self.counterparts, merged)
                 self.meta.update(stage="scores", scored_samples=merged.samples)
                 self._tick(merged.samples, n, "scoring tensors")
                 self._emit(None, None)
+            if not wait:
+                return
 
     def _isolate(self, graph) -> IsolationResult:
         """Steps 2 and 3: screening, then isolation of the tensors that can change a decision."""
