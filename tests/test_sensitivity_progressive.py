@@ -136,3 +136,24 @@ def test_isolation_values_are_reused(residual, tmp_path):
     assert full.meta["evaluated"] == 2 * left
     pd.testing.assert_frame_equal(_isolation(full)[["promoted", "demoted"]],
                                   _isolation(reference)[["promoted", "demoted"]])
+
+
+def test_the_studio_table_shows_partial_rankings_as_they_come(tmp_path):
+    from gui_support import make_small_study
+    from mpstudio.widgets.state import StudioState
+    from mpstudio.widgets.table import SensitivityTable
+
+    study = make_small_study(tmp_path / "study", analyzed=False, baselines=False)
+    state = StudioState(study, auto_analyze=False)
+    table = SensitivityTable(state=state)
+    captions, reports = [], []
+    table.status.param.watch(lambda event: captions.append(event.new), "object")
+    state.param.watch(lambda event: reports.append(event.new), "report")
+    job = state.analyze()
+    assert job.wait(600) and job.status == "done", job.error
+    partial = [r for r in reports if r is not None and r.partial]
+    assert partial and partial[0].meta["stage"] == "scores"
+    assert any("partial: cheap scores" in c for c in captions)
+    assert reports[-1] is state.report and not state.report.partial
+    assert "partial" not in captions[-1]
+    assert table.table.value["snr_db"].notna().any() and table.table.value["isolation_gain"].notna().any()

@@ -47,6 +47,7 @@ ENGINE_VERSION = 1  # names the on-disk cache of isolation values; bump when the
 _ALL_8: Config = ("promote", ())
 _ALL_16: Config = ("demote", ())
 _EXPLORE = 4  # every 4th tensor isolated is a random one
+_WORKERS_FROM = 400  # activation tensors x isolation samples below which everything runs in this process
 _WITNESSES = 5  # isolated tensors screened at most as high as the best remaining one, before stopping
 
 
@@ -113,7 +114,11 @@ class _Analysis:
 
     # ---- the steps ------------------------------------------------------------------------------------------
     def run(self) -> SensitivityReport:
-        count = self.workers if self.workers is not None else worker_count()
+        count = self.workers
+        if count is None:
+            # Starting a worker costs a second or two: worth it from a few hundred configuration runs on.
+            small = len(self.quantizer.graph.activations()) * len(self.iso_data) < _WORKERS_FROM
+            count = 0 if small else worker_count()
         if count and self.metric is not None and not _picklable(self.metric):
             count = 0  # a metric that cannot travel to a worker is computed here
         # Workers start first: they import while this process calibrates and quantizes.
