@@ -3,19 +3,21 @@ a decision, in worker processes; every step hands a partial SensitivityReport to
 
 1. Scores: accumulated and local error of every activation tensor (`scores.TensorScorer`), streamed over the
    samples in chunks spread over the workers, and weight scores. A partial report follows each chunk.
-2. Screening: every activation tensor promoted alone and demoted alone, on the first `screen_samples`
-   isolation samples only (a fraction of the cost of isolating it on all of them).
-3. Isolation where it can change a decision: the tensors that could enter the top `keep` of the ranking
-   (by promotion gain), of the contribution to the output error (the larger of what promoting it alone
-   removes and what demoting it alone adds), or of that contribution per estimated latency cost (the
-   search's order; `latency.promotion_costs`) are isolated on every isolation sample, in both directions,
-   best screened first, until no tensor left could reach any of the three (a screened value only moves so
-   far on the full samples: the bound is measured on the tensors already isolated). Namespace and selection
-   regions are always isolated.
+2. Screening: every activation tensor promoted alone on the first `screen_samples` isolation samples only
+   (one by default: an eighth of isolating it, and a quarter of isolating it both ways).
+3. Isolation where it can change a decision: tensors are isolated on every isolation sample, in both
+   directions, in the order of the two decisions the ranking and the search make from isolation scores:
+   the promotion gain (the ranking) and what a promotion removes per estimated latency cost
+   (`latency.promotion_costs`, the search's order), both by screened value, interleaved, with every fourth
+   tensor drawn at random. It stops when no tensor left can enter the top `keep` of either order (a screened
+   value moves on the full samples at most as far as it did for the isolated tensors screened no higher),
+   or at `budget` tensors (default: the larger of 2 x `keep` and an eighth of the tensors); the others rank
+   after the isolated ones by their screened gain. Namespace and selection regions are always isolated.
 
 The result has the shape of `analysis.analyze`'s: its isolation table holds the isolated tensors (their
-values are exactly those of an exhaustive analysis) and the regions; the other tensors rank after them by
-their screened gain. `exhaustive=True` isolates every tensor (the old analysis, on the workers).
+values are exactly those of an exhaustive analysis) and the regions. `exhaustive=True` isolates every
+tensor (the old analysis, on the workers). Values are kept in `cache_dir`, so a cancelled, repeated or
+exhaustive analysis after a progressive one runs only what is missing.
 """
 
 from __future__ import annotations
