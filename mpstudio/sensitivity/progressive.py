@@ -50,6 +50,7 @@ _ALL_8: Config = ("promote", ())
 _ALL_16: Config = ("demote", ())
 _EXPLORE = 4  # every 4th tensor isolated is a random one
 _WORKERS_FROM = 400  # activation tensors x isolation samples below which everything runs in this process
+_FIRST_CHUNK = 2  # samples in the first chunk of tensor scores
 _WITNESSES = 5  # isolated tensors screened at most as high as the best remaining one, before stopping
 
 
@@ -169,7 +170,9 @@ class _Analysis:
     def _submit_scores(self) -> dict[int, int]:
         """Step 1: tensor scores over the samples in chunks; returns task id -> chunk index."""
         n = len(self.data)
-        self.chunks = [list(range(i, min(i + self.chunk, n))) for i in range(0, n, self.chunk)]
+        # A small first chunk: the first scores show within a few samples.
+        starts = [0, *range(min(_FIRST_CHUNK, self.chunk), n, self.chunk)] if n else []
+        self.chunks = [list(range(a, b)) for a, b in zip(starts, [*starts[1:], n]) if b > a]
         return {self.pool.submit("score", [self.data.sample(j) for j in c]): k for k, c in enumerate(self.chunks)}
 
     def _collect_scores(self, graph, ids: dict[int, int], done: dict[int, ScoreSums], wait: bool = True) -> None:
@@ -201,16 +204,16 @@ class _Analysis:
         self.regions = regions
         self.screened: dict[str, float] = {}
         self.isolated: list[str] = []
-        # Baselines and regions first: every later step is measured from the baselines.
-        first = [_ALL_8, _ALL_16] + [(d, r.tensors) for r in regions for d in ("promote", "demote")]
-        self._evaluate([(c, full) for c in first], "isolating regions", 4)
+        # Baselines and regions, with the screening in the same go (every worker starts at once).
+        first = [(c, full) for c in [_ALL_8, _ALL_16] + [(d, r.tensors) for r in regions
+                                                          for d in ("promote", "demote")]]
         if self.exhaustive or screen >= full:
+            self._evaluate(first, "isolating regions", 4)
             order = list(self.tensors)
             self.meta.update(screen_samples=full)
         else:
-            self._evaluate([(c, screen) for c in (_ALL_8, _ALL_16)], "screening", 2)
-            configs = [("promote", (t,)) for t in self.tensors]
-            self._evaluate([(c, screen) for c in configs], "screening tensors", 8, self._after_screening)
+            screening = [(c, screen) for c in [_ALL_8] + [("promote", (t,)) for t in self.tensors]]
+            self._evaluate(first + screening, "screening tensors", 8, self._after_screening)
             self.meta.update(screen_samples=screen)
             order = self._candidates()
         self._refine(order, full, screen)
@@ -218,6 +221,8 @@ class _Analysis:
 
     def _after_screening(self) -> None:
         screen = self.screen_samples
+        if (_ALL_8, screen) not in self.values:
+            return
         base_8 = self.values[(_ALL_8, screen)]
         for t in self.tensors:
             promoted = self.values.get((("promote", (t,)), screen))
