@@ -221,7 +221,7 @@ def main() -> int:
                         help="evaluation lines per plan for (d) on the HTP backend (0: skip (d))")
     parser.add_argument("--old-record", help="(e): reuse this recorded exhaustive run instead of running it")
     parser.add_argument("--write-old-record", help="(e): record the exhaustive run here (JSON, with the commit)")
-    parser.add_argument("--arch", default="mobilenet_v3_small", help="(f): an architecture of latency_models.py")
+    parser.add_argument("--arch", default="efficientnet_lite0", help="(f): an architecture of latency_models.py")
     parser.add_argument("--arch-size", type=int, default=96, help="(f): its input size")
     parser.add_argument("--phase", choices=["ort", "mpstudio"], help=argparse.SUPPRESS)
     args = parser.parse_args()

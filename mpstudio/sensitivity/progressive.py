@@ -4,7 +4,9 @@ a decision, in worker processes; every step hands a partial SensitivityReport to
 1. Scores: accumulated and local error of every activation tensor (`scores.TensorScorer`), streamed over the
    samples in chunks spread over the workers, and weight scores. A partial report follows each chunk.
 2. Screening: every activation tensor promoted alone on the first `screen_samples` isolation samples only
-   (one by default: an eighth of isolating it, and a quarter of isolating it both ways).
+   (one by default: an eighth of isolating it, and a quarter of isolating it both ways), as an estimate:
+   only its own edges at 16 bits, without resolving ORT's QNN configuration for it (which costs more than
+   the run itself).
 3. Isolation where it can change a decision: tensors are isolated on every isolation sample, in both
    directions, in the order of the two decisions the ranking and the search make from isolation scores:
    the promotion gain (the ranking) and what a promotion removes per estimated latency cost
@@ -50,6 +52,7 @@ _ALL_8: Config = ("promote", ())
 _ALL_16: Config = ("demote", ())
 _EXPLORE = 4  # every 4th tensor isolated is a random one
 _WORKERS_FROM = 400  # activation tensors x isolation samples below which everything runs in this process
+_SCREEN_ESTIMATE = True  # screen with ("screen", t): no QNN configuration resolved per tensor
 _FIRST_CHUNK = 2  # samples in the first chunk of tensor scores
 _WITNESSES = 5  # isolated tensors screened at most as high as the best remaining one, before stopping
 
@@ -99,6 +102,7 @@ class _Analysis:
         self.iso_data = isolation_data if isolation_data is not None else data.head(isolation_samples)
         self.metric, self.namespaces, self.selection = metric, namespaces, list(selection)
         self.keep, self.exhaustive, self.budget = max(1, keep), exhaustive, budget
+        self.screen_direction = "screen" if _SCREEN_ESTIMATE else "promote"
         # A task metric scores the whole set at once: it cannot be screened on part of it.
         self.screen_samples = min(max(1, screen_samples), len(self.iso_data))
         if metric is not None:
@@ -212,7 +216,7 @@ class _Analysis:
             order = list(self.tensors)
             self.meta.update(screen_samples=full)
         else:
-            screening = [(c, screen) for c in [_ALL_8] + [("promote", (t,)) for t in self.tensors]]
+            screening = [(c, screen) for c in [_ALL_8] + [(self.screen_direction, (t,)) for t in self.tensors]]
             self._evaluate(first + screening, "screening tensors", 8, self._after_screening)
             self.meta.update(screen_samples=screen)
             order = self._candidates()
@@ -225,7 +229,7 @@ class _Analysis:
             return
         base_8 = self.values[(_ALL_8, screen)]
         for t in self.tensors:
-            promoted = self.values.get((("promote", (t,)), screen))
+            promoted = self.values.get(((self.screen_direction, (t,)), screen))
             if promoted is not None:
                 # Screening promotes only: what the promotion removes stands for the contribution.
                 self.screened[t] = _contribution(self._scorer_like(), promoted, None, base_8, None)
@@ -238,7 +242,7 @@ class _Analysis:
         screen = self.screen_samples
         base_8 = self.values[(_ALL_8, screen)]
         hib = self._scorer_like().higher_is_better
-        gain = pd.Series({t: (1 if hib else -1) * (self.values[(("promote", (t,)), screen)] - base_8)
+        gain = pd.Series({t: (1 if hib else -1) * (self.values[((self.screen_direction, (t,)), screen)] - base_8)
                           for t in self.tensors}, dtype=float)
         per_cost = pd.Series(self.screened, dtype=float).reindex(self.tensors) / self._cost_floor()
         self._screen_orders = {"gain": gain, "per_cost": per_cost}
@@ -442,8 +446,8 @@ class _Analysis:
             return None
         base = self.values[(_ALL_8, screen)]
         sign = 1 if self._scorer_like().higher_is_better else -1
-        gains = {t: sign * (self.values[(("promote", (t,)), screen)] - base) for t in self.tensors
-                 if (("promote", (t,)), screen) in self.values}
+        gains = {t: sign * (self.values[((self.screen_direction, (t,)), screen)] - base) for t in self.tensors
+                 if ((self.screen_direction, (t,)), screen) in self.values}
         return pd.Series(gains, dtype=float) if gains else None
 
     def _report(self, isolation: IsolationResult | None, priority) -> SensitivityReport:

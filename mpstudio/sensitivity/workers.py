@@ -25,7 +25,8 @@ from ..quantize import TensorParams
 
 # A configuration to isolate: ("promote", members) puts only `members` at 16 bits in the all-8-bit plan,
 # ("demote", members) leaves only them at 8 bits in the all-16-bit plan. ("promote", ()) is the all-8-bit
-# plan and ("demote", ()) the all-16-bit one.
+# plan and ("demote", ()) the all-16-bit one. ("screen", members) estimates ("promote", members) more cheaply:
+# only the members' own edges at 16 bits, without resolving what ORT's QNN configuration converts with them.
 Config = tuple[str, tuple[str, ...]]
 
 
@@ -94,6 +95,8 @@ class SensitivityWorker:
 
     def isolate(self, payload: tuple[Sequence[Config], int], cancel: threading.Event | None = None) -> list[float]:
         """The metric of each configuration over the first `samples` isolation samples."""
+        from .isolation import Setting
+
         configs, samples = payload
         switchable, cached, scorers = self._isolation_parts()
         subset = cached.head(samples)
@@ -104,8 +107,11 @@ class SensitivityWorker:
             if cancel is not None and cancel.is_set():
                 raise Cancelled("isolation cancelled")
             chosen = frozenset(members) & everything
-            sixteen = chosen if direction == "promote" else everything - chosen
-            values.append(scorer.score(subset.outputs(switchable.setting(sixteen))))
+            if direction == "screen":
+                setting = Setting(frozenset((t, r) for t in chosen for r in switchable.receivers[t]))
+            else:
+                setting = switchable.setting(chosen if direction == "promote" else everything - chosen)
+            values.append(scorer.score(subset.outputs(setting)))
         return values
 
     def _isolation_parts(self):
