@@ -117,7 +117,8 @@ def predict(isolation: IsolationResult, tensors: Sequence[str]) -> Prediction:
     if missing:
         raise MpstudioError(
             f"no isolation score for {missing[:5]}{' ...' if len(missing) > 5 else ''}; score these tensors first "
-            "(analyze with isolation over all activation tensors)"
+            "(a progressive analysis isolates only the tensors that can change the top of the ranking: analyze "
+            "with exhaustive=True, `mpstudio analyze --exhaustive`, to isolate every activation tensor)"
         )
     promoted = per_tensor.loc[list(tensors), "promoted"].astype(float).to_numpy()
     if isolation.metric.startswith("output SNR"):
