@@ -13,7 +13,7 @@ a decision, in worker processes; every step hands a partial SensitivityReport to
    (`latency.promotion_costs`, the search's order), both by screened value, interleaved, with every fourth
    tensor drawn at random. It stops when no tensor left can enter the top `keep` of either order (a screened
    value moves on the full samples at most as far as it did for the isolated tensors screened no higher),
-   or at `budget` tensors (default: the larger of 2 x `keep` and an eighth of the tensors); the others rank
+   or at `budget` tensors (default: 2 x `keep`); the others rank
    after the isolated ones by their screened gain. Namespace and selection regions are always isolated.
 
 The result has the shape of `analysis.analyze`'s: its isolation table holds the isolated tensors (their
@@ -267,7 +267,7 @@ class _Analysis:
         inflight: dict[int, tuple[str, list[Config]]] = {}
         limit = 2 * max(1, len(self.pool.processes))
         total = len(order)
-        budget = self.budget if self.budget is not None else max(2 * self.keep, len(self.tensors) // 8)
+        budget = self.budget if self.budget is not None else 2 * self.keep
         last_emit = 0.0
         stopped = False
         while queue or inflight:

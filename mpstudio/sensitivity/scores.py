@@ -113,8 +113,11 @@ class TensorScorer:
                 if not widths:
                     continue
                 x = np.ravel(np.asarray(float_values[t], dtype=np.float32))
+                # Only the local SNR is reported: signal (once for both widths) and noise powers suffice.
+                signal = float(np.dot(x, x))
                 for bits, params in widths.items():
-                    sums.local[t][bits].add_noise(x, local_error(x, params))
+                    diff = local_error(x, params)
+                    sums.local[t][bits].add_powers(signal, float(np.dot(diff, diff)), x.size)
             del float_values, qdq_values
             sums.samples += 1
             if progress:
