@@ -109,17 +109,17 @@ def test_worker_processes_give_the_numbers_of_this_process(residual):
 def test_cancel_stops_the_workers(residual):
     quantizer, data, _ = residual
     cancel = threading.Event()
-    workers = []
+    workers = {}
 
     def partial(report):
-        workers.extend(multiprocessing.active_children())
+        workers.update({w.pid: w for w in multiprocessing.active_children()})
         cancel.set()
 
     with pytest.raises(Cancelled):
         analyze_progressive(quantizer, data, isolation_samples=4, workers=2, chunk=2, on_partial=partial,
                             cancel=cancel)
     assert len(workers) == 2
-    assert not any(w.is_alive() for w in workers)
+    assert not any(w.is_alive() for w in workers.values())
     assert not multiprocessing.active_children()
 
 

@@ -187,6 +187,7 @@ class _Analysis:
             self._check_cancel()
             finished = self.pool.results(0.2) if wait or isinstance(self.pool, WorkerPool) else []
             for task_id, sums in finished:
+                self._check_cancel()
                 done[ids[task_id]] = sums
                 merged = self._merge([done[k] for k in sorted(done)])
                 self.tensors_frame = score_frame(graph, self.counterparts, merged)
