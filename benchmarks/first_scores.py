@@ -17,7 +17,9 @@ the target is missed.
 from __future__ import annotations
 
 import argparse
+import html
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,7 +101,8 @@ def main(argv=None) -> int:
                     gains = page.evaluate(TABLE_COLUMN, "isolation_gain") or 0
                     if scores and "cheap scores" not in marks:
                         marks["cheap scores"] = now
-                        print(f"    status then: {page.evaluate(STATUS)}")
+                        status = page.evaluate(STATUS)
+                        print(f"    the table's caption then: {re.sub('<[^>]*>', '', html.unescape(status or ''))}")
                     if gains and "isolation" not in marks:
                         marks["isolation"] = now
                     if gains and page.evaluate(STATUS) is None:
