@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 import pandas as pd
 
 from ..data import Cancelled, DataSource, Progress, TaskMetric
