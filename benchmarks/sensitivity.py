@@ -39,7 +39,22 @@ usefulness (what its ranking buys on the task and on the target's numerics):
     against the float model on HTP, on ORT's CPU (default session) and with quantization simulated in float.
     Targets: Spearman over the plans between CPU and HTP >= 0.8, and top-k better than random-k on HTP at
     every k.
-`--sections` runs a subset (the isolation scores that (c) and (d) rank by always run).
+(e) The whole analysis as a study runs it (32 calibration lines, isolation on the first 8): the progressive
+    path (`analyze_progressive`: cheap scores, screening on one line, isolation where it can change a
+    decision, worker processes) against today's exhaustive path (`analyze`: every tensor isolated both ways),
+    same data, same run. Reported: wall time of each, time to the first partial ranking, tensors isolated,
+    top-20 overlap; then what each top-k recommends: CER of the real QDQ model (as in (c)) with each path's
+    top-k promoted, against k random tensors (3 draws).
+    Targets: progressive wall time <= 1/5 of the exhaustive one; its top-k beats the random mean at every k;
+    its top-k CER within 0.02 of the exhaustive top-k's.
+    `--old-record FILE` reuses an exhaustive run recorded by `--write-old-record FILE` (with its commit)
+    instead of running it again (it takes minutes).
+(f) The same comparison on another architecture (`--arch`, one of benchmarks/latency_models.py, built with
+    random weights at `--arch-size`, 16 random samples): wall times, top-20 overlap, and the output SNR of
+    the real QDQ model with each path's top-k promoted against random k. Targets: the time falls (ratio < 1;
+    on a model of about a hundred tensors the top 20 of two orders is a large share of them), and the
+    progressive top-k beats random at every k.
+`--sections` runs a subset (the isolation scores that (c) and (d) rank by run when (b), (c) or (d) do).
 Exits 1 if a target of a section that ran is missed.
 """
 
@@ -201,10 +216,14 @@ def main() -> int:
     parser.add_argument("--naive-tensors", type=int, default=0, help="a random subset for the naive loop (0: all)")
     parser.add_argument("--htp-tensors", type=int, default=0, help="also run the naive loop on HTP for this many")
     parser.add_argument("--topk", default="5,20,50")
-    parser.add_argument("--sections", default="abcd",
-                        help="which sections to run (default abcd; the isolation scores of (b) always run)")
+    parser.add_argument("--sections", default="abcde",
+                        help="which sections to run (default abcde; f on request)")
     parser.add_argument("--htp-samples", type=int, default=4,
                         help="evaluation lines per plan for (d) on the HTP backend (0: skip (d))")
+    parser.add_argument("--old-record", help="(e): reuse this recorded exhaustive run instead of running it")
+    parser.add_argument("--write-old-record", help="(e): record the exhaustive run here (JSON, with the commit)")
+    parser.add_argument("--arch", default="efficientnet_lite0", help="(f): an architecture of latency_models.py")
+    parser.add_argument("--arch-size", type=int, default=96, help="(f): its input size")
     parser.add_argument("--phase", choices=["ort", "mpstudio"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
@@ -254,6 +273,14 @@ def main() -> int:
             failures.append("scoring speed")
         if memory > 0.2:
             failures.append("scoring memory")
+
+    # ---- (e), (f) ------------------------------------------------------------------------------------------
+    if "e" in args.sections:
+        failures += section_e(args, demo, quantizer)
+    if "f" in args.sections:
+        failures += section_f(args)
+    if not set(args.sections) & set("bcd"):
+        return _finish(failures)
 
     # ---- (b) -------------------------------------------------------------------------------------------------
     iso_data = demo.evaluation.head(args.isolation_samples)
@@ -384,11 +411,142 @@ def main() -> int:
             if htp_wins < len(ks):
                 failures.append("top-k vs random on HTP")
 
+    return _finish(failures)
+
+
+def _finish(failures) -> int:
     if failures:
         print(f"MISSED: {', '.join(failures)}")
         return 1
     print("all targets met")
     return 0
+
+
+def _timed_paths(quantizer, data, isolation_samples, old_record=None, **progressive):
+    """Run the progressive path and (unless recorded) the exhaustive one; returns their reports' rankings,
+    seconds, and the progressive run's first partial time and report."""
+    from mpstudio.sensitivity import analyze, analyze_progressive
+
+    first = []
+    started = time.perf_counter()
+    new = analyze_progressive(quantizer, data, isolation_samples=isolation_samples,
+                              on_partial=lambda r: first or first.append(time.perf_counter() - started),
+                              **progressive)
+    new_seconds = time.perf_counter() - started
+    if old_record:
+        record = json.loads(Path(old_record).read_text())
+        old_seconds, old_order, commit = record["seconds"], record["ranking"], record["commit"]
+    else:
+        started = time.perf_counter()
+        old = analyze(quantizer, data, isolation_samples=isolation_samples)
+        old_seconds, old_order, commit = time.perf_counter() - started, old.ranking["tensor"].tolist(), _commit()
+    return new, new_seconds, first[0] if first else float("nan"), old_order, old_seconds, commit
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "mpstudio"], capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parent).stdout.strip()
+    return (out.stdout.strip() or "unknown") + ("+changes" if dirty else "")
+
+
+def section_e(args, demo, quantizer) -> list[str]:
+    from mpstudio.evaluate import evaluate
+
+    data = demo.calibration.head(32)
+    new, new_seconds, first, old_order, old_seconds, commit = _timed_paths(
+        quantizer, data, 8, args.old_record)
+    if args.write_old_record:
+        Path(args.write_old_record).write_text(json.dumps(
+            {"commit": commit, "seconds": old_seconds, "ranking": old_order, "data": data.name,
+             "isolation_samples": 8}, indent=1) + "\n")
+    new_order = new.ranking["tensor"].tolist()
+    isolated = len(new.isolation.per_tensor())
+    ratio = new_seconds / old_seconds
+    print(f"(e) the whole analysis on the demo ({len(data)} calibration lines, isolation on 8, "
+          f"{len(new_order)} activation tensors, {new.meta['tensors']} of them quantized)")
+    print(f"    exhaustive (analyze, commit {commit}): {old_seconds:.1f} s"
+          + (" (recorded)" if args.old_record else ""))
+    print(f"    progressive (analyze_progressive, {new.meta['workers']} worker processes): {new_seconds:.1f} s, "
+          f"first partial ranking after {first:.1f} s; isolated {isolated} of {new.meta['tensors']} quantized tensors "
+          f"({new.meta.get('stopped', 'all')})")
+    overlap = len(set(new_order[:20]) & set(old_order[:20]))
+    print(f"    wall time ratio {ratio:.3f} (target <= 0.20); top-20 overlap {overlap}/20")
+
+    def cer(plan):
+        return evaluate(quantizer.generate(plan), demo.evaluation, demo.metric)
+
+    ks = [int(v) for v in args.topk.split(",")]
+    tensors = sorted(new.ranking["tensor"][new.ranking["matched"].astype(bool)])  # random draws independent of the order
+    failures = []
+    for k in ks:
+        top_new = cer(PrecisionPlan.a8w8().promote(new_order[:k]))
+        top_old = cer(PrecisionPlan.a8w8().promote(old_order[:k]))
+        randoms = [cer(PrecisionPlan.a8w8().promote(random.Random(100 + r).sample(tensors, k))) for r in range(3)]
+        ok = top_new < np.mean(randoms) and top_new <= top_old + 0.02
+        print(f"    k={k:<3} CER progressive top-k {top_new:.4f}   exhaustive top-k {top_old:.4f}   random k: mean "
+              f"{np.mean(randoms):.4f} ({', '.join(f'{v:.4f}' for v in randoms)})   {'ok' if ok else 'MISSED'}")
+        if not ok:
+            failures.append(f"progressive top-{k} recommendation")
+    if ratio > 0.2:
+        failures.append("progressive analysis wall time")
+    return failures
+
+
+def section_f(args) -> list[str]:
+    """(f): the comparison on another architecture, output SNR of the real QDQ model as the measure."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import latency_models
+    from mpstudio.data import FeedList
+    from mpstudio.model import prepare_model
+    from mpstudio.sensitivity import OutputScorer
+    from mpstudio.sensitivity.isolation import float_references
+    from mpstudio.runtime import create_session
+
+    arch = next((a for a in latency_models.ARCHITECTURES if a.name == args.arch), None)
+    if arch is None:
+        print(f"(f) unknown architecture {args.arch!r}")
+        return ["(f) architecture"]
+    builder = getattr(latency_models, arch.name)
+    model = builder(args.arch_size) if args.arch_size else builder()
+    feeds = latency_models.random_feeds(model, 24, seed=3)
+    with tempfile.TemporaryDirectory(prefix="mpstudio-arch-") as tmp:
+        quantizer = Quantizer(prepare_model(model), FeedList(feeds[:8], name="calibration"), Path(tmp))
+        quantizer.calibrate()
+        data = FeedList(feeds[8:24], name="samples")
+        new, new_seconds, first, old_order, old_seconds, commit = _timed_paths(quantizer, data, 8)
+        new_order = new.ranking["tensor"].tolist()
+        held_out = FeedList(latency_models.random_feeds(model, 8, seed=9), name="held out")
+        names = [o.name for o in model.graph.output]
+        scorer = OutputScorer(float_references(quantizer.float_path, held_out, names), names)
+
+        def snr(plan):
+            session = create_session(quantizer.generate(plan))
+            return scorer.score([session.run(names, feed) for feed in held_out.feeds()])
+
+        ratio = new_seconds / old_seconds
+        overlap = len(set(new_order[:20]) & set(old_order[:20]))
+        print(f"(f) {arch.name} at {args.arch_size} (random weights, {len(new_order)} activation tensors, 16 random "
+              f"samples, isolation on 8): exhaustive {old_seconds:.1f} s, progressive {new_seconds:.1f} s (first "
+              f"partial after {first:.1f} s, isolated {len(new.isolation.per_tensor())}); ratio {ratio:.3f} "
+              f"(target < 1: the time falls); top-20 overlap {overlap}/20")
+        print(f"    output SNR (dB) of the real QDQ model on 8 held-out samples: all-8-bit "
+              f"{snr(PrecisionPlan.a8w8()):.3f}, all-16-bit {snr(PrecisionPlan.a16w8()):.3f}")
+        failures = []
+        tensors = sorted(new.ranking["tensor"][new.ranking["matched"].astype(bool)])
+        for k in (5, 20):
+            top_new = snr(PrecisionPlan.a8w8().promote(new_order[:k]))
+            top_old = snr(PrecisionPlan.a8w8().promote(old_order[:k]))
+            randoms = [snr(PrecisionPlan.a8w8().promote(random.Random(100 + r).sample(tensors, k))) for r in range(3)]
+            ok = top_new > np.mean(randoms)
+            print(f"    k={k:<3} progressive top-k {top_new:.3f}   exhaustive top-k {top_old:.3f}   random k: mean "
+                  f"{np.mean(randoms):.3f}   {'ok' if ok else 'MISSED'}")
+            if not ok:
+                failures.append(f"(f) progressive top-{k}")
+        if ratio >= 1.0:
+            failures.append("(f) progressive analysis wall time")
+    return failures
 
 
 if __name__ == "__main__":

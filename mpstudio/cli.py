@@ -380,7 +380,7 @@ def _import(args) -> int:
 
 
 def _analyze(args) -> int:
-    from .sensitivity import analyze
+    from .sensitivity import analyze, analyze_progressive
 
     # Calibration uses every sample unless told otherwise, whatever --samples scores.
     quantizer, plan, data = open_model_data_plan(args, args.calibration_samples, calibrate_on_all=True)
@@ -391,10 +391,18 @@ def _analyze(args) -> int:
         print(f"note: {len(nodes)} node(s) would run on CPU on QNN HTP: {', '.join(nodes[:5])}"
               + (" ..." if len(nodes) > 5 else "") + " (mpstudio prepare MODEL says why)")
     with progress_bar(not args.quiet) as progress:
-        report = analyze(quantizer, data, plan, isolation=not args.no_isolation,
-                         isolation_samples=args.isolation_samples, selection=args.select or (), progress=progress)
+        if args.exhaustive:
+            report = analyze(quantizer, data, plan, isolation=not args.no_isolation,
+                             isolation_samples=args.isolation_samples, selection=args.select or (), progress=progress)
+        else:
+            report = analyze_progressive(quantizer, data, plan, isolation=not args.no_isolation,
+                                         isolation_samples=args.isolation_samples, selection=args.select or (),
+                                         workers=args.workers, cache_dir=quantizer.cache_dir / "sensitivity",
+                                         progress=progress)
     out = report.save(args.out)
     print(report.summary(args.top))
+    if report.status():
+        print(report.status())
     print(f"report written to {out / 'report.html'} (tables: ranking.csv, tensors.csv, weights.csv)")
     return 0
 
@@ -451,6 +459,9 @@ def _add_analyze_parser(sub) -> None:
     a.add_argument("--isolation-samples", type=int, default=8, help="samples per isolation evaluation")
     a.add_argument("--no-isolation", action="store_true", help="skip isolation scores (much faster)")
     a.add_argument("--select", action="append", metavar="TENSOR", help="add a region of these tensors")
+    a.add_argument("--exhaustive", action="store_true",
+                   help="isolate every tensor (default: only those that can change the top of the ranking)")
+    a.add_argument("--workers", type=int, help="worker processes (default: one per core; 0: none)")
     a.add_argument("--top", type=int, default=20, help="rows of the ranking to print")
     a.add_argument("--cache", help="cache folder for calibration ranges and generated models")
     _add_quiet_arg(a)

@@ -86,6 +86,21 @@ class ErrorAccumulator:
             self.max_abs = max(self.max_abs, float(np.max(np.abs(diff))))
         self.count += reference.size
 
+    def add_powers(self, signal: float, noise: float, count: int) -> None:
+        """Add a pair known only by its signal and noise powers (enough for `snr_db` and `mse`, not `cosine`)."""
+        self.signal += signal
+        self.noise += noise
+        self.count += count
+
+    def merge(self, other: "ErrorAccumulator") -> None:
+        """Fold in `other`'s sums (samples scored elsewhere, e.g. in another process)."""
+        self.signal += other.signal
+        self.test += other.test
+        self.noise += other.noise
+        self.dot += other.dot
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.count += other.count
+
     @property
     def snr_db(self) -> float:
         return snr_db(self.signal, self.noise)

@@ -483,19 +483,32 @@ class Study:
 
     # ---- sensitivity, cached in the study ----
     def sensitivity(self, *, samples: int = 32, isolation_samples: int = 8, progress: Progress | None = None,
-                    cancel: threading.Event | None = None):
-        """The sensitivity report of the all-8-bit plan on the calibration data (computed once, then loaded)."""
-        from .sensitivity import SensitivityReport, analyze
+                    cancel: threading.Event | None = None, exhaustive: bool = False, on_partial=None,
+                    workers: int | None = None):
+        """The sensitivity report of the all-8-bit plan on the calibration data (computed once, then loaded).
 
-        folder = self.folder / "sensitivity" / f"a8w8-{samples}-{isolation_samples}"
+        Progressive (`sensitivity.analyze_progressive`): partial reports reach `on_partial` as they come, in
+        worker processes (`workers`, default one per core), isolating only the tensors that can change a
+        decision; `exhaustive=True` isolates every tensor (`sensitivity.analyze`)."""
+        from .sensitivity import SensitivityReport, analyze, analyze_progressive
+        from .sensitivity.progressive import ENGINE_VERSION
+
+        name = f"a8w8-{samples}-{isolation_samples}" + ("" if exhaustive else f"-p{ENGINE_VERSION}")
+        folder = self.folder / "sensitivity" / name
         if self._sensitivity is not None and self._sensitivity[0] == folder:
             return self._sensitivity[1]
         if (folder / "ranking.csv").exists():
             report = SensitivityReport.load(folder)
-        else:
+        elif exhaustive:
             data = self.calibration.head(samples)
             report = analyze(self.quantizer, data, isolation_samples=isolation_samples, progress=progress,
                              cancel=cancel)
+            report.save(folder)
+        else:
+            report = analyze_progressive(self.quantizer, self.calibration.head(samples),
+                                         isolation_samples=isolation_samples, htp_arch=self.htp_arch,
+                                         workers=workers, cache_dir=self.folder / "sensitivity" / "values",
+                                         on_partial=on_partial, progress=progress, cancel=cancel)
             report.save(folder)
         self._sensitivity = (folder, report)
         return report

@@ -40,6 +40,30 @@ class SensitivityReport:
     def top(self, k: int = 20) -> pd.DataFrame:
         return self.ranking.head(k)
 
+    @property
+    def partial(self) -> bool:
+        """True for a report handed out while the analysis still runs (`progressive.analyze_progressive`)."""
+        return bool(self.meta.get("partial", False))
+
+    def status(self) -> str:
+        """How far the analysis behind this report got, in a few words ("" for a complete exhaustive one)."""
+        meta = self.meta
+        tensors = meta.get("tensors", "?")
+        stage = meta.get("stage")
+        if not self.partial:
+            if meta.get("mode") == "progressive" and self.isolation is not None:
+                isolated = int((self.isolation.scores["source"] == "tensor").sum())
+                return (f"isolation of {isolated}/{tensors} tensors that can change a decision; the rest screened "
+                        f"on {meta.get('screen_samples', '?')} of {self.isolation.samples} samples")
+            return ""
+        if stage == "scores":
+            return f"cheap scores, {meta.get('scored_samples', 0)}/{meta.get('samples', '?')} samples"
+        if stage == "screening":
+            return f"cheap scores; screening {meta.get('screened', 0)}/{tensors}"
+        if stage == "isolation":
+            return f"cheap scores; isolation {meta.get('isolated', 0)}/{tensors}"
+        return "partial"
+
     def predict(self, tensors: Sequence[str]) -> Prediction:
         if self.isolation is None:
             raise MpstudioError("this analysis has no isolation scores; run it with isolation enabled to predict")

@@ -625,6 +625,16 @@ class CachedSamples:
         self.all_8 = self._unchanged if model._session_8 is None else [
             model._session_8.run(model.output_names, sample) for sample in samples]
 
+    def head(self, n: int) -> "CachedSamples":
+        """The first `n` samples, sharing this object's sessions and cached activations."""
+        if n >= len(self.samples):
+            return self
+        part = object.__new__(CachedSamples)
+        part.model, part.samples, part.values = self.model, self.samples[:n], self.values[:n]
+        part.sessions, part.inputs = self.sessions, self.inputs
+        part._unchanged, part.all_8 = self._unchanged[:n], self.all_8[:n]
+        return part
+
     def outputs(self, setting: Setting) -> list[list[np.ndarray]]:
         """Every sample's model outputs under `setting`."""
         model = self.model

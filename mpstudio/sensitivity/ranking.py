@@ -27,9 +27,12 @@ RANKING_COLUMNS = ["rank", "tensor", "kind", "op", "node", "namespace", "matched
                    "passes_cosine"]
 
 
-def rank_tensors(tensor_scores: pd.DataFrame, isolation: IsolationResult | None = None) -> pd.DataFrame:
+def rank_tensors(tensor_scores: pd.DataFrame, isolation: IsolationResult | None = None,
+                 priority: pd.Series | None = None) -> pd.DataFrame:
     """Order tensors by what promoting them buys: isolation gain first (it measures the output metric),
-    then the loss of leaving them at 8 bits among 16-bit neighbours, then the local 8-bit SNR (lowest first)."""
+    then the loss of leaving them at 8 bits among 16-bit neighbours, then the local 8-bit SNR (lowest first).
+    Tensors without an isolation score follow the isolated ones, by `priority` (tensor -> a cheaper estimate
+    of the gain, highest first; e.g. the gain screened on fewer samples) when given."""
     frame = tensor_scores.copy()
     frame["isolation_gain"] = np.nan
     frame["isolation_loss"] = np.nan
@@ -37,13 +40,16 @@ def rank_tensors(tensor_scores: pd.DataFrame, isolation: IsolationResult | None 
         per_tensor = isolation.per_tensor()
         frame["isolation_gain"] = frame["tensor"].map(per_tensor["promoted_gain"])
         frame["isolation_loss"] = frame["tensor"].map(per_tensor["demoted_loss"])
+    estimate = frame["tensor"].map(priority) if priority is not None else pd.Series(np.nan, index=frame.index)
     order = frame.assign(
         _scored=frame["isolation_gain"].notna(),
         _gain=frame["isolation_gain"].fillna(-np.inf),
         _loss=frame["isolation_loss"].fillna(-np.inf),
+        _estimate=estimate.astype(float).fillna(-np.inf),
         _local=frame["local_snr_8"].fillna(np.inf),
-    ).sort_values(["_scored", "_gain", "_loss", "_local"], ascending=[False, False, False, True], kind="stable")
-    order = order.drop(columns=["_scored", "_gain", "_loss", "_local"]).reset_index(drop=True)
+    ).sort_values(["_scored", "_gain", "_loss", "_estimate", "_local"], ascending=[False, False, False, False, True],
+                  kind="stable")
+    order = order.drop(columns=["_scored", "_gain", "_loss", "_estimate", "_local"]).reset_index(drop=True)
     order["rank"] = np.arange(1, len(order) + 1)
     return order[RANKING_COLUMNS]
 
@@ -111,7 +117,8 @@ def predict(isolation: IsolationResult, tensors: Sequence[str]) -> Prediction:
     if missing:
         raise MpstudioError(
             f"no isolation score for {missing[:5]}{' ...' if len(missing) > 5 else ''}; score these tensors first "
-            "(analyze with isolation over all activation tensors)"
+            "(a progressive analysis isolates only the tensors that can change the top of the ranking: analyze "
+            "with exhaustive=True, `mpstudio analyze --exhaustive`, to isolate every activation tensor)"
         )
     promoted = per_tensor.loc[list(tensors), "promoted"].astype(float).to_numpy()
     if isolation.metric.startswith("output SNR"):

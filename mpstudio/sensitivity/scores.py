@@ -8,7 +8,8 @@ every sample's tensors are folded into running sums and dropped, so memory does 
 from __future__ import annotations
 
 import threading
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Iterable, Mapping
 
 import numpy as np
 import onnx
@@ -17,7 +18,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import QuantType
 from onnxruntime.quantization.quant_utils import quantize_data
 
-from ..data import Cancelled, DataSource, Progress
+from ..data import Cancelled, DataSource, Feed, Progress
 from ..errors import MpstudioError
 from ..graph import ModelGraph
 from ..quantize import weight_axis
@@ -48,44 +49,93 @@ def tensor_scores(
     cancel: threading.Event | None = None,
 ) -> pd.DataFrame:
     """Accumulated and local error of every activation tensor of `graph` over `data` (see TENSOR_COLUMNS)."""
-    qdq_model = qdq.load(qdq_model)
-    counterparts = qdq.read(qdq_model).activations()
-    activations = graph.activations()
-    inputs = set(graph.inputs)
-    exposed_float = [t for t in activations if t not in inputs]
-    matched = [t for t in activations if t in counterparts]
-    float_session = create_session(qdq.with_outputs(float_model, exposed_float))
-    qdq_session = create_session(qdq.with_outputs(qdq_model, [counterparts[t].post for t in matched]))
-    float_names = [o.name for o in float_session.get_outputs()]
-    qdq_names = [o.name for o in qdq_session.get_outputs()]
-    accumulated = {t: ErrorAccumulator() for t in matched}
-    # Tensor -> {bits: (its calibrated parameters at that width, accumulator)}.
-    local = {t: {bits: (table[t], ErrorAccumulator()) for bits, table in ((8, params_8), (16, params_16)) if t in table}
-             for t in activations}
-    total = len(data)
-    for i, feed in enumerate(data.feeds()):
-        if cancel is not None and cancel.is_set():
-            raise Cancelled(f"tensor scoring cancelled after {i} of {total} samples")
-        float_values = dict(zip(float_names, float_session.run(float_names, feed)))
-        float_values.update({name: feed[name] for name in inputs if name in feed})
-        qdq_values = dict(zip(qdq_names, qdq_session.run(qdq_names, feed)))
-        for t in matched:
-            accumulated[t].add(float_values[t], qdq_values.pop(counterparts[t].post))
-        for t, widths in local.items():
-            if not widths:
-                continue
-            x = np.ravel(np.asarray(float_values[t], dtype=np.float32))
-            for params, acc in widths.values():
-                acc.add_noise(x, local_error(x, params))
-        del float_values, qdq_values
-        if progress:
-            progress(i + 1, total, "scoring tensors")
+    scorer = TensorScorer(float_model, qdq_model, graph, params_8, params_16)
+    return scorer.frame(scorer.score(data.feeds(), len(data), progress, cancel))
+
+
+@dataclass
+class ScoreSums:
+    """The running sums behind `tensor_scores` over some samples. Sums of disjoint sample sets merge into the
+    sums of their union, so samples can be scored in several processes (or in chunks, to show early scores)."""
+
+    accumulated: dict[str, ErrorAccumulator]  # matched tensor -> float vs QDQ model
+    local: dict[str, dict[int, ErrorAccumulator]]  # tensor -> bits -> its local error at that width
+    samples: int = 0
+
+    def merge(self, other: "ScoreSums") -> None:
+        for t, acc in other.accumulated.items():
+            self.accumulated[t].merge(acc)
+        for t, widths in other.local.items():
+            for bits, acc in widths.items():
+                self.local[t][bits].merge(acc)
+        self.samples += other.samples
+
+
+class TensorScorer:
+    """The two sessions (float and QDQ model, every intermediate tensor exposed) that `tensor_scores` streams
+    samples through, and how its sums become the TENSOR_COLUMNS frame."""
+
+    def __init__(self, float_model, qdq_model, graph: ModelGraph, params_8: Mapping[str, Encoding],
+                 params_16: Mapping[str, Encoding], threads: int = 0):
+        qdq_model = qdq.load(qdq_model)
+        self.graph = graph
+        self.counterparts = qdq.read(qdq_model).activations()
+        self.activations = graph.activations()
+        self.inputs = set(graph.inputs)
+        exposed_float = [t for t in self.activations if t not in self.inputs]
+        self.matched = [t for t in self.activations if t in self.counterparts]
+        self.float_session = create_session(qdq.with_outputs(float_model, exposed_float), intra_op_threads=threads)
+        self.qdq_session = create_session(qdq.with_outputs(qdq_model, [self.counterparts[t].post for t in self.matched]),
+                                          intra_op_threads=threads)
+        self.float_names = [o.name for o in self.float_session.get_outputs()]
+        self.qdq_names = [o.name for o in self.qdq_session.get_outputs()]
+        # Tensor -> bits -> its calibrated parameters at that width.
+        self.params = {t: {bits: table[t] for bits, table in ((8, params_8), (16, params_16)) if t in table}
+                       for t in self.activations}
+
+    def empty(self) -> ScoreSums:
+        return ScoreSums({t: ErrorAccumulator() for t in self.matched},
+                         {t: {bits: ErrorAccumulator() for bits in widths} for t, widths in self.params.items()})
+
+    def score(self, feeds: Iterable[Feed], total: int, progress: Progress | None = None,
+              cancel: threading.Event | None = None) -> ScoreSums:
+        """The sums over `feeds` (`total` of them, for progress)."""
+        sums = self.empty()
+        for i, feed in enumerate(feeds):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"tensor scoring cancelled after {i} of {total} samples")
+            float_values = dict(zip(self.float_names, self.float_session.run(self.float_names, feed)))
+            float_values.update({name: feed[name] for name in self.inputs if name in feed})
+            qdq_values = dict(zip(self.qdq_names, self.qdq_session.run(self.qdq_names, feed)))
+            for t in self.matched:
+                sums.accumulated[t].add(float_values[t], qdq_values.pop(self.counterparts[t].post))
+            for t, widths in self.params.items():
+                if not widths:
+                    continue
+                x = np.ravel(np.asarray(float_values[t], dtype=np.float32))
+                # Only the local SNR is reported: signal (once for both widths) and noise powers suffice.
+                signal = float(np.dot(x, x))
+                for bits, params in widths.items():
+                    diff = local_error(x, params)
+                    sums.local[t][bits].add_powers(signal, float(np.dot(diff, diff)), x.size)
+            del float_values, qdq_values
+            sums.samples += 1
+            if progress:
+                progress(i + 1, total, "scoring tensors")
+        return sums
+
+    def frame(self, sums: ScoreSums) -> pd.DataFrame:
+        return score_frame(self.graph, self.counterparts, sums)
+
+
+def score_frame(graph: ModelGraph, counterparts: Mapping, sums: ScoreSums) -> pd.DataFrame:
+    """The TENSOR_COLUMNS frame of `sums` (`counterparts`: `qdq.read(qdq_model).activations()`)."""
     rows = []
-    for t in activations:
+    for t in graph.activations():
         info = graph.tensors[t]
         node = graph.nodes.get(info.producer) if info.producer else None
-        acc = accumulated.get(t)
-        local_snr = {bits: local_acc.snr_db for bits, (_, local_acc) in local[t].items()}
+        acc = sums.accumulated.get(t)
+        local_snr = {bits: local_acc.snr_db for bits, local_acc in sums.local.get(t, {}).items()}
         rows.append({
             "tensor": t,
             "kind": info.kind,
@@ -101,7 +151,7 @@ def tensor_scores(
             "max_abs": acc.max_abs if acc else np.nan,
             "local_snr_8": local_snr.get(8, np.nan),
             "local_snr_16": local_snr.get(16, np.nan),
-            "samples": total,
+            "samples": sums.samples,
         })
     frame = pd.DataFrame(rows, columns=[c for c in TENSOR_COLUMNS if c not in ("passes_snr", "passes_cosine")])
     frame["passes_snr"] = frame["snr_db"] > SNR_THRESHOLD_DB

@@ -13,9 +13,8 @@ SNR_THRESHOLD_DB = 30.0
 def quantize_dequantize(x: np.ndarray, scale: float, zero_point: int, qmin: int, qmax: int) -> np.ndarray:
     """ORT's QuantizeLinear then DequantizeLinear: round half to even, saturate, back to float."""
     q = np.rint(x / np.float32(scale))
-    q += zero_point
-    np.clip(q, qmin, qmax, out=q)
-    q -= zero_point
+    # Clipping rint(x/scale) to [qmin - zp, qmax - zp] is clipping it + zp to [qmin, qmax] (integers, exact).
+    np.clip(q, qmin - zero_point, qmax - zero_point, out=q)
     q *= np.float32(scale)
     return q
 

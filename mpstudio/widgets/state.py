@@ -311,8 +311,18 @@ class StudioState(param.Parameterized):
     def analyze(self) -> Job:
         """The sensitivity analysis of the all-8-bit plan (read back from the study when it was done before)."""
         study = self._require_study()
+        shown = [0.0, ""]
+
+        def partial(report: SensitivityReport) -> None:
+            # Partial rankings reach the table as they come (at most one a second, and each new stage).
+            now, stage = time.perf_counter(), report.meta.get("stage", "")
+            if now - shown[0] >= 1.0 or stage != shown[1]:
+                shown[:] = [now, stage]
+                self._post(lambda: self._on_report(report) if self.study is study else None)
+
         return self._submit("analyze", "sensitivity analysis",
-                            lambda progress, cancel: study.sensitivity(progress=progress, cancel=cancel),
+                            lambda progress, cancel: study.sensitivity(progress=progress, cancel=cancel,
+                                                                       on_partial=partial),
                             self._on_report)
 
     def evaluate_plan(self, plan: PrecisionPlan | None = None) -> Job:

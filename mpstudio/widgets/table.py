@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pandas as pd
 import panel as pn
@@ -27,6 +29,18 @@ def ranking_frame(tensors: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def ranking_status(report) -> str:
+    """The caption's note on how far the analysis behind the ranking got (partial rankings update live)."""
+    if report is None:
+        return "<span style='color:#666;font-size:12px'>no scores yet</span>"
+    status = report.status()
+    if not status:
+        return ""
+    color = "#b26b00" if report.partial else "#666"
+    label = "partial: " if report.partial else ""
+    return f"<span style='color:{color};font-size:12px'>{label}{html.escape(status)}</span>"
+
+
 class SensitivityTable(View):
     """Click, shift-click or ctrl-click rows to select tensors; the graph selects them too, and back."""
 
@@ -48,16 +62,22 @@ class SensitivityTable(View):
                         "latency_share": NumberFormatter(format="0.0%")},
             frozen_columns=["rank", "tensor"], pagination="local", page_size=20, name="sensitivity-table",
         )
+        self.status = pn.pane.HTML(ranking_status(self.state.report), margin=(0, 10), name="sensitivity-status",
+                                   css_classes=["mpstudio-ranking-status"])
         self.table.param.watch(self._on_table_selection, "selection")
         self.state.param.watch(self._on_tensors, "tensors")
         self.state.param.watch(self._on_selection, "selection")
+        self.state.param.watch(self._on_report, "report")
 
     @laid_out_once
     def __panel__(self):
-        return pn.Column(pn.pane.HTML("<b>Sensitivity ranking</b> <span style='color:#666;font-size:12px'>"
-                                      "(promote from the top; click a header to sort, type in it to filter)</span>",
-                                      margin=(0, 10)),
+        return pn.Column(pn.Row(pn.pane.HTML("<b>Sensitivity ranking</b> <span style='color:#666;font-size:12px'>"
+                                             "(promote from the top; click a header to sort, type in it to filter)"
+                                             "</span>", margin=(0, 0, 0, 10)), self.status),
                          self.table, sizing_mode="stretch_both")
+
+    def _on_report(self, *_):
+        self.status.object = ranking_status(self.state.report)
 
     # ---- state -> table ----
     def _on_tensors(self, *_):
