@@ -234,7 +234,8 @@ class Study:
 
     def evaluate(self, plan: PrecisionPlan, backend: str = "cpu", runner=None, *, origin: str = "user",
                  measure_latency: bool = True, profile: bool | None = None, progress: Progress | None = None,
-                 cancel: threading.Event | None = None) -> Evaluation:
+                 cancel: threading.Event | None = None, partial: Callable | None = None,
+                 first_samples: int | None = None) -> Evaluation:
         """Accuracy of `plan` on the evaluation data, with its latency; stored in the study at once.
 
         `runner` is None (this process: ORT's CPU QDQ run, or the local HTP backend), an AgentClient or an
@@ -245,6 +246,11 @@ class Study:
         On a device (an agent whose HTP is a real NPU) the run is also profiled per op (`profile` None: on a
         device only; True: on the emulator too), the profile kept in the study, and the cost model recalibrated
         on that device's profiles (`recalibrate`).
+
+        With `partial`, the evaluation streams: it runs a seeded random `first_samples` (default
+        `preview.FIRST_SAMPLES`) first, then chunks that double what has run, and calls `partial` with a
+        `preview.PartialAccuracy` (value and interval so far) after each chunk but the last. Partial values are
+        not stored; the stored result is always the one on every sample.
         """
         if backend not in BACKENDS:
             raise MpstudioError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -260,14 +266,19 @@ class Study:
         started = time.perf_counter()
         path = self.quantizer.generate(plan, progress, cancel)
         options = {"htp_arch": self.htp_arch} if backend == "htp" else None
-        outputs = runs.outputs(path, self.evaluation_data, backend, options, progress, cancel)
+        estimate = self._estimate(path) if measure_latency else None
+        if partial is not None:
+            outputs = self._streamed_outputs(plan, path, runs, backend, options, source, estimate, partial,
+                                             first_samples, progress, cancel)
+        else:
+            outputs = runs.outputs(path, self.evaluation_data, backend, options, progress, cancel)
         snr, cosine = output_agreement(self.float_outputs(progress, cancel), outputs)
         value = metric(outputs) if metric is not None else snr
         record = AccuracyRecord(backend, source, self.metric_name, float(value), self.higher_is_better, snr, cosine,
                                 len(self.evaluation_data), time.perf_counter() - started)
         latencies = []
         if measure_latency:
-            latencies.append(self._estimate(path))
+            latencies.append(estimate)
             measured = profiled = None
             if backend == "htp" and runs.agent is not None:
                 profile = runs.on_device if profile is None else profile
@@ -282,6 +293,43 @@ class Study:
         stored = self.store.evaluation(plan_id, source)
         assert stored is not None
         return dataclasses.replace(stored, cached=False)
+
+    def _streamed_outputs(self, plan, path, runs, backend, options, source, estimate, partial, first_samples,
+                          progress, cancel) -> list:
+        """The evaluation's outputs in sample order, run in `preview.stream_order` chunks, with a
+        `PartialAccuracy` passed to `partial` after each chunk but the last."""
+        from .data import Subset
+        from .preview import FIRST_SAMPLES, PartialAccuracy, sample_terms, stream_order
+
+        data = self.evaluation_data
+        total = len(data)
+        terms = sample_terms(self.metric_spec, self.prepared, self.float_outputs(progress, cancel))
+        if terms is None:  # a metric of the whole set only: nothing to show before the end
+            return runs.outputs(path, data, backend, options, progress, cancel)
+        outputs: dict[int, dict] = {}
+        for chunk in stream_order(total, first_samples or FIRST_SAMPLES):
+            offset = len(outputs)
+
+            def step(done, _total, message, offset=offset):
+                if progress:
+                    progress(offset + done, total, message)
+            got = runs.outputs(path, Subset(data, chunk, f"{data.name}[stream]"), backend, options, step, cancel)
+            outputs.update(zip(chunk, got))
+            if len(outputs) < total:
+                indices = sorted(outputs)
+                value, low, high = terms.partial([outputs[i] for i in indices], indices, total)
+                partial(PartialAccuracy(plan.hash, self.metric_name, value, low, high, len(indices), total, source,
+                                        estimate))
+        return [outputs[i] for i in range(total)]
+
+    def predict(self, plan: PrecisionPlan, report=None, accuracy_source: str | None = None):
+        """`plan`'s accuracy predicted from the sensitivity report (default: the one this study holds, if the
+        analysis ran) and its cost-model latency, before any run: a `preview.PlanPrediction`."""
+        from .preview import predict_plan
+
+        if report is None and self._sensitivity is not None:
+            report = self._sensitivity[1]
+        return predict_plan(self, plan, report, accuracy_source)
 
     def baselines(self, backend: str = "cpu", runner=None, progress: Progress | None = None,
                   cancel: threading.Event | None = None) -> dict[str, Evaluation]:
