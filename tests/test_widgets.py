@@ -27,7 +27,7 @@ def study(tmp_path_factory):
 
 @pytest.fixture
 def state(study):
-    state = StudioState(study)
+    state = StudioState(study, evaluate_on_edit=False)  # test_gui_studio and test_preview cover evaluation on edit
     job = state.jobs[0]
     assert job.kind == "analyze" and job.wait(120) and job.status == "done", job.error
     yield state

@@ -82,66 +82,39 @@ def eta_text(seconds) -> str:
     return f"about {seconds} s left" if seconds < 60 else f"about {seconds // 60} min {seconds % 60:02d} s left"
 
 
-class JobChip(View):
-    """One running or queued job in the job bar: what it is, its progress, its ETA and a cancel button."""
-
-    job = param.ClassSelector(class_=Job)
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        job = self.job
-        self._cancel = pn.widgets.Button(name="Cancel", button_type="danger", button_style="outline", width=70,
-                                         height=30, margin=(2, 4), css_classes=["mpstudio-job-cancel"],
-                                         disabled=pn.bind(lambda status: status not in ("queued", "running"),
-                                                          job.param.status))
-        self._cancel.on_click(self._on_cancel)
-        self._view = None
-
-    def __panel__(self):
-        if self._view is None:
-            job = self.job
-            progress = pn.indicators.Progress(
-                value=pn.bind(lambda done, total, status: job.percent, job.param.done, job.param.total,
-                              job.param.status),
-                max=100, active=pn.bind(lambda status: status == "running", job.param.status),
-                sizing_mode="stretch_width", height=10, margin=(0, 6), bar_color="primary")
-
-            def text(title, status, message, done, total, eta):
-                count = f" {done}/{total}" if total and status == "running" else ""
-                left = eta_text(eta) if status == "running" else ""
-                return (f"<div style='font-size:12px;line-height:15px;white-space:nowrap;overflow:hidden;"
-                        f"text-overflow:ellipsis'><b>{html.escape(title)}</b> "
-                        f"<span class='job-status'>{status}</span>{count}"
-                        f"{' &middot; <span class=job-eta>' + left + '</span>' if left else ''}<br>"
-                        f"<span style='color:#555'>{html.escape(message)}</span></div>")
-            info = pn.pane.HTML(pn.bind(text, job.param.title, job.param.status, job.param.message, job.param.done,
-                                        job.param.total, job.param.eta), sizing_mode="stretch_width", height=34,
-                                margin=(2, 6))
-            self._view = pn.Column(pn.Row(info, self._cancel, sizing_mode="stretch_width", height=36, margin=0),
-                                   progress, width=420, height=52, margin=(2, 6),
-                                   css_classes=["mpstudio-bar-job"],
-                                   styles={"border": "1px solid #d7dde3", "border-radius": "6px",
-                                           "background": "#f7fafc"})
-        return self._view
-
-    def _on_cancel(self, event):
-        self.job.cancel()
-
-
 class JobBar(View):
-    """The jobs that run or wait, across the top of the studio (quick predictions excepted); the last finished
-    one when none runs. Its height never changes, so the views below it never move."""
+    """The jobs that run or wait, across the top of the studio (quick predictions excepted): what each is, its
+    progress, its ETA and a cancel button; the last finished one when none runs.
+
+    The bar has a fixed number of slots that are filled and emptied, never added or removed, so its height never
+    changes (the views below never move) and no pane is dropped while a job still updates it.
+    """
 
     state = param.ClassSelector(class_=StudioState)
-    shown = param.Integer(3, doc="How many jobs the bar shows side by side")
+
+    SLOTS = 3
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._chips: dict[int, JobChip] = {}
+        self._jobs: list[Job | None] = [None] * self.SLOTS
+        self._watched: set[int] = set()
+        self._texts, self._cancels, self._slots = [], [], []
+        for i in range(self.SLOTS):
+            text = pn.pane.HTML("", sizing_mode="stretch_width", height=46, margin=(2, 6))
+            cancel = pn.widgets.Button(name="Cancel", button_type="danger", button_style="outline", width=70,
+                                       height=30, margin=(8, 6), css_classes=["mpstudio-job-cancel"],
+                                       description="Cancel this job")
+            cancel.on_click(lambda event, i=i: self._on_cancel(i))
+            self._texts.append(text)
+            self._cancels.append(cancel)
+            self._slots.append(pn.Row(text, cancel, sizing_mode="stretch_width", min_width=220, max_width=460,
+                                      height=52, margin=(2, 6), visible=False,
+                                      css_classes=["mpstudio-bar-job"],
+                                      styles={"border": "1px solid #d7dde3", "border-radius": "6px",
+                                              "background": "#f7fafc"}))
         self._idle = pn.pane.HTML("", sizing_mode="stretch_width", height=30, margin=(14, 10),
                                   css_classes=["mpstudio-bar-idle"])
-        self._more = pn.pane.HTML("", width=90, height=30, margin=(14, 4))
-        self._row = pn.Row(self._idle, sizing_mode="stretch_width", height=58, margin=0,
+        self._row = pn.Row(*self._slots, self._idle, sizing_mode="stretch_width", height=58, margin=0,
                            css_classes=["mpstudio-job-bar"])
         self.state.param.watch(self._on_jobs, "jobs")
         self._on_jobs()
@@ -152,19 +125,53 @@ class JobBar(View):
     def _on_jobs(self, *_):
         jobs = [job for job in self.state.jobs if job.active and job.kind not in QUICK_KINDS]
         jobs.sort(key=lambda job: job.status != "running")  # running first, then queued
-        shown = jobs[:self.shown]
-        self._chips = {id(job): self._chips.get(id(job)) or JobChip(job=job) for job in shown}
-        if shown:
-            objects = [self._chips[id(job)].__panel__() for job in shown]
-            if len(jobs) > len(shown):
-                self._more.object = f"<span style='font-size:12px;color:#555'>+{len(jobs) - len(shown)} queued</span>"
-                objects.append(self._more)
-        else:
+        for job in jobs:
+            if id(job) not in self._watched:
+                self._watched.add(id(job))
+                job.param.watch(self._on_job, ["status", "done", "total", "message", "eta"])
+        self._jobs = (jobs[:self.SLOTS] + [None] * self.SLOTS)[:self.SLOTS]
+        for i, job in enumerate(self._jobs):
+            self._render(i)
+        extra = len(jobs) - self.SLOTS
+        if not jobs:
             last = next((job for job in self.state.jobs if not job.active and job.kind not in QUICK_KINDS), None)
             text = "no jobs running"
             if last is not None:
                 text += f" &middot; last: {html.escape(last.title)} {last.status} in {last.seconds:.1f} s"
-            self._idle.object = f"<span style='font-size:12px;color:#666'>{text}</span>"
-            objects = [self._idle]
-        if objects != list(self._row.objects):
-            self._row.objects = objects
+        else:
+            text = f"+{extra} more queued" if extra > 0 else ""
+        self._idle.object = f"<span style='font-size:12px;color:#666'>{text}</span>"
+
+    def _on_job(self, *events):
+        changed = {id(event.obj) for event in events}
+        for i, job in enumerate(self._jobs):
+            if job is not None and id(job) in changed:
+                self._render(i)
+
+    def _render(self, i: int) -> None:
+        job = self._jobs[i]
+        slot = self._slots[i]
+        if job is None:
+            slot.visible = False
+            return
+        running = job.status == "running"
+        count = f" {job.done}/{job.total}" if job.total and running else ""
+        left = eta_text(job.eta) if running else ""
+        percent = job.percent
+        bar = (f"<div style='height:6px;background:#e3e8ee;border-radius:3px;margin-top:3px'>"
+               f"<div class='mpstudio-job-progress' style='height:6px;width:{max(percent, 0)}%;"
+               f"background:#0b6e99;border-radius:3px'></div></div>") if percent >= 0 else (
+               "<div style='height:6px;margin-top:3px;border-radius:3px;background:repeating-linear-gradient("
+               "45deg,#0b6e99 0 8px,#9fd3ea 8px 16px)'></div>")
+        self._texts[i].object = (
+            f"<div style='font-size:12px;line-height:15px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis'>"
+            f"<b>{html.escape(job.title)}</b> <span class='job-status'>{job.status}</span>{count}"
+            f"{' &middot; <span class=job-eta>' + left + '</span>' if left else ''}<br>"
+            f"<span style='color:#555'>{html.escape(job.message)}</span></div>{bar}")
+        self._cancels[i].disabled = not job.active
+        slot.visible = True
+
+    def _on_cancel(self, i: int) -> None:
+        job = self._jobs[i]
+        if job is not None:
+            job.cancel()

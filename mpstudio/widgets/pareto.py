@@ -88,9 +88,9 @@ class ParetoPlot(View):
         fig.add_layout(Legend(items=[LegendItem(label="measured", renderers=[points]),
                                      LegendItem(label="predicted", renderers=[predicted]),
                                      LegendItem(label="measured so far (95 % interval)", renderers=[partial])],
-                              location="top_right", orientation="horizontal", label_text_font_size="11px",
+                              orientation="horizontal", label_text_font_size="11px",
                               glyph_height=14, glyph_width=14, spacing=6, padding=4, margin=4,
-                              background_fill_alpha=0.7, name="pareto_legend"))
+                              background_fill_alpha=0.7, border_line_alpha=0, name="pareto_legend"), "above")
         fig.x_range.range_padding = fig.y_range.range_padding = 0.25  # room for the baselines' labels
         fig.xaxis.axis_label = "latency (ms)"
         fig.yaxis.axis_label = "accuracy"

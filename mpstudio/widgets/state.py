@@ -172,6 +172,8 @@ class StudioState(param.Parameterized):
         self._agent = None  # LocalAgent, started on first use
         self._remote = None
         self._lock = threading.RLock()
+        self._posted: list[Callable[[], None]] = []  # updates waiting for the session's event loop, in order
+        self._draining = False
         self.param.watch(self._on_collapsed, "collapsed")
         self.param.watch(self._on_latency_source, "latency_source")
         self.param.watch(self._on_query, "query")
@@ -221,8 +223,8 @@ class StudioState(param.Parameterized):
         self._refresh_tensors()
         self.refresh_evaluations()
         if self.auto_analyze:
+            self.evaluate_baselines()  # in the background lane, while the analysis runs in its own
             self.analyze()
-            self.evaluate_baselines()
 
     def open_study(self, folder: str | Path | None = None) -> Job:
         folder = Path(str(folder or self.study_path).strip()).expanduser()
@@ -332,13 +334,15 @@ class StudioState(param.Parameterized):
                             lambda progress, cancel: study.sensitivity(progress=progress, cancel=cancel),
                             self._on_report)
 
-    def evaluate_plan(self, plan: PrecisionPlan | None = None, *, streamed: bool = True, edit: bool = False) -> Job:
+    def evaluate_plan(self, plan: PrecisionPlan | None = None, *, streamed: bool = True, edit: bool = False,
+                      after: Job | None = None) -> Job:
         """Evaluate the current plan (accuracy and latency) on the chosen backend and runner.
 
         Streamed: a first value on a few samples, with its interval, reaches the Pareto plot within seconds,
         then values on more samples, until the full result is stored. `edit` marks an evaluation started by a
         promote or demote: the next edit cancels it when it has not finished. The baselines of the backend are
-        queued in the background when the study lacks them (they never run before this evaluation).
+        queued in the background when the study lacks them (they never run before this evaluation). `after`:
+        a job (the plan's prediction) whose result is shown before any measured value.
         """
         study = self._require_study()
         plan = plan or self.plan
@@ -359,6 +363,8 @@ class StudioState(param.Parameterized):
             self._post(apply)
 
         def work(progress, cancel):
+            if after is not None:
+                after.wait(5.0)  # quick; it makes the plan's QDQ model this evaluation runs, too
             runner = self._runner()
             try:
                 evaluation = study.evaluate(plan, backend, runner, progress=progress, cancel=cancel,
@@ -411,7 +417,7 @@ class StudioState(param.Parameterized):
                                   prediction.basis)
         self._track(plan.hash)
         predicting = self._submit("predict", f"predicting {plan_name}", work, done)
-        evaluating = self.evaluate_plan(plan, edit=True)
+        evaluating = self.evaluate_plan(plan, edit=True, after=predicting)
         return predicting, evaluating
 
     def evaluate_baselines(self, backend: str | None = None) -> Job:
@@ -735,10 +741,28 @@ class StudioState(param.Parameterized):
         if doc is not None and doc.session_context is not None:
             from panel.io.state import set_curdoc
 
-            def run():
+            # Next-tick callbacks each wait for the document's lock and may run out of order; one drain at a time
+            # runs the posted functions in the order they were posted (a job's "running" never lands after its
+            # "done", a partial value never after the full result).
+            with self._lock:
+                self._posted.append(fn)
+                if self._draining:
+                    return
+                self._draining = True
+
+            def drain():
                 with set_curdoc(doc), pn.io.hold(doc):
-                    fn()
-            doc.add_next_tick_callback(run)
+                    while True:
+                        with self._lock:
+                            if not self._posted:
+                                self._draining = False
+                                return
+                            next_fn = self._posted.pop(0)
+                        try:
+                            next_fn()
+                        except Exception:  # one failing update must not stop the ones after it
+                            log.exception("a studio update failed")
+            doc.add_next_tick_callback(drain)
         else:
             with self._lock:
                 fn()
