@@ -713,7 +713,7 @@ class StudioState(param.Parameterized):
                 text = f"{job.title} failed: {type(exc).__name__}: {brief(exc)}"
                 self._post(lambda job=job, text=text: self._finish(job, "failed", text))
             else:
-                def apply(job=job, result=result):
+                def apply(job=job, result=result, on_done=on_done):  # bound now: the loop moves on
                     job.result = result
                     try:
                         if on_done is not None:
@@ -751,17 +751,19 @@ class StudioState(param.Parameterized):
                 self._draining = True
 
             def drain():
+                with self._lock:  # what was posted until now goes to the browser as one batch; later posts next
+                    batch, self._posted = self._posted, []
                 with set_curdoc(doc), pn.io.hold(doc):
-                    while True:
-                        with self._lock:
-                            if not self._posted:
-                                self._draining = False
-                                return
-                            next_fn = self._posted.pop(0)
+                    for next_fn in batch:
                         try:
                             next_fn()
                         except Exception:  # one failing update must not stop the ones after it
                             log.exception("a studio update failed")
+                with self._lock:
+                    if self._posted:
+                        doc.add_next_tick_callback(drain)
+                    else:
+                        self._draining = False
             doc.add_next_tick_callback(drain)
         else:
             with self._lock:
