@@ -7,6 +7,8 @@ Neither is stored: the study keeps only full evaluations as a plan's result.
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -16,7 +18,7 @@ import pandas as pd
 from .data import Feed
 from .errors import MpstudioError
 from .metrics import OUTPUT_SNR, SNR_CAP_DB, ErrorAccumulator, ctc_charset, ctc_greedy_decode, edit_distance
-from .sources import Latency
+from .sources import ESTIMATE, Latency
 
 LEVEL = 0.95  # the intervals' coverage
 BOOTSTRAP_ROUNDS = 2000
@@ -184,9 +186,53 @@ def monotone_fit(x: Sequence[float], y: Sequence[float], increasing: bool) -> tu
     return xs, sign * fitted
 
 
+_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # study -> (arch, all-8-bit Latency, costs)
+_COSTS_LOCK = threading.Lock()
+
+
+def promotion_basis(study):
+    """(the all-8-bit plan's estimated Latency, the cost model's ms added by promoting each activation tensor
+    alone), computed once per study and cost-model calibration."""
+    from .latency import promotion_costs
+    from .plan import PrecisionPlan
+
+    with _COSTS_LOCK:
+        arch = study.cost_arch
+        known = _COSTS.get(study)
+        if known is not None and known[0] == arch:
+            return known[1], known[2]
+        path = study.quantizer.generate(PrecisionPlan.a8w8())
+        base = study._estimate(path)
+        costs = promotion_costs(path, study.graph.activations(), arch, graph=study.graph).fillna(0.0)
+        _COSTS[study] = (arch, base, costs)
+        return base, costs
+
+
+def summed_latency(study, plan) -> Latency | None:
+    """The cost model's latency of `plan` without making its QDQ model: the all-8-bit estimate plus each 16-bit
+    activation's promotion cost (alone), at most the all-16-bit estimate. Close for one tensor; adjacent
+    promotions share converts, so it is high for many. None when the cost model cannot read the model."""
+    from .plan import PrecisionPlan
+
+    base, costs = promotion_basis(study)
+    if base is None:
+        return None
+    sixteen = [t for t in plan.sixteen_bit_activations(study.graph) if t in costs.index]
+    ms = base.ms + float(costs[sixteen].sum())
+    a16w8 = study.plan_id(PrecisionPlan.a16w8())
+    if a16w8 is not None:
+        stored = study.evaluations()
+        top = stored.loc[stored["plan_id"] == a16w8, "estimate_ms"].dropna()
+        if len(top):
+            ms = min(ms, float(top.iloc[0]))
+    return Latency(ms, ESTIMATE, base.where, "the all-8-bit estimate plus each promoted tensor's cost; approximate "
+                   "until the plan's QDQ model is made", base.includes)
+
+
 def predict_plan(study, plan, report, accuracy_source: str | None = None, latency: Latency | None = None
                  ) -> PlanPrediction:
-    """Predict `plan`'s accuracy in `study`'s metric and take the cost model's latency.
+    """Predict `plan`'s accuracy in `study`'s metric and its latency from the cost model, without making its
+    QDQ model (`summed_latency`).
 
     The sensitivity report predicts the output SNR of the plan's 16-bit activations from isolation scores (on
     the calibration samples it scored); that is moved onto the evaluation set by the all-8-bit plan's measured
@@ -197,7 +243,7 @@ def predict_plan(study, plan, report, accuracy_source: str | None = None, latenc
     from .plan import PrecisionPlan
 
     if latency is None:
-        latency = study.estimate(plan)
+        latency = summed_latency(study, plan)
     nan = float("nan")
     iso = report.isolation if report is not None else None
     if iso is None:
@@ -241,5 +287,5 @@ def _evaluated(study, accuracy_source: str | None) -> pd.DataFrame:
     return frame[frame["accuracy_source"] == accuracy_source].drop_duplicates("plan_id")
 
 
-__all__ = ["PlanPrediction", "PartialAccuracy", "SampleTerms", "cer_terms", "snr_terms", "sample_terms",
+__all__ = ["PlanPrediction", "promotion_basis", "summed_latency", "PartialAccuracy", "SampleTerms", "cer_terms", "snr_terms", "sample_terms",
            "stream_order", "predict_plan", "monotone_fit", "FIRST_SAMPLES", "LEVEL"]

@@ -24,6 +24,7 @@ from ..graph import ModelGraph
 from ..layout import GraphLayout, collapsible_namespaces, layout_graph
 from ..model import parse_shape_args
 from ..plan import PrecisionPlan
+from ..preview import promotion_basis
 from ..sensitivity import SensitivityReport
 from ..sources import LATENCY_SOURCES
 from ..study import Study
@@ -224,6 +225,7 @@ class StudioState(param.Parameterized):
         self.refresh_evaluations()
         if self.auto_analyze:
             self.evaluate_baselines()  # in the background lane, while the analysis runs in its own
+            self._submit("predict", "preparing predictions", lambda progress, cancel: promotion_basis(study))
             self.analyze()
 
     def open_study(self, folder: str | Path | None = None) -> Job:
