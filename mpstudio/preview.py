@@ -22,7 +22,7 @@ from .sources import ESTIMATE, Latency
 
 LEVEL = 0.95  # the intervals' coverage
 BOOTSTRAP_ROUNDS = 2000
-FIRST_SAMPLES = 16  # the streamed evaluation's first value is on this many samples
+FIRST_SAMPLES = 12  # the streamed evaluation's first value is on this many samples
 
 
 @dataclass(frozen=True)
@@ -208,6 +208,12 @@ def promotion_basis(study):
         return base, costs
 
 
+def basis_ready(study) -> bool:
+    """Whether `promotion_basis` is computed for `study` (a prediction then takes milliseconds)."""
+    known = _COSTS.get(study)
+    return known is not None and known[0] == study.cost_arch
+
+
 def summed_latency(study, plan) -> Latency | None:
     """The cost model's latency of `plan` without making its QDQ model: the all-8-bit estimate plus each 16-bit
     activation's promotion cost (alone), at most the all-16-bit estimate. Close for one tensor; adjacent
@@ -287,5 +293,5 @@ def _evaluated(study, accuracy_source: str | None) -> pd.DataFrame:
     return frame[frame["accuracy_source"] == accuracy_source].drop_duplicates("plan_id")
 
 
-__all__ = ["PlanPrediction", "promotion_basis", "summed_latency", "PartialAccuracy", "SampleTerms", "cer_terms", "snr_terms", "sample_terms",
+__all__ = ["PlanPrediction", "promotion_basis", "basis_ready", "summed_latency", "PartialAccuracy", "SampleTerms", "cer_terms", "snr_terms", "sample_terms",
            "stream_order", "predict_plan", "monotone_fit", "FIRST_SAMPLES", "LEVEL"]

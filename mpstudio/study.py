@@ -266,11 +266,14 @@ class Study:
         started = time.perf_counter()
         path = self.quantizer.generate(plan, progress, cancel)
         options = {"htp_arch": self.htp_arch} if backend == "htp" else None
-        estimate = self._estimate(path) if measure_latency else None
         if partial is not None:
-            outputs = self._streamed_outputs(plan, path, runs, backend, options, source, estimate, partial,
+            # The cost model reads the new model while the first samples run (ORT releases the GIL).
+            estimating = _Background(self._estimate, path) if measure_latency else None
+            outputs = self._streamed_outputs(plan, path, runs, backend, options, source, estimating, partial,
                                              first_samples, progress, cancel)
+            estimate = estimating.result() if estimating is not None else None
         else:
+            estimate = self._estimate(path) if measure_latency else None
             outputs = runs.outputs(path, self.evaluation_data, backend, options, progress, cancel)
         snr, cosine = output_agreement(self.float_outputs(progress, cancel), outputs)
         value = metric(outputs) if metric is not None else snr
@@ -294,7 +297,7 @@ class Study:
         assert stored is not None
         return dataclasses.replace(stored, cached=False)
 
-    def _streamed_outputs(self, plan, path, runs, backend, options, source, estimate, partial, first_samples,
+    def _streamed_outputs(self, plan, path, runs, backend, options, source, estimating, partial, first_samples,
                           progress, cancel) -> list:
         """The evaluation's outputs in sample order, run in `preview.stream_order` chunks, with a
         `PartialAccuracy` passed to `partial` after each chunk but the last."""
@@ -318,6 +321,7 @@ class Study:
             if len(outputs) < total:
                 indices = sorted(outputs)
                 value, low, high = terms.partial([outputs[i] for i in indices], indices, total)
+                estimate = estimating.result() if estimating is not None else None
                 partial(PartialAccuracy(plan.hash, self.metric_name, value, low, high, len(indices), total, source,
                                         estimate))
         return [outputs[i] for i in range(total)]
@@ -575,6 +579,27 @@ class Study:
                 f"the study store {self.folder / DB_FILE} holds {have} of the {expected} results committed to it: its "
                 f"write-ahead log ({DB_FILE}-wal) was probably deleted or not copied with it. Restore that file beside "
                 f"it, or delete {RESULTS_FILE} to accept the results that remain")
+
+
+class _Background:
+    """`fn(*args)` run in a thread; `result()` waits for it (and raises what it raised)."""
+
+    def __init__(self, fn, *args):
+        self._value = self._error = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, args):
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # handed to the caller of result()
+            self._error = exc
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _metric_parts(metric) -> tuple[MetricSpec, TaskMetric | None]:

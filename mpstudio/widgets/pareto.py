@@ -67,8 +67,8 @@ class ParetoPlot(View):
                              name="points")
         fig.add_layout(Whisker(source=self.partial, base="latency_ms", lower="low", upper="high", dimension="height",
                                line_color="#0b6e99", line_width=1.5))
-        predicted = fig.scatter("latency_ms", "value", source=self.predicted, marker="diamond", size=16,
-                                fill_color="white", fill_alpha=0.6, line_color="#e67e00", line_width=2,
+        predicted = fig.scatter("latency_ms", "value", source=self.predicted, marker="diamond", size=20,
+                                fill_color="#e67e00", fill_alpha=0.2, line_color="#e67e00", line_width=2.5,
                                 line_dash="dashed", name="predicted")
         partial = fig.scatter("latency_ms", "value", source=self.partial, marker="circle_dot", size=13,
                               fill_color="#9fd3ea", line_color="#0b6e99", line_width=2, name="partial")

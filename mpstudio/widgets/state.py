@@ -24,7 +24,7 @@ from ..graph import ModelGraph
 from ..layout import GraphLayout, collapsible_namespaces, layout_graph
 from ..model import parse_shape_args
 from ..plan import PrecisionPlan
-from ..preview import promotion_basis
+from ..preview import FIRST_SAMPLES, basis_ready, promotion_basis
 from ..sensitivity import SensitivityReport
 from ..sources import LATENCY_SOURCES
 from ..study import Study
@@ -152,7 +152,7 @@ class StudioState(param.Parameterized):
     latency_ops = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1)
     evaluate_on_edit = param.Boolean(True, doc="Evaluate each plan promote or demote makes, showing its predicted "
                                                "point at once and its measured point as the evaluation streams")
-    first_samples = param.Integer(16, bounds=(1, None), precedence=-1,
+    first_samples = param.Integer(FIRST_SAMPLES, bounds=(1, None), precedence=-1,
                                   doc="Samples of a streamed evaluation's first value")
     provisional = param.DataFrame(default=pd.DataFrame(columns=PROVISIONAL_COLUMNS), constant=True,
                                   doc="Predicted and partially measured points (PROVISIONAL_COLUMNS)")
@@ -392,10 +392,10 @@ class StudioState(param.Parameterized):
         job.edit = edit
         return job
 
-    def preview_plan(self, plan: PrecisionPlan | None = None) -> tuple[Job, Job]:
+    def preview_plan(self, plan: PrecisionPlan | None = None) -> tuple[Job | None, Job]:
         """Draw `plan` (default the current one) on the Pareto plot at once, as predicted by the sensitivity
         report and the cost model, and start its streamed evaluation, which replaces the prediction with
-        measured values. Returns (the prediction's job, the evaluation's job)."""
+        measured values. Returns (the prediction's job, None when it was made at once; the evaluation's job)."""
         study = self._require_study()
         plan = plan or self.plan
         report = self.report
@@ -418,7 +418,11 @@ class StudioState(param.Parameterized):
                                   prediction.latency.ms, 0, len(study.evaluation_data), "prediction",
                                   prediction.basis)
         self._track(plan.hash)
-        predicting = self._submit("predict", f"predicting {plan_name}", work, done)
+        if basis_ready(study):  # milliseconds: drawn in this very update
+            done(work(None, None))
+            predicting = None
+        else:
+            predicting = self._submit("predict", f"predicting {plan_name}", work, done)
         evaluating = self.evaluate_plan(plan, edit=True, after=predicting)
         return predicting, evaluating
 
@@ -581,12 +585,13 @@ class StudioState(param.Parameterized):
             plan = base.without(chosen)
         else:
             plan = base.with_overrides({t: to for t in chosen}, name="")
+        plan.validate(graph, study.htp_arch)
+        if self.evaluate_on_edit and plan.hash != base.hash:
+            self.preview_plan(plan)  # first: its predicted point reaches the browser with the graph's update
         self.set_plan(plan)
         verb = "promoted" if to == "uint16" else "demoted"
         with param.edit_constant(self):
             self.param.update(message=f"{verb} {len(chosen)} tensor(s); plan {plan.summary()}", error="")
-        if self.evaluate_on_edit and plan.hash != base.hash:
-            self.preview_plan(plan)
         return plan
 
     def _layout(self, graph: ModelGraph, collapsed, sha256: str | None) -> GraphLayout:
