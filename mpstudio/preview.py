@@ -214,10 +214,11 @@ def basis_ready(study) -> bool:
     return known is not None and known[0] == study.cost_arch
 
 
-def summed_latency(study, plan) -> Latency | None:
+def summed_latency(study, plan, evaluated: pd.DataFrame | None = None) -> Latency | None:
     """The cost model's latency of `plan` without making its QDQ model: the all-8-bit estimate plus each 16-bit
     activation's promotion cost (alone), at most the all-16-bit estimate. Close for one tensor; adjacent
-    promotions share converts, so it is high for many. None when the cost model cannot read the model."""
+    promotions share converts, so it is high for many. None when the cost model cannot read the model.
+    `evaluated`: the study's evaluations (`Study.evaluations` columns), when the caller has them."""
     from .plan import PrecisionPlan
 
     base, costs = promotion_basis(study)
@@ -225,18 +226,17 @@ def summed_latency(study, plan) -> Latency | None:
         return None
     sixteen = [t for t in plan.sixteen_bit_activations(study.graph) if t in costs.index]
     ms = base.ms + float(costs[sixteen].sum())
-    a16w8 = study.plan_id(PrecisionPlan.a16w8())
-    if a16w8 is not None:
-        stored = study.evaluations()
-        top = stored.loc[stored["plan_id"] == a16w8, "estimate_ms"].dropna()
+    stored = study.evaluations() if evaluated is None else evaluated
+    if len(stored):
+        top = stored.loc[stored["plan_hash"] == PrecisionPlan.a16w8().hash, "estimate_ms"].dropna()
         if len(top):
             ms = min(ms, float(top.iloc[0]))
     return Latency(ms, ESTIMATE, base.where, "the all-8-bit estimate plus each promoted tensor's cost; approximate "
                    "until the plan's QDQ model is made", base.includes)
 
 
-def predict_plan(study, plan, report, accuracy_source: str | None = None, latency: Latency | None = None
-                 ) -> PlanPrediction:
+def predict_plan(study, plan, report, accuracy_source: str | None = None, latency: Latency | None = None,
+                 evaluated: pd.DataFrame | None = None) -> PlanPrediction:
     """Predict `plan`'s accuracy in `study`'s metric and its latency from the cost model, without making its
     QDQ model (`summed_latency`).
 
@@ -244,12 +244,14 @@ def predict_plan(study, plan, report, accuracy_source: str | None = None, latenc
     the calibration samples it scored); that is moved onto the evaluation set by the all-8-bit plan's measured
     SNR, and turned into the study's metric by a monotone fit of metric against output SNR over the plans
     evaluated so far (from `accuracy_source`, default the one with the most plans). Weights' precision is not
-    predicted.
+    predicted. `evaluated`: the study's evaluations (`Study.evaluations` or `Study.front` columns), when the
+    caller has them (it saves reading the store).
     """
     from .plan import PrecisionPlan
 
+    evaluated = study.evaluations() if evaluated is None else evaluated
     if latency is None:
-        latency = summed_latency(study, plan)
+        latency = summed_latency(study, plan, evaluated)
     nan = float("nan")
     iso = report.isolation if report is not None else None
     if iso is None:
@@ -262,7 +264,7 @@ def predict_plan(study, plan, report, accuracy_source: str | None = None, latenc
     if iso.metric == study.metric_name and iso.metric != OUTPUT_SNR:
         return PlanPrediction(plan.hash, study.metric_name, predicted.predicted, nan, latency,
                               f"isolation scores ({predicted.method}) on {iso.samples} calibration samples")
-    frame = _evaluated(study, accuracy_source)
+    frame = _evaluated(evaluated, accuracy_source)
     a8w8 = frame[frame["plan_hash"] == PrecisionPlan.a8w8().hash]
     snr = predicted.predicted
     shifted = len(a8w8) and np.isfinite(a8w8["snr_db"].iloc[0])
@@ -283,9 +285,8 @@ def predict_plan(study, plan, report, accuracy_source: str | None = None, latenc
                           f"{len(points)} evaluated plans")
 
 
-def _evaluated(study, accuracy_source: str | None) -> pd.DataFrame:
+def _evaluated(frame: pd.DataFrame, accuracy_source: str | None) -> pd.DataFrame:
     """One row per evaluated plan from one accuracy source: plan_hash, value, snr_db."""
-    frame = study.evaluations()
     if frame.empty:
         return frame
     if accuracy_source is None or accuracy_source not in set(frame["accuracy_source"]):

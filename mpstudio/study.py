@@ -326,14 +326,16 @@ class Study:
                                         estimate))
         return [outputs[i] for i in range(total)]
 
-    def predict(self, plan: PrecisionPlan, report=None, accuracy_source: str | None = None):
+    def predict(self, plan: PrecisionPlan, report=None, accuracy_source: str | None = None,
+                evaluated: pd.DataFrame | None = None):
         """`plan`'s accuracy predicted from the sensitivity report (default: the one this study holds, if the
-        analysis ran) and its cost-model latency, before any run: a `preview.PlanPrediction`."""
+        analysis ran) and its cost-model latency, before any run: a `preview.PlanPrediction`. `evaluated`: this
+        study's evaluations when the caller has them at hand (`evaluations()` or `front("estimate")`)."""
         from .preview import predict_plan
 
         if report is None and self._sensitivity is not None:
             report = self._sensitivity[1]
-        return predict_plan(self, plan, report, accuracy_source)
+        return predict_plan(self, plan, report, accuracy_source, evaluated=evaluated)
 
     def baselines(self, backend: str = "cpu", runner=None, progress: Progress | None = None,
                   cancel: threading.Event | None = None) -> dict[str, Evaluation]:

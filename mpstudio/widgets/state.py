@@ -403,8 +403,11 @@ class StudioState(param.Parameterized):
         accuracy_source = frame["accuracy_source"].iloc[0] if len(frame) else None
         plan_name = plan.name or plan.summary()
 
+        # The plotted estimate-axis front has every column a prediction reads: no need to read the store.
+        evaluated = frame if self.latency_source == "estimate" and len(frame) else None
+
         def work(progress, cancel):
-            return study.predict(plan, report, accuracy_source)
+            return study.predict(plan, report, accuracy_source, evaluated)
 
         def done(prediction):
             if not prediction.placed:
@@ -587,11 +590,16 @@ class StudioState(param.Parameterized):
             plan = base.with_overrides({t: to for t in chosen}, name="")
         plan.validate(graph, study.htp_arch)
         if self.evaluate_on_edit and plan.hash != base.hash:
-            self.preview_plan(plan)  # first: its predicted point reaches the browser with the graph's update
-        self.set_plan(plan)
+            self.preview_plan(plan)
         verb = "promoted" if to == "uint16" else "demoted"
-        with param.edit_constant(self):
-            self.param.update(message=f"{verb} {len(chosen)} tensor(s); plan {plan.summary()}", error="")
+
+        def show():
+            self.set_plan(plan)
+            with param.edit_constant(self):
+                self.param.update(message=f"{verb} {len(chosen)} tensor(s); plan {plan.summary()}", error="")
+        # Served, the predicted point goes to the browser with this event's reply, and the graph's and table's
+        # larger update in the next one (at once here otherwise).
+        self._post(show)
         return plan
 
     def _layout(self, graph: ModelGraph, collapsed, sha256: str | None) -> GraphLayout:
