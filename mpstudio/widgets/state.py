@@ -392,10 +392,11 @@ class StudioState(param.Parameterized):
         job.edit = edit
         return job
 
-    def preview_plan(self, plan: PrecisionPlan | None = None) -> tuple[Job | None, Job]:
+    def preview_plan(self, plan: PrecisionPlan | None = None) -> tuple[Job | None, Job | None]:
         """Draw `plan` (default the current one) on the Pareto plot at once, as predicted by the sensitivity
         report and the cost model, and start its streamed evaluation, which replaces the prediction with
-        measured values. Returns (the prediction's job, None when it was made at once; the evaluation's job)."""
+        measured values. Returns (the prediction's job, None when it was made at once; the evaluation's job,
+        None in a served session, where it is submitted in the next update)."""
         study = self._require_study()
         plan = plan or self.plan
         report = self.report
@@ -426,8 +427,11 @@ class StudioState(param.Parameterized):
             predicting = None
         else:
             predicting = self._submit("predict", f"predicting {plan_name}", work, done)
-        evaluating = self.evaluate_plan(plan, edit=True, after=predicting)
-        return predicting, evaluating
+        # Served, the evaluation (and its job's rows) start in the next update, so that this one, with the
+        # predicted point, reaches the browser first.
+        evaluating: list[Job] = []
+        self._post(lambda: evaluating.append(self.evaluate_plan(plan, edit=True, after=predicting)))
+        return predicting, (evaluating[0] if evaluating else None)
 
     def evaluate_baselines(self, backend: str | None = None) -> Job:
         """The all-8-bit and all-16-bit-activation plans, evaluated in the background (once per study and
