@@ -137,7 +137,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--promotions", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one full evaluation")
-    parser.add_argument("--screenshot", help="save a screenshot of the first predicted point to this PNG")
+    parser.add_argument("--screenshots", help="a folder for screenshots of the first round's predicted point "
+                                              "(loop-predicted.png) and first measured point (loop-partial.png)")
     args = parser.parse_args(argv)
     browser_path = chromium_path()
     if browser_path is None:
@@ -173,9 +174,13 @@ def main(argv=None) -> int:
                     time.sleep(0.5)  # the selection reaches the server
                     page.evaluate(ARM, [page.evaluate(POINT_IDS)])
                     promote.click()
-                    if args.screenshot and k == 0:
+                    if args.screenshots and k == 0:  # the first round, as the predicted and partial points show
+                        shots = Path(args.screenshots)
+                        shots.mkdir(parents=True, exist_ok=True)
                         page.wait_for_function("() => window.__loop.predicted !== null", timeout=60000)
-                        page.screenshot(path=args.screenshot)
+                        page.screenshot(path=str(shots / "loop-predicted.png"))
+                        page.wait_for_function("() => window.__loop.partial !== null", timeout=args.timeout * 1000)
+                        page.screenshot(path=str(shots / "loop-partial.png"))
                     page.wait_for_function("() => window.__loop.measured !== null", timeout=args.timeout * 1000)
                     rec = page.evaluate("() => window.__loop")
                     rows.append(_row(k + 1, tensor, rec))

@@ -163,11 +163,12 @@ class JobBar(View):
                f"background:#0b6e99;border-radius:3px'></div></div>") if percent >= 0 else (
                "<div style='height:6px;margin-top:3px;border-radius:3px;background:repeating-linear-gradient("
                "45deg,#0b6e99 0 8px,#9fd3ea 8px 16px)'></div>")
+        line = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
         self._texts[i].object = (
-            f"<div style='font-size:12px;line-height:15px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis'>"
-            f"<b>{html.escape(job.title)}</b> <span class='job-status'>{job.status}</span>{count}"
-            f"{' &middot; <span class=job-eta>' + left + '</span>' if left else ''}<br>"
-            f"<span style='color:#555'>{html.escape(job.message)}</span></div>{bar}")
+            f"<div style='font-size:12px;line-height:15px'><div style='{line}'><b>{html.escape(job.title)}</b></div>"
+            f"<div style='{line};color:#555'><span class='job-status'>{job.status}</span>{count}"
+            f"{' &middot; <span class=job-eta>' + left + '</span>' if left else ''} &middot; "
+            f"{html.escape(job.message)}</div></div>{bar}")
         self._cancels[i].disabled = not job.active
         slot.visible = True
 
