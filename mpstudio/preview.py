@@ -257,8 +257,12 @@ def predict_plan(study, plan, report, accuracy_source: str | None = None, latenc
     if iso is None:
         return PlanPrediction(plan.hash, study.metric_name, nan, nan, latency,
                               "no prediction yet: the sensitivity analysis has not finished")
+    # Tensors without an isolation score (no quantizer of their own, e.g. a Conv output ORT fuses with its Relu)
+    # add nothing to the prediction.
+    scored = set(iso.per_tensor().index)
+    sixteen = [t for t in plan.sixteen_bit_activations(study.graph) if t in scored]
     try:
-        predicted = report.predict(plan.sixteen_bit_activations(study.graph))
+        predicted = report.predict(sixteen)
     except MpstudioError as exc:
         return PlanPrediction(plan.hash, study.metric_name, nan, nan, latency, f"no prediction: {exc}")
     if iso.metric == study.metric_name and iso.metric != OUTPUT_SNR:

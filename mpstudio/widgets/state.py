@@ -92,7 +92,7 @@ class Job(param.Parameterized):
         self.cancel_event = threading.Event()
         self.finished = threading.Event()
         self.result = None
-        self.edit = False  # an evaluation a promote/demote started (the next edit supersedes it)
+        self.edit = ""  # the plan hash of an evaluation a promote/demote started (the next edit supersedes it)
         self._started = time.perf_counter()
 
     @property
@@ -174,6 +174,7 @@ class StudioState(param.Parameterized):
         self._remote = None
         self._lock = threading.RLock()
         self._posted: list[Callable[[], None]] = []  # updates waiting for the session's event loop, in order
+        self._provisional_plans: set[str] = set()  # plans whose provisional points may still be drawn
         self._draining = False
         self.param.watch(self._on_collapsed, "collapsed")
         self.param.watch(self._on_latency_source, "latency_source")
@@ -351,8 +352,10 @@ class StudioState(param.Parameterized):
         backend = self.backend
         if edit:
             for job in self.jobs:  # the plan it evaluates is no longer the one being edited
-                if job.active and getattr(job, "edit", False):
+                if job.active and job.edit:
                     job.cancel()
+                    if job.edit != plan.hash:
+                        self._drop_provisional(job.edit)  # it may never start, and never clear its point
 
         def shown(point):
             def apply():
@@ -366,20 +369,23 @@ class StudioState(param.Parameterized):
 
         def work(progress, cancel):
             if after is not None:
-                after.wait(5.0)  # quick; it makes the plan's QDQ model this evaluation runs, too
+                after.wait(5.0)  # quick: its predicted point shows before any measured one
             runner = self._runner()
             try:
                 evaluation = study.evaluate(plan, backend, runner, progress=progress, cancel=cancel,
                                             partial=shown if streamed else None, first_samples=self.first_samples)
             except BaseException:
-                self._post(lambda: self._drop_provisional(plan.hash))
+                def drop():  # unless a newer evaluation of the same plan draws it now
+                    if not any(other.active and other.edit == plan.hash and other is not job for other in self.jobs):
+                        self._drop_provisional(plan.hash)
+                self._post(drop)
                 raise
             if not self._has_baselines(study, backend, runner):
                 self._post(lambda: self.evaluate_baselines(backend))
             return evaluation
 
         def done(evaluation):
-            self._drop_provisional(plan.hash, refresh=False)
+            self._drop_provisional(plan.hash)
             if evaluation.plan_hash == self.plan.hash:
                 with param.edit_constant(self):
                     self.plan_id = evaluation.plan_id
@@ -389,7 +395,7 @@ class StudioState(param.Parameterized):
         plan_name = plan.name or plan.summary()
         self._track(plan.hash)
         job = self._submit("evaluate", f"evaluating {plan_name} on {backend}", work, done)
-        job.edit = edit
+        job.edit = plan.hash if edit else ""
         return job
 
     def preview_plan(self, plan: PrecisionPlan | None = None) -> tuple[Job | None, Job | None]:
@@ -549,10 +555,10 @@ class StudioState(param.Parameterized):
 
     # ---- provisional points: predicted, then partially measured, until the full result is stored ----
     def _track(self, plan_hash: str) -> None:
-        self._provisional_plans = getattr(self, "_provisional_plans", set()) | {plan_hash}
+        self._provisional_plans.add(plan_hash)
 
     def _tracked(self, plan_hash: str) -> bool:
-        return plan_hash in getattr(self, "_provisional_plans", set())
+        return plan_hash in self._provisional_plans
 
     def _set_provisional(self, plan_hash: str, name: str, kind: str, value: float, low: float, high: float,
                          latency_ms: float, samples: int, total: int, accuracy_source: str, detail: str) -> None:
@@ -563,8 +569,8 @@ class StudioState(param.Parameterized):
         with param.edit_constant(self):
             self.provisional = pd.concat([kept, row], ignore_index=True) if len(kept) else row
 
-    def _drop_provisional(self, plan_hash: str, refresh: bool = True) -> None:
-        self._provisional_plans = getattr(self, "_provisional_plans", set()) - {plan_hash}
+    def _drop_provisional(self, plan_hash: str) -> None:
+        self._provisional_plans.discard(plan_hash)
         frame = self.provisional
         if (frame["plan_hash"] == plan_hash).any():
             with param.edit_constant(self):
