@@ -778,17 +778,19 @@ class StudioState(param.Parameterized):
             def drain():
                 with self._lock:  # what was posted until now goes to the browser as one batch; later posts next
                     batch, self._posted = self._posted, []
-                with set_curdoc(doc), pn.io.hold(doc):
-                    for next_fn in batch:
-                        try:
-                            next_fn()
-                        except Exception:  # one failing update must not stop the ones after it
-                            log.exception("a studio update failed")
-                with self._lock:
-                    if self._posted:
-                        doc.add_next_tick_callback(drain)
-                    else:
-                        self._draining = False
+                try:
+                    with set_curdoc(doc), pn.io.hold(doc):
+                        for next_fn in batch:
+                            try:
+                                next_fn()
+                            except Exception:  # one failing update must not stop the ones after it
+                                log.exception("a studio update failed")
+                finally:
+                    with self._lock:
+                        if self._posted:
+                            doc.add_next_tick_callback(drain)
+                        else:
+                            self._draining = False
             doc.add_next_tick_callback(drain)
         else:
             with self._lock:
