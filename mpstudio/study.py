@@ -310,7 +310,8 @@ class Study:
 
     def evaluate(self, plan: PrecisionPlan, backend: str = "cpu", runner=None, *, origin: str = "user",
                  measure_latency: bool = True, profile: bool | None = None, progress: Progress | None = None,
-                 cancel: threading.Event | None = None) -> Evaluation:
+                 cancel: threading.Event | None = None, partial: Callable | None = None,
+                 first_samples: int | None = None) -> Evaluation:
         """Accuracy of `plan` on the evaluation data, with its latency; stored in the study at once.
 
         `runner` is None (this process: ORT's CPU QDQ run, or the local HTP backend), an AgentClient or an
@@ -321,6 +322,11 @@ class Study:
         On a device (an agent whose HTP is a real NPU) the run is also profiled per op (`profile` None: on a
         device only; True: on the emulator too), the profile kept in the study, and the cost model recalibrated
         on that device's profiles (`recalibrate`).
+
+        With `partial`, the evaluation streams: it runs a seeded random `first_samples` (default
+        `preview.FIRST_SAMPLES`) first, then chunks that double what has run, and calls `partial` with a
+        `preview.PartialAccuracy` (value and interval so far) after each chunk but the last. Partial values are
+        not stored; the stored result is always the one on every sample.
         """
         if backend not in BACKENDS:
             raise MpstudioError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -335,8 +341,16 @@ class Study:
         started = time.perf_counter()
         path = self.quantizer.generate(plan, progress, cancel)
         options = {"htp_arch": self.htp_arch} if backend == "htp" else None
-        outputs = runs.outputs(path, self.evaluation_data, backend, options, progress, cancel,
-                               **({"allow_cpu_fallback": True} if fallback else {}))
+        run_kwargs = {"allow_cpu_fallback": True} if fallback else {}
+        if partial is not None:
+            # The cost model reads the new model while the first samples run (ORT releases the GIL).
+            estimating = _Background(self._estimate, path) if measure_latency else None
+            outputs = self._streamed_outputs(plan, path, runs, backend, options, source, estimating, partial,
+                                             first_samples, progress, cancel, run_kwargs)
+            estimate = estimating.result() if estimating is not None else None
+        else:
+            estimate = self._estimate(path) if measure_latency else None
+            outputs = runs.outputs(path, self.evaluation_data, backend, options, progress, cancel, **run_kwargs)
         references = self.float_outputs(progress, cancel)
         snr, cosine = output_agreement(references, outputs)
         value = metric(outputs, references) if metric is not None else snr
@@ -344,7 +358,7 @@ class Study:
                                 len(self.evaluation_data), time.perf_counter() - started)
         latencies = []
         if measure_latency:
-            latencies.append(self._estimate(path))
+            latencies.append(estimate)
             measured = profiled = None
             if backend == "htp" and runs.agent is not None:
                 profile = runs.on_device if profile is None else profile
@@ -362,6 +376,47 @@ class Study:
         stored = self.store.evaluation(plan_id, source)
         assert stored is not None
         return dataclasses.replace(stored, cached=False)
+
+    def _streamed_outputs(self, plan, path, runs, backend, options, source, estimating, partial, first_samples,
+                          progress, cancel, run_kwargs) -> list:
+        """The evaluation's outputs in sample order, run in `preview.stream_order` chunks, with a
+        `PartialAccuracy` passed to `partial` after each chunk but the last."""
+        from .data import Subset
+        from .preview import FIRST_SAMPLES, PartialAccuracy, sample_terms, stream_order
+
+        data = self.evaluation_data
+        total = len(data)
+        terms = sample_terms(self.metric_spec, self.prepared, self.float_outputs(progress, cancel))
+        if terms is None:  # a metric of the whole set only: nothing to show before the end
+            return runs.outputs(path, data, backend, options, progress, cancel, **run_kwargs)
+        outputs: dict[int, dict] = {}
+        for chunk in stream_order(total, first_samples or FIRST_SAMPLES):
+            offset = len(outputs)
+
+            def step(done, _total, message, offset=offset):
+                if progress:
+                    progress(offset + done, total, message)
+            got = runs.outputs(path, Subset(data, chunk, f"{data.name}[stream]"), backend, options, step, cancel,
+                               **run_kwargs)
+            outputs.update(zip(chunk, got))
+            if len(outputs) < total:
+                indices = sorted(outputs)
+                value, low, high = terms.partial([outputs[i] for i in indices], indices, total)
+                estimate = estimating.result() if estimating is not None else None
+                partial(PartialAccuracy(plan.hash, self.metric_name, value, low, high, len(indices), total, source,
+                                        estimate))
+        return [outputs[i] for i in range(total)]
+
+    def predict(self, plan: PrecisionPlan, report=None, accuracy_source: str | None = None,
+                evaluated: pd.DataFrame | None = None):
+        """`plan`'s accuracy predicted from the sensitivity report (default: the one this study holds, if the
+        analysis ran) and its cost-model latency, before any run: a `preview.PlanPrediction`. `evaluated`: this
+        study's evaluations when the caller has them at hand (`evaluations()` or `front("estimate")`)."""
+        from .preview import predict_plan
+
+        if report is None and self._sensitivity is not None:
+            report = self._sensitivity[1]
+        return predict_plan(self, plan, report, accuracy_source, evaluated=evaluated)
 
     def baselines(self, backend: str = "cpu", runner=None, progress: Progress | None = None,
                   cancel: threading.Event | None = None) -> dict[str, Evaluation]:
@@ -625,6 +680,27 @@ class Study:
                 f"the study store {self.folder / DB_FILE} holds {have} of the {expected} results committed to it: its "
                 f"write-ahead log ({DB_FILE}-wal) was probably deleted or not copied with it. Restore that file beside "
                 f"it, or delete {RESULTS_FILE} to accept the results that remain")
+
+
+class _Background:
+    """`fn(*args)` run in a thread; `result()` waits for it (and raises what it raised)."""
+
+    def __init__(self, fn, *args):
+        self._value = self._error = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, args):
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # handed to the caller of result()
+            self._error = exc
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _metric_parts(metric) -> tuple[MetricSpec, TaskMetric | None]:

@@ -55,3 +55,26 @@ def test_search_benchmark_exits_zero_when_every_gate_is_met(small_study, tmp_pat
     out = _search_benchmark(small_study, "a8w8", tmp_path, "--no-aimet")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all gates met" in out.stdout and "skipped: --no-aimet" in out.stdout
+
+
+def test_the_loop_benchmark_gates_on_the_medians(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import loop
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def row(k, predicted, first):
+        return {"round": k, "tensor": f"t{k}", "predicted_s": predicted, "first_s": first, "full_s": 30.0,
+                "predicted": 0.1, "first": 0.1, "low": 0.05, "high": 0.2, "status": "measured on 12 of 100 samples",
+                "full": 0.1}
+    fast = [row(k, 0.4, 6.0) for k in range(5)]
+    assert loop.report(fast) == 0
+    # One slow round does not move the median; three do. A promotion whose predicted point never showed counts
+    # as infinitely slow.
+    assert loop.report([*fast[:4], row(5, 9.0, 60.0)]) == 0
+    assert loop.report([*fast[:2], *(row(k, 1.5, 6.0) for k in range(3))]) == 1
+    assert loop.report([*fast[:2], *(row(k, None, 6.0) for k in range(3))]) == 1
+    assert loop.report([*fast[:2], *(row(k, 0.4, 12.0) for k in range(3))]) == 1
+    assert loop.report([]) == 1
+    assert "FAIL: measured" in capsys.readouterr().out

@@ -49,12 +49,12 @@ def test_box_select_promote_evaluate_and_see_the_new_point(page, studio):
     # The table shows the same selection.
     wait_until(lambda: set(table_selection(page) or []) == set(expected), 10, message="the table shows another selection")
 
+    before = source_column(page, "points", "plan_id") or []  # the promote evaluates the plan too (on edit)
     page.get_by_role("button", name="Promote to 16-bit").click()
     wait_until(lambda: set(state.plan.overrides) == set(expected), 10)
     wait_until(lambda: all((source_column(page, "nodes", "bits") or [""] * len(ids))[i] == "16"
                            for i in inside if state.tensors is not None), 10, message="promoted nodes are not drawn as 16-bit")
 
-    before = source_column(page, "points", "plan_id") or []
     page.get_by_role("button", name="Evaluate current plan").click()
     wait_until(lambda: state.plan_id is not None and state.plan_id in (source_column(page, "points", "plan_id") or []),
                120, message="the evaluated plan did not appear on the Pareto plot")

@@ -240,3 +240,92 @@ def test_a_static_save_renders_offline(browser, study, tmp_path):
         assert painted > 200, painted
     finally:
         context.close()
+
+
+PROVISIONAL = """
+() => ["predicted", "partial"].map((name) => {
+  const data = Bokeh.documents[0].get_model_by_name(name).data_source.data;
+  const status = data instanceof Map ? data.get("status") : data.status;
+  return Array.from(status || []);
+})
+"""
+
+
+def test_promote_draws_a_predicted_point_then_the_measured_one(page, studio, server_log):
+    import threading
+
+    state = open_studio(page, studio)
+    state.first_samples = 4  # of 12: two partial values before the full one
+    kinds = []
+    state.param.watch(lambda event: kinds.append(list(event.new["kind"])), "provisional")
+    row = page.locator(".tabulator-row").nth(4).locator(".tabulator-cell[tabulator-field='tensor']")
+    tensor = row.text_content().strip()
+    row.click()
+    wait_until(lambda: state.selection == [tensor], 30)
+    # An evaluation already runs: the promoted plan's own waits its turn, and its predicted point stands meanwhile.
+    release = threading.Event()
+
+    def earlier_evaluation(progress, cancel):
+        while not (release.is_set() or cancel.is_set()):
+            progress(0, 1, "evaluating")
+            release.wait(0.2)
+    blocker = state._submit("evaluate", "an earlier evaluation", earlier_evaluation)
+    try:
+        wait_until(lambda: blocker.status == "running", 30)
+        known = set(source_column(page, "points", "plan_id"))
+        page.get_by_role("button", name="Promote to 16-bit").click()
+        page.wait_for_function(f"() => ({PROVISIONAL})()[0].length > 0", timeout=60000)
+        predicted, partial = page.evaluate(PROVISIONAL)
+        assert predicted == ["predicted, not measured yet"] and partial == []
+        hover = page.evaluate("""() => Bokeh.documents[0].get_model_by_name("predicted").data_source.data""")
+        assert "isolation scores" in (hover["detail"] if isinstance(hover, dict) else "")[0]
+        legend = page.evaluate("""() => Bokeh.documents[0].get_model_by_name("pareto_legend").items
+                                  .map((item) => item.label.value)""")
+        assert legend[:2] == ["measured", "predicted"]
+        assert set(source_column(page, "points", "plan_id")) == known  # nothing measured yet
+    finally:
+        release.set()
+    # Then measured: values on 4 and 8 of the 12 samples with their intervals, then the stored result, which
+    # the provisional point gives way to.
+    wait_until(lambda: state.plan_id is not None and state.plan_id in source_column(page, "points", "plan_id"), 120,
+               message="the measured point did not appear")
+    wait_until(lambda: page.evaluate(PROVISIONAL) == [[], []], 30, message="a provisional point was left over")
+    assert kinds[0] == ["predicted"] and kinds.count(["partial"]) == 2 and kinds[-1] == [], kinds
+    assert server_log.errors() == []
+
+
+@pytest.fixture(scope="module")
+def unanalyzed_studio(tmp_path_factory):
+    """A studio on a 150-node study not analysed yet: opening it starts the analysis, a job of several seconds."""
+    import onnx
+
+    from gui_models import make_residual_model
+    from gui_support import small_feeds
+    from mpstudio.study import Study
+
+    folder = tmp_path_factory.mktemp("gui-unanalyzed")
+    onnx.save(make_residual_model(150, size=8), folder / "model.onnx")
+    study = Study.create(folder / "study", folder / "model.onnx", small_feeds(), name="unanalysed net")
+    study.baselines()
+    with studio_server(study) as server:
+        yield server
+
+
+def test_the_job_bar_shows_the_running_analysis_and_cancels_it(page, unanalyzed_studio):
+    page.goto(unanalyzed_studio.url)
+    wait_for_bokeh(page)
+    state = wait_until(lambda: unanalyzed_studio.states[-1] if unanalyzed_studio.states else None)
+    job = wait_until(lambda: next((j for j in state.jobs if j.kind == "analyze"), None))
+    chip = page.locator(".mpstudio-bar-job", has=page.get_by_text("sensitivity analysis"))
+    chip.wait_for(state="visible", timeout=60000)
+    box = page.locator(".mpstudio-job-bar").first.bounding_box()
+    assert box["y"] < 120 and box["height"] <= 64  # across the top of the main area
+    status = chip.locator(".job-status").first
+    wait_until(lambda: status.text_content() == "running", 60, message="the bar does not say the analysis runs")
+    assert job.status == "running"
+    chip.locator(".mpstudio-job-cancel button").click()
+    assert job.wait(60) and job.status == "cancelled"
+    chip.wait_for(state="hidden", timeout=30000)
+    page.locator(".mpstudio-bar-idle").get_by_text("sensitivity analysis cancelled").wait_for(timeout=30000)
+    assert state.report is None
+    assert page.locator(".mpstudio-job-bar").first.bounding_box()["height"] == pytest.approx(box["height"], abs=1)

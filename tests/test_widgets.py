@@ -27,7 +27,7 @@ def study(tmp_path_factory):
 
 @pytest.fixture
 def state(study):
-    state = StudioState(study)
+    state = StudioState(study, evaluate_on_edit=False)  # test_gui_studio and test_preview cover evaluation on edit
     job = state.jobs[0]
     assert job.kind == "analyze" and job.wait(120) and job.status == "done", job.error
     yield state
@@ -307,3 +307,25 @@ def test_a_long_latency_label_does_not_overflow_the_axis(state):
         assert host in plot._note.object  # the whole label is still shown, above the plot
     finally:
         state.latency_source = "estimate"
+
+
+def test_an_edit_supersedes_the_evaluation_the_previous_edit_started(study):
+    state = StudioState(study, first_samples=4)
+    try:
+        assert all(job.wait(120) for job in state.jobs)
+        drawn = []
+        state.param.watch(lambda event: drawn.append(list(zip(event.new["plan_hash"], event.new["kind"]))),
+                          "provisional")
+        state.select(activations(state)[12:13])
+        first_plan = state.promote_selected()
+        first = next(job for job in state.jobs if job.kind == "evaluate")
+        assert drawn and drawn[0] == [(first_plan.hash, "predicted")], (state.message, drawn)  # at once
+        state.select(activations(state)[13:14])
+        second_plan = state.promote_selected()
+        second = next(job for job in state.jobs if job.kind == "evaluate" and job is not first)
+        assert first.wait(120) and second.wait(120), (first.status, second.status)
+        assert second.status == "done" and first.status in ("cancelled", "done")
+        assert state.provisional.empty  # nothing left over of either plan
+        assert state.plan_id == study.plan_id(second_plan) and state.plan_id in set(state.evaluations["plan_id"])
+    finally:
+        state.close()

@@ -1,5 +1,7 @@
 """ParetoPlot: accuracy against latency of every evaluated plan; the front highlighted, baselines marked, the
-latency source in the axis label; a click on a point loads that plan."""
+latency source in the axis label; a click on a point loads that plan. A plan being evaluated shows first as a
+predicted point (a hollow diamond), then as a partial measurement with its interval (a whisker), until its
+full result is stored."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import math
 import pandas as pd
 import panel as pn
 import param
-from bokeh.models import ColumnDataSource, HoverTool, LabelSet, TapTool
+from bokeh.models import ColumnDataSource, HoverTool, LabelSet, Legend, LegendItem, TapTool, Whisker
 from bokeh.plotting import figure
 
 from .base import View, laid_out_once, shows_errors
@@ -17,6 +19,9 @@ from .state import StudioState
 _EMPTY = {"plan_id": [], "name": [], "origin": [], "value": [], "latency_ms": [], "sixteen_bit": [], "front": [],
           "color": [], "marker": [], "size": [], "accuracy_source": [], "latency_label": [], "interval": []}
 
+
+_PROVISIONAL = {"plan_hash": [], "name": [], "value": [], "low": [], "high": [], "latency_ms": [], "status": [],
+                "interval": [], "detail": [], "accuracy_source": []}
 
 _SHORT_AXIS = {"estimate": "latency (ms, estimate by the HTP cost model)",
                "emulator": "emulator host time (ms, not device latency)",
@@ -35,12 +40,15 @@ class ParetoPlot(View):
         self.front = ColumnDataSource(data={"x": [], "y": []})
         self.current = ColumnDataSource(data={"x": [], "y": []})
         self.labels = ColumnDataSource(data={"x": [], "y": [], "text": []})
+        self.predicted = ColumnDataSource(data=dict(_PROVISIONAL))
+        self.partial = ColumnDataSource(data=dict(_PROVISIONAL))
         self.figure = self._figure()
         self.points.selected.on_change("indices", self._on_tap)
         self._source = pn.widgets.RadioButtonGroup.from_param(self.state.param.latency_source, button_type="light",
                                                               name="latency")
         self._note = pn.pane.HTML("", margin=(0, 10))
         self.state.param.watch(self._update, ["evaluations"])
+        self.state.param.watch(self._update_provisional, ["provisional"])
         self.state.param.watch(self._update_current, ["plan", "plan_id"])
         self._update()
 
@@ -57,6 +65,13 @@ class ParetoPlot(View):
                              fill_color="color", line_color="#222", selection_line_color="#d6008f",
                              selection_line_width=3, nonselection_fill_alpha=0.9, nonselection_line_alpha=0.9,
                              name="points")
+        fig.add_layout(Whisker(source=self.partial, base="latency_ms", lower="low", upper="high", dimension="height",
+                               line_color="#0b6e99", line_width=1.5))
+        predicted = fig.scatter("latency_ms", "value", source=self.predicted, marker="diamond", size=20,
+                                fill_color="#e67e00", fill_alpha=0.2, line_color="#e67e00", line_width=2.5,
+                                line_dash="dashed", name="predicted")
+        partial = fig.scatter("latency_ms", "value", source=self.partial, marker="circle_dot", size=13,
+                              fill_color="#9fd3ea", line_color="#0b6e99", line_width=2, name="partial")
         fig.scatter("x", "y", source=self.current, marker="circle", size=24, fill_color=None, line_color="#d6008f",
                     line_width=2.5)
         fig.add_layout(LabelSet(x="x", y="y", text="text", source=self.labels, y_offset=9, text_align="center",
@@ -66,6 +81,16 @@ class ParetoPlot(View):
             ("latency", "@latency_ms{0.000} ms"), ("interval", "@interval"), ("16-bit tensors", "@sixteen_bit"),
             ("on the front", "@front"), ("accuracy from", "@accuracy_source"), ("latency", "@latency_label")]),
             TapTool(renderers=[points]))
+        fig.add_tools(HoverTool(renderers=[predicted, partial], tooltips=[
+            ("plan", "@name"), ("status", "@status"), ("accuracy", "@value{0.0000}"), ("interval", "@interval"),
+            ("latency", "@latency_ms{0.000} ms (estimate by the HTP cost model)"), ("how", "@detail"),
+            ("accuracy from", "@accuracy_source")]))
+        fig.add_layout(Legend(items=[LegendItem(label="measured", renderers=[points]),
+                                     LegendItem(label="predicted", renderers=[predicted]),
+                                     LegendItem(label="measured so far (95 % interval)", renderers=[partial])],
+                              orientation="horizontal", label_text_font_size="11px",
+                              glyph_height=14, glyph_width=14, spacing=6, padding=4, margin=4,
+                              background_fill_alpha=0.7, border_line_alpha=0, name="pareto_legend"), "above")
         fig.x_range.range_padding = fig.y_range.range_padding = 0.25  # room for the baselines' labels
         fig.xaxis.axis_label = "latency (ms)"
         fig.yaxis.axis_label = "accuracy"
@@ -114,7 +139,7 @@ class ParetoPlot(View):
         finally:
             self._syncing = False
         self._axis_labels(frame)
-        self._update_current()
+        self._update_provisional()
 
     def _axis_labels(self, frame) -> None:
         study = self.state.study
@@ -131,11 +156,46 @@ class ParetoPlot(View):
         if len(full) > 60:
             self._note.object += f"<br><span style='color:#666;font-size:12px'>{full}</span>"
 
+    def _update_provisional(self, *_):
+        """Predicted and partial points of plans being evaluated, on the estimate axis (the cost model is their
+        latency), for the accuracy source the plot shows."""
+        frame: pd.DataFrame = self.state.provisional
+        shown_source = self.points.data["accuracy_source"][0] if self.points.data["accuracy_source"] else None
+        if frame is None or frame.empty or self.state.latency_source != "estimate":
+            frame = frame.iloc[0:0] if frame is not None else pd.DataFrame(columns=list(_PROVISIONAL))
+        for kind, source in (("predicted", self.predicted), ("partial", self.partial)):
+            rows = frame[frame["kind"] == kind] if len(frame) else frame
+            if kind == "partial" and shown_source is not None and len(rows):
+                rows = rows[rows["accuracy_source"] == shown_source]
+            source.data = {
+                "plan_hash": rows["plan_hash"].tolist() if len(rows) else [],
+                "name": rows["name"].tolist() if len(rows) else [],
+                "value": rows["value"].astype(float).tolist() if len(rows) else [],
+                "low": rows["low"].astype(float).tolist() if len(rows) else [],
+                "high": rows["high"].astype(float).tolist() if len(rows) else [],
+                "latency_ms": rows["latency_ms"].astype(float).tolist() if len(rows) else [],
+                "status": (["predicted, not measured yet" if kind == "predicted" else
+                            f"measured on {s} of {t} samples so far" for s, t in zip(rows["samples"], rows["total"])]
+                           if len(rows) else []),
+                "interval": ([_accuracy_interval(lo, hi) for lo, hi in zip(rows["low"], rows["high"])]
+                             if len(rows) else []),
+                "detail": rows["detail"].tolist() if len(rows) else [],
+                "accuracy_source": rows["accuracy_source"].tolist() if len(rows) else [],
+            }
+        self._update_current()
+
     def _update_current(self, *_):
         plan_id = self.state.plan_id
         data = self.points.data
         xs = [x for pid, x in zip(data["plan_id"], data["latency_ms"]) if pid == plan_id]
         ys = [y for pid, y in zip(data["plan_id"], data["value"]) if pid == plan_id]
+        if not xs:  # not evaluated yet: ring its provisional point, if it has one
+            current = self.state.plan.hash
+            for source in (self.partial, self.predicted):
+                found = [i for i, h in enumerate(source.data["plan_hash"]) if h == current]
+                if found:
+                    xs, ys = [source.data["latency_ms"][found[0]]], [source.data["value"][found[0]]]
+                    break
         self.current.data = {"x": xs[:1], "y": ys[:1]}
 
     # ---- figure -> state ----
@@ -146,6 +206,12 @@ class ParetoPlot(View):
         plan_id = self.points.data["plan_id"][new[-1]]
         if plan_id is not None and not (isinstance(plan_id, float) and math.isnan(plan_id)):
             self.state.load_plan(int(plan_id))
+
+
+def _accuracy_interval(low, high) -> str:
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "-"
+    return f"{low:.4f}-{high:.4f} (95 %, for the value on every sample)"
 
 
 def _interval(low, high) -> str:

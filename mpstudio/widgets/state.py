@@ -24,6 +24,7 @@ from ..graph import ModelGraph
 from ..layout import GraphLayout, collapsible_namespaces, layout_graph
 from ..model import parse_shape_args
 from ..plan import PrecisionPlan
+from ..preview import FIRST_SAMPLES, basis_ready, promotion_basis
 from ..sensitivity import SensitivityReport
 from ..sources import LATENCY_SOURCES
 from ..study import Study
@@ -38,7 +39,18 @@ SCORES = {"SNR (dB)": "snr_db", "cosine": "cosine", "isolation gain": "isolation
 SCORE_ATTENTION = {"snr_db": "low", "cosine": "low", "isolation_gain": "high", "latency_share": "high", "rank": "low",
                    "divergence": "high"}
 RUNNERS = {"this process": "local", "local agent": "agent", "remote agent": "remote"}
-_LANES = ("open", "long")
+# Lanes of work, one worker thread each: opening studies; long work on the open study (analysis, search); the
+# user's evaluations; quick work (predictions, latency estimates); and background work (the baselines), which
+# starts only while no evaluation of the user's runs.
+_LANES = ("open", "long", "evaluate", "quick", "background")
+_LANE_OF = {"open": "open", "evaluate": "evaluate", "predict": "quick", "latency": "quick", "baselines": "background"}
+
+# Columns of StudioState.provisional (points drawn before a plan's full evaluation is stored):
+#   plan_hash, name, kind ("predicted": isolation scores and the cost model; "partial": measured on some of the
+#   evaluation samples), value, low, high (the interval of a partial value; NaN for a prediction), latency_ms
+#   (the cost model's estimate), samples, total, accuracy_source, detail (what the point is, for the hover).
+PROVISIONAL_COLUMNS = ["plan_hash", "name", "kind", "value", "low", "high", "latency_ms", "samples", "total",
+                       "accuracy_source", "detail"]
 
 # Columns of StudioState.tensors (one row per activation tensor, in topological order):
 #   tensor, node (its producer; "" for a graph input), op, namespace, kind, bits (8 or 16 in the current plan),
@@ -75,12 +87,14 @@ class Job(param.Parameterized):
     message = param.String("", constant=True)
     error = param.String("", constant=True)
     seconds = param.Number(0.0, constant=True)
+    eta = param.Number(None, allow_None=True, constant=True, doc="Seconds left in the current step, if known")
 
     def __init__(self, **params):
         super().__init__(**params)
         self.cancel_event = threading.Event()
         self.finished = threading.Event()
         self.result = None
+        self.edit = ""  # the plan hash of an evaluation a promote/demote started (the next edit supersedes it)
         self._started = time.perf_counter()
 
     @property
@@ -140,6 +154,12 @@ class StudioState(param.Parameterized):
     message = param.String("", constant=True)
     error = param.String("", constant=True)
     latency_ops = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1)
+    evaluate_on_edit = param.Boolean(True, doc="Evaluate each plan promote or demote makes, showing its predicted "
+                                               "point at once and its measured point as the evaluation streams")
+    first_samples = param.Integer(FIRST_SAMPLES, bounds=(1, None), precedence=-1,
+                                  doc="Samples of a streamed evaluation's first value")
+    provisional = param.DataFrame(default=pd.DataFrame(columns=PROVISIONAL_COLUMNS), constant=True,
+                                  doc="Predicted and partially measured points (PROVISIONAL_COLUMNS)")
 
     def __init__(self, study: Study | None = None, *, study_folder: str | Path | None = None,
                  auto_analyze: bool = True, **params):
@@ -150,10 +170,16 @@ class StudioState(param.Parameterized):
         # One queue and worker thread per lane, so opening a model (and its errors) never waits behind an
         # analysis or a search: "open" for opening studies, "long" for work on the open study.
         self._queues: dict[str, queue.Queue] = {lane: queue.Queue() for lane in _LANES}
+        self._idle = {lane: threading.Event() for lane in _LANES}  # set while the lane's worker waits for work
+        for event in self._idle.values():
+            event.set()
         self._workers: dict[str, threading.Thread] = {}
         self._agent = None  # LocalAgent, started on first use
         self._remote = None
         self._lock = threading.RLock()
+        self._posted: list[Callable[[], None]] = []  # updates waiting for the session's event loop, in order
+        self._provisional_plans: set[str] = set()  # plans whose provisional points may still be drawn
+        self._draining = False
         self.param.watch(self._on_collapsed, "collapsed")
         self.param.watch(self._on_latency_source, "latency_source")
         self.param.watch(self._on_query, "query")
@@ -199,10 +225,12 @@ class StudioState(param.Parameterized):
             self.param.update(study=study, layout=layout, plan=PrecisionPlan.a8w8(), plan_id=study.plan_id(
                 PrecisionPlan.a8w8()), report=None, latency_ops=None, focus="", error="",
                 message=f"opened {study.name}")
-            self.param.update(selection=[], collapsed=[], query="")
+            self.param.update(selection=[], collapsed=[], query="", provisional=self.param.provisional.default)
         self._refresh_tensors()
         self.refresh_evaluations()
         if self.auto_analyze:
+            self.evaluate_baselines()  # in the background lane, while the analysis runs in its own
+            self._submit("predict", "preparing predictions", lambda progress, cancel: promotion_basis(study))
             self.analyze()
 
     def open_study(self, folder: str | Path | None = None) -> Job:
@@ -325,25 +353,121 @@ class StudioState(param.Parameterized):
                                                                        on_partial=partial),
                             self._on_report)
 
-    def evaluate_plan(self, plan: PrecisionPlan | None = None) -> Job:
-        """Evaluate the current plan (accuracy and latency) on the chosen backend and runner."""
+    def evaluate_plan(self, plan: PrecisionPlan | None = None, *, streamed: bool = True, edit: bool = False,
+                      after: Job | None = None) -> Job:
+        """Evaluate the current plan (accuracy and latency) on the chosen backend and runner.
+
+        Streamed: a first value on a few samples, with its interval, reaches the Pareto plot within seconds,
+        then values on more samples, until the full result is stored. `edit` marks an evaluation started by a
+        promote or demote: the next edit cancels it when it has not finished. The baselines of the backend are
+        queued in the background when the study lacks them (they never run before this evaluation). `after`:
+        a job (the plan's prediction) whose result is shown before any measured value.
+        """
         study = self._require_study()
         plan = plan or self.plan
         backend = self.backend
+        if edit:
+            for job in self.jobs:  # the plan it evaluates is no longer the one being edited
+                if job.active and job.edit:
+                    job.cancel()
+                    if job.edit != plan.hash:
+                        self._drop_provisional(job.edit)  # it may never start, and never clear its point
+
+        def shown(point):
+            def apply():
+                if self.study is study and self._tracked(plan.hash):
+                    self._set_provisional(plan.hash, plan_name, "partial", point.value, point.low, point.high,
+                                          point.latency.ms if point.latency is not None else np.nan, point.samples,
+                                          point.total, point.accuracy_source,
+                                          f"measured on {point.samples} of {point.total} samples; interval "
+                                          f"{point.low:.4f}-{point.high:.4f}")
+            self._post(apply)
 
         def work(progress, cancel):
+            if after is not None:
+                after.wait(5.0)  # quick: its predicted point shows before any measured one
             runner = self._runner()
-            study.baselines(backend, runner, progress=progress, cancel=cancel)  # stored ones are not run again
-            return study.evaluate(plan, backend, runner, progress=progress, cancel=cancel)
+            try:
+                evaluation = study.evaluate(plan, backend, runner, progress=progress, cancel=cancel,
+                                            partial=shown if streamed else None, first_samples=self.first_samples)
+            except BaseException:
+                def drop():  # unless a newer evaluation of the same plan draws it now
+                    if not any(other.active and other.edit == plan.hash and other is not job for other in self.jobs):
+                        self._drop_provisional(plan.hash)
+                self._post(drop)
+                raise
+            if not self._has_baselines(study, backend, runner):
+                self._post(lambda: self.evaluate_baselines(backend))
+            return evaluation
 
         def done(evaluation):
+            self._drop_provisional(plan.hash)
             if evaluation.plan_hash == self.plan.hash:
                 with param.edit_constant(self):
                     self.plan_id = evaluation.plan_id
             self.refresh_evaluations()
             with param.edit_constant(self):
                 self.message = evaluation.describe()
-        return self._submit("evaluate", f"evaluating {plan.name or plan.summary()} on {backend}", work, done)
+        plan_name = plan.name or plan.summary()
+        self._track(plan.hash)
+        job = self._submit("evaluate", f"evaluating {plan_name} on {backend}", work, done)
+        job.edit = plan.hash if edit else ""
+        return job
+
+    def preview_plan(self, plan: PrecisionPlan | None = None) -> tuple[Job | None, Job | None]:
+        """Draw `plan` (default the current one) on the Pareto plot at once, as predicted by the sensitivity
+        report and the cost model, and start its streamed evaluation, which replaces the prediction with
+        measured values. Returns (the prediction's job, None when it was made at once; the evaluation's job,
+        None in a served session, where it is submitted in the next update)."""
+        study = self._require_study()
+        plan = plan or self.plan
+        report = self.report
+        frame = self.evaluations
+        accuracy_source = frame["accuracy_source"].iloc[0] if len(frame) else None
+        plan_name = plan.name or plan.summary()
+
+        # The plotted estimate-axis front has every column a prediction reads: no need to read the store.
+        evaluated = frame if self.latency_source == "estimate" and len(frame) else None
+
+        def work(progress, cancel):
+            return study.predict(plan, report, accuracy_source, evaluated)
+
+        def done(prediction):
+            if not prediction.placed:
+                with param.edit_constant(self):
+                    self.message = prediction.describe()
+                return
+            known = self.provisional
+            if not self._tracked(plan.hash) or (known["plan_hash"] == plan.hash).any():
+                return  # measured already (or its evaluation ended): a prediction has nothing to add
+            self._set_provisional(plan.hash, plan_name, "predicted", prediction.value, np.nan, np.nan,
+                                  prediction.latency.ms, 0, len(study.evaluation_data), "prediction",
+                                  prediction.basis)
+        self._track(plan.hash)
+        if basis_ready(study):  # milliseconds: drawn in this very update
+            done(work(None, None))
+            predicting = None
+        else:
+            predicting = self._submit("predict", f"predicting {plan_name}", work, done)
+        # Served, the evaluation (and its job's rows) start in the next update, so that this one, with the
+        # predicted point, reaches the browser first.
+        evaluating: list[Job] = []
+        self._post(lambda: evaluating.append(self.evaluate_plan(plan, edit=True, after=predicting)))
+        return predicting, (evaluating[0] if evaluating else None)
+
+    def evaluate_baselines(self, backend: str | None = None) -> Job:
+        """The all-8-bit and all-16-bit-activation plans, evaluated in the background (once per study and
+        backend; a job of the user's evaluation lane always goes first)."""
+        study = self._require_study()
+        backend = backend or self.backend
+
+        def work(progress, cancel):
+            runner = self._runner()
+            return study.baselines(backend, runner, progress=progress, cancel=cancel)
+
+        def done(result):
+            self.refresh_evaluations()
+        return self._submit("baselines", f"evaluating the baselines (a8w8, a16w8) on {backend}", work, done)
 
     def estimate_latency(self) -> Job:
         """The HTP cost model's per-op latency of the current plan (for colouring by latency share)."""
@@ -475,6 +599,35 @@ class StudioState(param.Parameterized):
         with param.edit_constant(self):
             self.error = ""
 
+    # ---- provisional points: predicted, then partially measured, until the full result is stored ----
+    def _track(self, plan_hash: str) -> None:
+        self._provisional_plans.add(plan_hash)
+
+    def _tracked(self, plan_hash: str) -> bool:
+        return plan_hash in self._provisional_plans
+
+    def _set_provisional(self, plan_hash: str, name: str, kind: str, value: float, low: float, high: float,
+                         latency_ms: float, samples: int, total: int, accuracy_source: str, detail: str) -> None:
+        frame = self.provisional
+        row = pd.DataFrame([[plan_hash, name, kind, float(value), float(low), float(high), float(latency_ms),
+                             int(samples), int(total), accuracy_source, detail]], columns=PROVISIONAL_COLUMNS)
+        kept = frame[frame["plan_hash"] != plan_hash]
+        with param.edit_constant(self):
+            self.provisional = pd.concat([kept, row], ignore_index=True) if len(kept) else row
+
+    def _drop_provisional(self, plan_hash: str) -> None:
+        self._provisional_plans.discard(plan_hash)
+        frame = self.provisional
+        if (frame["plan_hash"] == plan_hash).any():
+            with param.edit_constant(self):
+                self.provisional = frame[frame["plan_hash"] != plan_hash].reset_index(drop=True)
+
+    @staticmethod
+    def _has_baselines(study: Study, backend: str, runner) -> bool:
+        source = study.accuracy_source(backend, runner)
+        ids = [study.plan_id(PrecisionPlan.a8w8()), study.plan_id(PrecisionPlan.a16w8())]
+        return all(pid is not None and study.store.evaluation(pid, source) is not None for pid in ids)
+
     def _activation_set(self) -> set[str]:
         return set(self.tensors["tensor"]) if len(self.tensors) else set()
 
@@ -491,10 +644,18 @@ class StudioState(param.Parameterized):
             plan = base.without(chosen)
         else:
             plan = base.with_overrides({t: to for t in chosen}, name="")
-        self.set_plan(plan)
+        plan.validate(graph, study.htp_arch)
+        if self.evaluate_on_edit and plan.hash != base.hash:
+            self.preview_plan(plan)
         verb = "promoted" if to == "uint16" else "demoted"
-        with param.edit_constant(self):
-            self.param.update(message=f"{verb} {len(chosen)} tensor(s); plan {plan.summary()}", error="")
+
+        def show():
+            self.set_plan(plan)
+            with param.edit_constant(self):
+                self.param.update(message=f"{verb} {len(chosen)} tensor(s); plan {plan.summary()}", error="")
+        # Served, the predicted point goes to the browser with this event's reply, and the graph's and table's
+        # larger update in the next one (at once here otherwise).
+        self._post(show)
         return plan
 
     def _layout(self, graph: ModelGraph, collapsed, sha256: str | None) -> GraphLayout:
@@ -564,7 +725,7 @@ class StudioState(param.Parameterized):
     # ---- the job queue ----
     def _submit(self, kind: str, title: str, work: Callable, on_done: Callable | None = None) -> Job:
         job = Job(kind=kind, title=title)
-        lane = "open" if kind == "open" else "long"
+        lane = _LANE_OF.get(kind, "long")
         study = self.study
         if on_done is not None and kind != "open":
             # A result for a study that is no longer open must not reach the views.
@@ -585,23 +746,37 @@ class StudioState(param.Parameterized):
         return job
 
     def _work(self, jobs: queue.Queue) -> None:
+        lane = next(name for name, q in self._queues.items() if q is jobs)
         while True:
+            self._idle[lane].set()
             item = jobs.get()
+            self._idle[lane].clear()
             if item is None:
                 return
             job, work, on_done = item
+            if lane == "background":  # the user's evaluations go first
+                while not (self._idle["evaluate"].is_set() and self._queues["evaluate"].empty()):
+                    if job.cancel_event.wait(0.2):
+                        break
             if job.cancel_event.is_set():
                 self._post(lambda job=job: self._finish(job, "cancelled", "cancelled before it started"))
                 continue
             self._post(lambda job=job: job._set(status="running", message="starting"))
             last = [0.0]
+            step = {"total": None, "start": time.perf_counter(), "done": 0}  # the step the ETA is for
 
             def progress(done, total, message, job=job):
                 now = time.perf_counter()
+                if total != step["total"] or done < step["done"]:
+                    step.update(total=total, start=now, done=done)
+                    step["first"] = done
+                step["done"] = done
                 if now - last[0] < 0.1 and done < total:
                     return  # at most ten updates a second reach the browser
                 last[0] = now
-                self._post(lambda: job._set(done=int(done), total=int(total), message=str(message)))
+                ran = done - step.get("first", 0)
+                eta = (now - step["start"]) / ran * (total - done) if ran > 0 and total else None
+                self._post(lambda: job._set(done=int(done), total=int(total), message=str(message), eta=eta))
 
             try:
                 result = work(progress, job.cancel_event)
@@ -614,7 +789,7 @@ class StudioState(param.Parameterized):
                 text = f"{job.title} failed: {type(exc).__name__}: {brief(exc)}"
                 self._post(lambda job=job, text=text: self._finish(job, "failed", text))
             else:
-                def apply(job=job, result=result):
+                def apply(job=job, result=result, on_done=on_done):  # bound now: the loop moves on
                     job.result = result
                     try:
                         if on_done is not None:
@@ -642,10 +817,32 @@ class StudioState(param.Parameterized):
         if doc is not None and doc.session_context is not None:
             from panel.io.state import set_curdoc
 
-            def run():
-                with set_curdoc(doc), pn.io.hold(doc):
-                    fn()
-            doc.add_next_tick_callback(run)
+            # Next-tick callbacks each wait for the document's lock and may run out of order; one drain at a time
+            # runs the posted functions in the order they were posted (a job's "running" never lands after its
+            # "done", a partial value never after the full result).
+            with self._lock:
+                self._posted.append(fn)
+                if self._draining:
+                    return
+                self._draining = True
+
+            def drain():
+                with self._lock:  # what was posted until now goes to the browser as one batch; later posts next
+                    batch, self._posted = self._posted, []
+                try:
+                    with set_curdoc(doc), pn.io.hold(doc):
+                        for next_fn in batch:
+                            try:
+                                next_fn()
+                            except Exception:  # one failing update must not stop the ones after it
+                                log.exception("a studio update failed")
+                finally:
+                    with self._lock:
+                        if self._posted:
+                            doc.add_next_tick_callback(drain)
+                        else:
+                            self._draining = False
+            doc.add_next_tick_callback(drain)
         else:
             with self._lock:
                 fn()

@@ -10,6 +10,7 @@ import param
 from .base import View, laid_out_once, save_inline
 from .export_panel import ExportPanel
 from .graph_view import GraphView
+from .jobs import JobBar
 from .model_panel import ModelPanel
 from .pareto import ParetoPlot
 from .run_panel import RunPanel
@@ -32,6 +33,7 @@ class Studio(View):
         self.run = RunPanel(state=self.state)
         self.export = ExportPanel(state=self.state)
         self.model = ModelPanel(state=self.state)
+        self.job_bar = JobBar(state=self.state)
 
     def status(self):
         """The last message on one line of fixed height, and the error (if any) as a dismissible toast that
@@ -68,6 +70,7 @@ class Studio(View):
 
     def main(self):
         return pn.Column(
+            self.job_bar,
             self.status(),
             pn.Row(pn.Column(self.graph, sizing_mode="stretch_both", min_width=480),
                    pn.Column(self.pareto, self.table, sizing_mode="stretch_both", min_width=420),
