@@ -101,22 +101,26 @@ def check_version(version: str) -> None:
 
 
 # ---- reading ----------------------------------------------------------------------------------------------
+def read_json(source: str | os.PathLike | Mapping, what: str, parsed_name: str) -> tuple[Any, str]:
+    """(the JSON of `source`, a path or JSON already parsed; the name errors give it). A missing file, invalid
+    JSON or a binary file is an MpstudioError that says which and where."""
+    if isinstance(source, Mapping):
+        return source, parsed_name
+    path = Path(source)
+    if not path.is_file():
+        raise MpstudioError(f"{what} file not found: {path}")
+    try:
+        return json.loads(path.read_text()), str(path)
+    except json.JSONDecodeError as exc:
+        raise MpstudioError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
+    except UnicodeDecodeError as exc:
+        raise MpstudioError(f"{path} is not a text file: {exc.reason}") from exc
+
+
 def load(source: str | os.PathLike | Mapping) -> EncodingsFile:
     """An encodings file (a path, or JSON already parsed) read in either version; MpstudioError lists every
     problem of the schema, naming the tensor and the field."""
-    if isinstance(source, Mapping):
-        data, origin = source, "the encodings"
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise MpstudioError(f"encodings file not found: {path}")
-        origin = str(path)
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise MpstudioError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
-        except UnicodeDecodeError as exc:
-            raise MpstudioError(f"{path} is not a text file: {exc.reason}") from exc
+    data, origin = read_json(source, "encodings", "the encodings")
     parsed, problems = parse(data)
     raise_if(problems, f"{origin} is not a valid AIMET/QNN encodings file")
     return parsed

@@ -202,19 +202,7 @@ def load_ort_overrides(source: str | os.PathLike | Mapping, graph: ModelGraph | 
 
     With `graph` (the float model's), tensor and node names are checked against it too.
     """
-    if isinstance(source, Mapping):
-        raw, origin = source, "overrides"
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise MpstudioError(f"overrides file not found: {path}")
-        origin = str(path)
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise MpstudioError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
-        except UnicodeDecodeError as exc:
-            raise MpstudioError(f"{path} is not a text file: {exc.reason}") from exc
+    raw, origin = encodings_format.read_json(source, "overrides", "overrides")
     problems = _override_problems(raw, graph)
     _raise_if(problems, f"{origin} holds invalid TensorQuantOverrides")
     return {tensor: [_loaded_entry(entry) for entry in entries] for tensor, entries in raw.items()}
