@@ -327,5 +327,6 @@ def test_the_job_bar_shows_the_running_analysis_and_cancels_it(page, unanalyzed_
     assert job.wait(60) and job.status == "cancelled"
     chip.wait_for(state="hidden", timeout=30000)
     page.locator(".mpstudio-bar-idle").get_by_text("sensitivity analysis cancelled").wait_for(timeout=30000)
-    assert state.report is None
+    # What the analysis had delivered before the cancel stays shown, marked partial.
+    assert state.report is None or state.report.meta.get("partial")
     assert page.locator(".mpstudio-job-bar").first.bounding_box()["height"] == pytest.approx(box["height"], abs=1)

@@ -111,8 +111,11 @@ def test_cancel_stops_the_workers(residual):
     cancel = threading.Event()
     workers = {}
 
+    def analysis_workers():  # not other pools of the process (the HTP evaluation workers)
+        return [w for w in multiprocessing.active_children() if w.name.startswith("mpstudio-sensitivity")]
+
     def partial(report):
-        workers.update({w.pid: w for w in multiprocessing.active_children()})
+        workers.update({w.pid: w for w in analysis_workers()})
         cancel.set()
 
     with pytest.raises(Cancelled):
@@ -120,7 +123,7 @@ def test_cancel_stops_the_workers(residual):
                             cancel=cancel)
     assert len(workers) == 2
     assert not any(w.is_alive() for w in workers.values())
-    assert not multiprocessing.active_children()
+    assert not analysis_workers()
 
 
 def test_isolation_values_are_reused(residual, tmp_path):
