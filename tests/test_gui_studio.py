@@ -296,7 +296,8 @@ def test_promote_draws_a_predicted_point_then_the_measured_one(page, studio, ser
 
 @pytest.fixture(scope="module")
 def unanalyzed_studio(tmp_path_factory):
-    """A studio on a 150-node study not analysed yet: opening it starts the analysis, a job of several seconds."""
+    """A studio on a 600-node study not analysed yet: opening it starts the analysis, a job of several seconds
+    (the progressive analysis finishes a smaller one before the bar can be read)."""
     import onnx
 
     from gui_models import make_residual_model
@@ -304,7 +305,7 @@ def unanalyzed_studio(tmp_path_factory):
     from mpstudio.study import Study
 
     folder = tmp_path_factory.mktemp("gui-unanalyzed")
-    onnx.save(make_residual_model(150, size=8), folder / "model.onnx")
+    onnx.save(make_residual_model(600, size=8), folder / "model.onnx")
     study = Study.create(folder / "study", folder / "model.onnx", small_feeds(), name="unanalysed net")
     study.baselines()
     with studio_server(study) as server:
