@@ -23,13 +23,9 @@ import numpy as np
 
 from .data import Cancelled, DataSource, Feed, Progress, TaskMetric
 from .errors import MpstudioError
-from .runtime import create_session
+from .runtime import available_cores, create_session
 
 WORKERS_ENV = "MPSTUDIO_HTP_WORKERS"
-
-
-def available_cores() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 def htp_workers() -> int:

@@ -34,6 +34,12 @@ DEFAULT_HTP_ARCH = "75"
 CPU_NUMERICS = ("fused", "basic", "fake-quant")
 DEFAULT_CPU_NUMERICS = "fake-quant"
 
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform has one)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
 _PERF_MODES = (
     "burst", "balanced", "default", "high_performance", "high_power_saver", "low_balanced",
     "extreme_power_saver", "low_power_saver", "power_saver", "sustained_high_performance",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ import pandas as pd
 
 from ..data import DataSource, Progress, TaskMetric
 from ..errors import MpstudioError
+from ..runtime import available_cores
 from ..plan import PrecisionPlan
 from ..quantize import Quantizer
 from .. import qdq
@@ -188,7 +188,7 @@ def analyze(
     result = None
     if isolation:
         iso_data = isolation_data if isolation_data is not None else data.head(isolation_samples)
-        switchable = SwitchableModel(model_8, params_16, threads=threads or _cores(),
+        switchable = SwitchableModel(model_8, params_16, threads=threads or available_cores(),
                                      float_model=quantizer.prepared.model, graph=graph,
                                      own_params=own_params(quantizer), qdq_model_16=model_16)
         references = float_references(quantizer.float_path, iso_data, switchable.output_names)
@@ -219,6 +219,3 @@ def check_prediction(quantizer: Quantizer, report: SensitivityReport, tensors: S
     outputs = [session.run(names, feed) for feed in isolation_data.feeds()]
     return PredictionCheck(prediction, scorer.score(outputs))
 
-
-def _cores() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

@@ -40,6 +40,7 @@ from onnx import helper, numpy_helper
 
 from ..data import Cancelled, DataSource, Feed, Progress, TaskMetric
 from ..errors import MpstudioError
+from ..runtime import create_session
 from ..evaluate import run_outputs
 from ..graph import node_display_name
 from ..plan import PrecisionPlan
@@ -523,14 +524,7 @@ def float_qdq_session(model, threads: int = 0) -> ort.InferenceSession:
     node groups into integer kernels or move and drop Q/DQ pairs, are off), and without ORT's NCHWc layout
     kernels, which sum in another order and are used or not depending on the graph around each Conv or Pool:
     a one-ulp difference flips an 8-bit rounding now and then, and one flip can move a model's output."""
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.disable_quant_qdq", "1")
-    source = bytes(model) if isinstance(model, (bytes, bytearray)) else str(model)
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=["NchwcTransformer"])
+    return create_session(model, numerics="fake-quant", intra_op_threads=threads)
 
 
 def _at_opset_of(model: onnx.ModelProto, reference: onnx.ModelProto | None) -> onnx.ModelProto:

@@ -9,7 +9,6 @@ a task carries only sample feeds or tensor names, a result only sums or scores.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import queue
 import threading
 import traceback
@@ -20,6 +19,7 @@ import numpy as np
 
 from ..data import Cancelled, Feed, TaskMetric
 from ..errors import MpstudioError
+from ..runtime import available_cores
 from ..qdq import Encoding
 from ..quantize import TensorParams
 
@@ -141,7 +141,7 @@ def _scorer_for(spec: IsolationSpec, samples: int):
 
 def worker_count(tasks: int | None = None) -> int:
     """The cores this process may use (at most `tasks`)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = available_cores()
     return max(1, min(cores, tasks) if tasks else cores)
 
 
