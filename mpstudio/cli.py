@@ -221,13 +221,9 @@ def _search(args) -> int:
         result = search(study, args.target, latency_budget_ms=args.latency_budget,
                         max_evaluations=args.max_evaluations, backend=args.backend, runner=runner,
                         weights=args.weights, sensitivity_samples=args.sensitivity_samples,
-                        isolation_samples=args.isolation_samples, progress=progress, quiet=args.quiet)
+                        isolation_samples=args.isolation_samples, confirm=None if args.no_confirm else "htp",
+                        confirm_plans=args.confirm_plans, progress=progress, quiet=args.quiet)
         print(result.describe())
-        if args.confirm and args.backend != "htp":
-            # The search ran on ORT's CPU QDQ reference for speed; HTP numerics confirm the choice.
-            confirmed = study.evaluate(study.plan(result.recommended.plan_id), "htp", runner, progress=progress)
-            print(f"confirmed on {confirmed.accuracy_source}: {confirmed.metric} {confirmed.value:.4f} "
-                  f"(CPU QDQ {result.recommended.value:.4f})")
         print("\nevaluations along the way:")
         print(path_frame(result).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()
@@ -515,8 +511,13 @@ def _add_search_parser(sub) -> None:
     s.add_argument("--max-evaluations", type=int, default=24, help="evaluation budget, baselines included")
     s.add_argument("--latency-budget", type=float, metavar="MS", help="largest estimated latency allowed (ms)")
     s.add_argument("--backend", default="cpu", choices=["cpu", "htp"], help="where accuracy is measured")
-    s.add_argument("--confirm", action="store_true",
-                   help="evaluate the recommended plan on the HTP backend too (the search itself runs on CPU)")
+    s.add_argument("--no-confirm", action="store_true",
+                   help="skip the confirmation on the HTP (by default, a search on the CPU evaluates its pick and its "
+                        "neighbours on the front on the HTP, the local emulator or --agent's device, recommends on "
+                        "the HTP's numbers and says where CPU and HTP disagree)")
+    s.add_argument("--confirm-plans", type=int, default=3, metavar="N",
+                   help="plans of the front confirmed on the HTP at most (default 3; each is a full evaluation)")
+    s.add_argument("--confirm", action="store_true", help=argparse.SUPPRESS)  # the default since it was added
     s.add_argument("--weights", default="auto", choices=["auto", "per-tensor", "per-channel", "mixed"],
                    help="weight quantization of the base plan (auto: per-channel int8 when it clearly helps; "
                         "mixed: int4 matrix weights, each promoted to int8/int16 with the activations)")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as futures
-import multiprocessing
 import os
 import tempfile
 import threading
@@ -23,7 +22,7 @@ import numpy as np
 
 from .data import Cancelled, DataSource, Feed, Progress, TaskMetric
 from .errors import MpstudioError
-from .runtime import available_cores, create_session
+from .runtime import available_cores, create_session, spawn_context
 
 WORKERS_ENV = "MPSTUDIO_HTP_WORKERS"
 
@@ -96,7 +95,7 @@ def _executor(workers: int) -> futures.ProcessPoolExecutor:
         if _pool is None or _pool_size != workers:
             if _pool is not None:
                 _pool.shutdown(wait=False, cancel_futures=True)
-            _pool = futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+            _pool = futures.ProcessPoolExecutor(workers, mp_context=spawn_context(),
                                                 initializer=_worker_start)
             _pool_size = workers
         return _pool

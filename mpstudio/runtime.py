@@ -7,11 +7,14 @@ here against a whitelist before a session is made.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import multiprocessing.context
 import os
 import platform
 import re
 import sys
 import threading
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +41,53 @@ DEFAULT_CPU_NUMERICS = "fake-quant"
 def available_cores() -> int:
     """The cores this process may run on (its CPU affinity where the platform has one)."""
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+# ---- worker processes ------------------------------------------------------------------------------------------
+# Workers are spawned (an ORT session used after a fork hangs). A spawned child imports the parent's main
+# script first, so a user's script without an `if __name__ == "__main__":` guard would run again in every
+# worker (and its study would find itself busy). mpstudio's workers need nothing from that script unless
+# what they are sent refers to it (a metric function defined there): only then is it imported.
+_main_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_hidden():
+    with _main_lock:
+        main = sys.modules.get("__main__")
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main
+
+
+class _OwnProcess(multiprocessing.context.SpawnProcess):
+    """A spawned process that does not import the parent's main script."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        with _main_hidden():
+            return multiprocessing.context.SpawnProcess._Popen(process_obj)
+
+
+class _OwnContext(multiprocessing.context.SpawnContext):
+    Process = _OwnProcess
+
+
+def spawn_context(payload=None):
+    """The multiprocessing context mpstudio's workers start from: spawn, without the parent's main script
+    unless `payload` (what the workers will be sent) refers to objects defined in it."""
+    if payload is not None:
+        import pickle
+
+        try:
+            needs_main = b"__main__" in pickle.dumps(payload)
+        except Exception:
+            needs_main = False
+        if needs_main:
+            return multiprocessing.get_context("spawn")
+    return _OwnContext()
 
 
 _PERF_MODES = (

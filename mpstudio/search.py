@@ -4,11 +4,16 @@ The walk, from the sensitivity ranking:
 1. Evaluate the baselines (a8w8, a16w8); the target may be relative to them ("a16w8+10%").
 2. Weights first: when the weight scores show that per-channel int8 weights quantize much better than
    per-tensor uint8 (free on HTP), the per-channel base is evaluated and kept if it is better.
-3. Order the activation tensors by predicted gain (the noise power their isolated promotion removes) per
-   unit of estimated latency cost (`latency.promotion_costs`). Plan k promotes the first k of that order.
+3. Order the activation tensors by predicted gain (the noise power their isolated promotion removes from
+   the base plan, in a sensitivity analysis of that plan) per unit of estimated latency cost (`latency.promotion_costs`). Plan k promotes the first k of that order.
 4. Find the smallest k that reaches the target: a first guess from the isolation prediction, then
    bisection; with several agents, several k per round (multi-section). A latency budget caps k (from
    the cost model, which needs no evaluation); an evaluation budget caps the rounds.
+5. Confirm on the HTP (by default, when the walk ran on the CPU reference): the recommended plan and its
+   neighbours on the front of the walk's evaluations are evaluated on the HTP (the local emulator, or the
+   device behind the runner), cheaper ones while the HTP still reaches the target, dearer ones until it
+   does. The recommendation follows the HTP's numbers; where CPU and HTP disagree (one reaches the target
+   and the other not, or they order two plans differently) the result says so.
 Every evaluation lands in the study as it finishes, and a search is recorded by its spec: rerunning an
 interrupted search replays it against the stored results and continues where it stopped.
 """
@@ -21,7 +26,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -40,6 +45,10 @@ _MARGIN = re.compile(r"^(?P<base>.*?\S)\s*[+-]\s*(?P<pct>\d+(?:\.\d+)?)\s*%\s*$"
 LITTLE_MORE = 0.10
 MUCH_BETTER = 0.5
 WEIGHT_MODES = ("auto", "per-tensor", "per-channel", "mixed")
+CONFIRM_BACKENDS = ("htp",)
+# Plans of the front confirmed at most, by default: each is a full evaluation on the HTP (minutes per plan on
+# the emulator).
+CONFIRM_PLANS = 3
 _generate_lock = threading.Lock()  # ORT's quantizer is patched process-wide while it runs: one at a time
 
 
@@ -170,6 +179,18 @@ class SearchResult:
     promoted: int = 0  # how many tensors of the order the recommended plan promotes
     float_value: float | None = None
     alternatives: tuple = ()  # of Evaluation, by estimated latency
+    confirmations: tuple = ()  # of Confirmation, in the order they ran
+    confirm_note: str = ""  # why the front was not confirmed (empty when it was, or was not asked for)
+    walk_pick: Evaluation | None = None  # the walk's own pick, when the confirmation changed the recommendation
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self.confirmations)
+
+    @property
+    def disagreements(self) -> list[str]:
+        """Where the walk's backend and the confirming one disagree, in words (see `disagreements`)."""
+        return disagreements(self.confirmations, self.threshold, self.higher_is_better)
 
     @property
     def evaluations(self) -> int:
@@ -201,7 +222,10 @@ class SearchResult:
                 "path": [e.plan_id for e in self.path],
                 "alternatives": [{"plan_id": e.plan_id, "name": e.name, "value": e.value,
                                   "estimate_ms": _estimate_ms(e), "more_ms": _estimate_ms(e) - base_ms}
-                                 for e in self.alternatives]}
+                                 for e in self.alternatives],
+                "confirmations": [c.to_json(self.threshold, self.higher_is_better) for c in self.confirmations],
+                "confirm_note": self.confirm_note, "disagreements": self.disagreements,
+                "walk_pick_plan_id": self.walk_pick.plan_id if self.walk_pick is not None else None}
 
     def describe(self) -> str:
         r = self.recommended
@@ -214,16 +238,27 @@ class SearchResult:
         ]
         if self.float_value is not None:
             lines.append(f"float model (ORT CPU): {self.metric} {self.float_value:.4f}")
-        lines.append(f"{'reached' if self.reached else 'NOT reached'} ({self.stop_reason}) with {self.evaluations} "
-                     f"evaluations ({self.new_evaluations} new)")
+        where = f" on {r.accuracy_source}" if self.confirmed else ""
+        lines.append(f"{'reached' if self.reached else 'NOT reached'}{where} ({self.stop_reason}) with "
+                     f"{self.evaluations} evaluations ({self.new_evaluations} new)"
+                     + (f" and {len(self.confirmations)} confirming ones" if self.confirmed else ""))
+        if self.confirmed:
+            lines += self._describe_confirmations()
+        elif self.confirm_note:
+            lines.append(self.confirm_note)
         if self.reached:
-            lines.append(f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} "
+            lines.append(f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} [{r.accuracy_source}] "
                          f"({'+' if self.gap >= 0 else ''}{self.gap:.4f} against the threshold)"
                          + (f", {est}" if est else ""))
         else:
             relative = f", {self.misses_by / abs(self.threshold):.1%} of it" if self.threshold else ""
-            lines.append(f"recommended (the closest): plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f}, misses "
-                         f"the threshold by {self.misses_by:.4f}{relative}" + (f"; {est}" if est else ""))
+            lines.append(f"recommended (the closest): plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} "
+                         f"[{r.accuracy_source}], misses the threshold by {self.misses_by:.4f}{relative}"
+                         + (f"; {est}" if est else ""))
+        if self.walk_pick is not None:
+            w = self.walk_pick
+            lines.append(f"  (the walk on {w.accuracy_source} picked plan {w.plan_id} {w.name}, {self.metric} "
+                         f"{w.value:.4f} there)")
         ratio = self.latency_ratio()
         if ratio is not None:
             lines.append(f"estimated latency {ratio:.2f}x of a16w8's")
@@ -234,9 +269,64 @@ class SearchResult:
             base_ms = _estimate_ms(r)
             for e in self.alternatives:
                 more = _estimate_ms(e) - base_ms
-                lines.append(f"  plan {e.plan_id} {e.name}: {self.metric} {e.value:.4f} for +{more:.3f} ms "
-                             f"(+{more / base_ms:.1%}) estimated")
+                lines.append(f"  plan {e.plan_id} {e.name}: {self.metric} {e.value:.4f} [{e.accuracy_source}] for "
+                             f"+{more:.3f} ms (+{more / base_ms:.1%}) estimated")
         return "\n".join(lines)
+
+    def _describe_confirmations(self) -> list[str]:
+        first = self.confirmations[0]
+        walk, confirmed = first.walk.accuracy_source, first.confirmed.accuracy_source
+        lines = [f"confirmed on {confirmed} ({len(self.confirmations)} plan(s) of the front, every evaluation "
+                 "sample):",
+                 f"  {'plan':>6} {'name':<24} {walk[:26]:>26} {confirmed[:26]:>26} {'est. ms':>8}"]
+        for c in sorted(self.confirmations, key=lambda c: _estimate_ms(c.walk)):
+            cells = []
+            for e in (c.walk, c.confirmed):
+                ok = meets(e.value, self.threshold, self.higher_is_better)
+                cells.append(f"{e.value:.4f} {'reaches' if ok else 'misses'}")
+            lines.append(f"  {c.walk.plan_id:>6} {c.walk.name[:24]:<24} {cells[0]:>26} {cells[1]:>26} "
+                         f"{_estimate_ms(c.walk):>8.3f}")
+        found = self.disagreements
+        lines.append("CPU and HTP disagree: " + "; ".join(found) if found else
+                     "CPU and HTP agree on these plans (the same ones reach the target, in the same order)")
+        return lines
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """One plan of a search's front as the walk scored it (`walk`) and as the confirming backend did."""
+
+    walk: Evaluation
+    confirmed: Evaluation
+
+    def to_json(self, threshold: float, higher_is_better: bool) -> dict:
+        return {"plan_id": self.walk.plan_id, "name": self.walk.name, "estimate_ms": _estimate_ms(self.walk),
+                **{f"{key}_{field}": value for key, e in (("walk", self.walk), ("confirmed", self.confirmed))
+                   for field, value in (("source", e.accuracy_source), ("value", e.value),
+                                        ("reaches", meets(e.value, threshold, higher_is_better)))}}
+
+
+def disagreements(confirmations, threshold: float, higher_is_better: bool) -> list[str]:
+    """Where two backends disagree over the same plans: a plan that reaches `threshold` on one and not on the
+    other, and pairs of plans the two order differently (ties on either side are no disagreement)."""
+    found = []
+    for c in confirmations:
+        walk, confirmed = (meets(e.value, threshold, higher_is_better) for e in (c.walk, c.confirmed))
+        if walk != confirmed:
+            found.append(f"plan {c.walk.plan_id} {c.walk.name} {'reaches' if walk else 'misses'} the target on "
+                         f"{c.walk.accuracy_source} ({c.walk.value:.4f}) and {'reaches' if confirmed else 'misses'} "
+                         f"it on {c.confirmed.accuracy_source} ({c.confirmed.value:.4f})")
+    sign = 1.0 if higher_is_better else -1.0
+    items = list(confirmations)
+    for i, a in enumerate(items):
+        for b in items[i + 1:]:
+            walk = sign * (a.walk.value - b.walk.value)
+            confirmed = sign * (a.confirmed.value - b.confirmed.value)
+            if walk * confirmed < 0:
+                ahead, behind = (a, b) if walk > 0 else (b, a)
+                found.append(f"{ahead.walk.accuracy_source} ranks plan {ahead.walk.plan_id} ahead of plan "
+                             f"{behind.walk.plan_id}, {ahead.confirmed.accuracy_source} the reverse")
+    return found
 
 
 def _estimate_ms(evaluation: Evaluation) -> float:
@@ -326,6 +416,8 @@ def search(
     weights: str = "auto",
     sensitivity_samples: int = 32,
     isolation_samples: int = 8,
+    confirm: str | None = "htp",
+    confirm_plans: int = CONFIRM_PLANS,
     progress: Progress | None = None,
     quiet: bool = False,
     cancel: threading.Event | None = None,
@@ -342,9 +434,21 @@ def search(
     the same data. Progress goes to `progress(done, total, message)`, else to stderr as plain lines unless
     `quiet`. When the target is missed, the closest plan is recommended (`closest_plan`); plans much better
     for little more latency are listed either way (`better_for_little_more`).
+
+    `confirm` ("htp", the default, or None): when the walk's `backend` is another one (the CPU reference),
+    up to `confirm_plans` plans of its front are evaluated on that backend through `runner` (the local HTP
+    emulator, or a device agent) and the recommendation follows their values (see `_Walk.confirm`); the
+    result lists where the two disagree. Without an HTP backend (no QNN execution provider here and no
+    runner) the search says so and keeps the walk's pick.
     """
     if weights not in WEIGHT_MODES:
         raise MpstudioError(f"weights must be one of {', '.join(WEIGHT_MODES)}, not {weights!r}")
+    if confirm in ("none", ""):
+        confirm = None
+    if confirm is not None and confirm not in CONFIRM_BACKENDS:
+        raise MpstudioError(f"confirm must be one of {', '.join(CONFIRM_BACKENDS)} or None, not {confirm!r}")
+    if int(confirm_plans) < 1:
+        raise MpstudioError(f"confirm_plans must be at least 1, not {confirm_plans}")
     if max_evaluations < 3:
         raise MpstudioError("max_evaluations must be at least 3 (two baselines and one candidate)")
     for what, count in (("sensitivity_samples", sensitivity_samples), ("isolation_samples", isolation_samples)):
@@ -356,13 +460,18 @@ def search(
         progress = LineProgress()
     spec = {"target": goal.text, "latency_budget_ms": latency_budget_ms, "max_evaluations": max_evaluations,
             "backend": backend, "weights": weights, "sensitivity_samples": sensitivity_samples}
-    if isolation_samples != 8:  # keys added later only when set, so older records of the same search still match
-        spec["isolation_samples"] = isolation_samples
+    # Keys added later only when not their default, so older records of the same search still match.
+    for key, value, default in (("isolation_samples", isolation_samples, 8), ("confirm", confirm, "htp"),
+                                ("confirm_plans", confirm_plans, CONFIRM_PLANS)):
+        if value != default:
+            spec[key] = value
     search_id = study.start_search(spec)
     walk = _Walk(study, search_id, backend, runner, max_evaluations, progress, cancel)
     walk.isolation_samples, walk.latency_budget_ms = isolation_samples, latency_budget_ms
     try:
         result = walk.run(goal, latency_budget_ms, weights, sensitivity_samples)
+        if confirm is not None and confirm != backend:
+            result = walk.confirm(result, confirm, int(confirm_plans))
     except Cancelled:
         study.finish_search(search_id, "cancelled", None)
         raise
@@ -449,6 +558,11 @@ class _Walk:
         base_plan, base = self._base(report, weights)
         if self._meets(base):
             return self._result(base, 0, "the base plan already reaches the target")
+        if weights != "mixed" and base_plan.hash != PrecisionPlan.a8w8().hash:
+            # Promotions are ranked against the plan they start from: per-channel weights remove most of a
+            # model's error, and what is left sits in other tensors than all-8-bit's worst.
+            report = self.study.sensitivity(samples=sensitivity_samples, isolation_samples=self.isolation_samples,
+                                            progress=self.progress, cancel=self.cancel, plan=base_plan)
         steps = None
         if weights == "mixed":
             order, predicted, steps = self.mixed_order(report, base_plan, base, sensitivity_samples)
@@ -552,6 +666,70 @@ class _Walk:
         return SearchResult(self.search_id, self.goal.text, self.threshold, self.study.metric_name, self.hib,
                             self._meets(best), reason, best, self.baselines, tuple(self.path), self.new,
                             tuple(order), k, float_value, tuple(alternatives))
+
+    # ---- confirmation on the HTP ----
+    def confirm(self, result: SearchResult, backend: str, max_plans: int) -> SearchResult:
+        """`result` with the front around its pick evaluated on `backend` too, and recommended on its numbers.
+
+        From the walk's pick along the front of the walk's evaluations (value against estimated latency):
+        when the pick reaches the target on `backend`, the next cheaper plans while they reach it too (the
+        walk's backend may have been pessimistic); when it misses, the next dearer ones until one reaches it;
+        at most `max_plans` evaluations. The recommendation is then the cheapest confirmed plan that reaches
+        the target on `backend` (fewer 16-bit tensors, then the better value, on a tie), else the closest.
+        """
+        if self.runner is None and backend == "htp":
+            from .runtime import register_qnn
+
+            try:
+                register_qnn()
+            except MpstudioError as exc:
+                return replace(result, confirm_note=f"not confirmed on the HTP: {exc} (search with --backend htp "
+                                                    "or an --agent, or pass confirm=None to skip this step)")
+        unique = list({e.plan_id: e for e in self.path}.values())
+        on_front = pareto_mask([e.value for e in unique], [_estimate_ms(e) for e in unique], self.hib)
+        front = [e for e, keep in zip(unique, on_front) if keep]
+        if all(e.plan_id != result.recommended.plan_id for e in front):
+            front.append(result.recommended)
+        front.sort(key=lambda e: (_estimate_ms(e), e.plan_id))
+        at = next(i for i, e in enumerate(front) if e.plan_id == result.recommended.plan_id)
+        done: list[Confirmation] = []
+
+        def check(e: Evaluation) -> bool:
+            self._check_cancel()
+            job = self.study.submit(self.study.plan(e.plan_id), backend, origin=f"search {self.search_id} confirm",
+                                    search_id=self.search_id)
+            confirmed = self.study.run_job(job, self.runner, progress=self.progress, cancel=self.cancel)
+            done.append(Confirmation(e, confirmed))
+            if self.progress:
+                self.progress(len(done), max_plans, f"search: confirmed {e.name} on {confirmed.accuracy_source}: "
+                                                    f"{confirmed.metric} {confirmed.value:.4f} (walk {e.value:.4f})")
+            return self._meets(confirmed)
+
+        step = -1 if check(front[at]) else 1
+        i = at + step
+        while 0 <= i < len(front) and len(done) < max_plans:
+            if check(front[i]) != (step == -1):
+                break  # a cheaper one misses, or a dearer one reaches it: the edge is found
+            i += step
+        sixteen = self._sixteen_bit()
+        sign = -1.0 if self.hib else 1.0
+        reaching = [c for c in done if self._meets(c.confirmed)]
+        if reaching:
+            pick = min(reaching, key=lambda c: (_estimate_ms(c.walk), sixteen.get(c.walk.plan_id, math.inf),
+                                                sign * c.confirmed.value)).confirmed
+        else:
+            pick = closest_plan([c.confirmed for c in done], self.hib, sixteen, self.latency_budget_ms)
+        changed = pick.plan_id != result.recommended.plan_id
+        reason = result.stop_reason + ("; the HTP confirmation moved the pick" if changed else "")
+        alternatives = result.alternatives
+        if changed:  # against the new pick, on the confirming backend's numbers
+            alternatives = tuple(better_for_little_more(
+                pick, [c.confirmed for c in done], self.hib, result.float_value,
+                snr_metric=self.study.metric_spec.kind == "output", latency_budget_ms=self.latency_budget_ms))
+        return replace(result, recommended=pick, reached=self._meets(pick), stop_reason=reason,
+                       alternatives=alternatives,
+                       promoted=self._promoted(pick, result.order) if changed else result.promoted,
+                       confirmations=tuple(done), walk_pick=result.recommended if changed else None)
 
     # ---- targets and recommendations (beside the walk) ----
     isolation_samples = 8
@@ -829,5 +1007,5 @@ def path_frame(result: SearchResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-__all__ = ["search", "resume", "resume_searches", "Target", "SearchResult", "meets", "path_frame", "closest_plan",
+__all__ = ["search", "resume", "resume_searches", "Target", "SearchResult", "Confirmation", "disagreements", "meets", "path_frame", "closest_plan",
            "better_for_little_more", "named_baselines", "target_plan", "LineProgress", "LITTLE_MORE", "MUCH_BETTER"]

@@ -539,8 +539,9 @@ class Study:
     # ---- sensitivity, cached in the study ----
     def sensitivity(self, *, samples: int = 32, isolation_samples: int = 8, progress: Progress | None = None,
                     cancel: threading.Event | None = None, exhaustive: bool = False, on_partial=None,
-                    workers: int | None = None):
-        """The sensitivity report of the all-8-bit plan on the calibration data (computed once, then loaded).
+                    workers: int | None = None, plan: PrecisionPlan | None = None):
+        """The sensitivity report of `plan` (default the all-8-bit plan) on the calibration data (computed once,
+        then loaded): each tensor scored and isolated against that plan, e.g. a8w8 with per-channel weights.
 
         Progressive (`sensitivity.analyze_progressive`): partial reports reach `on_partial` as they come, in
         worker processes (`workers`, default one per core), isolating only the tensors that can change a
@@ -548,7 +549,8 @@ class Study:
         from .sensitivity import SensitivityReport, analyze, analyze_progressive
         from .sensitivity.progressive import ENGINE_VERSION
 
-        name = f"a8w8-{samples}-{isolation_samples}" + ("" if exhaustive else f"-p{ENGINE_VERSION}")
+        base = "a8w8" if plan is None or plan.hash == PrecisionPlan.a8w8().hash else f"plan-{plan.hash[:12]}"
+        name = f"{base}-{samples}-{isolation_samples}" + ("" if exhaustive else f"-p{ENGINE_VERSION}")
         folder = self.folder / "sensitivity" / name
         if self._sensitivity is not None and self._sensitivity[0] == folder:
             return self._sensitivity[1]
@@ -556,11 +558,11 @@ class Study:
             report = SensitivityReport.load(folder)
         elif exhaustive:
             data = self.calibration.head(samples)
-            report = analyze(self.quantizer, data, isolation_samples=isolation_samples, progress=progress,
+            report = analyze(self.quantizer, data, plan, isolation_samples=isolation_samples, progress=progress,
                              cancel=cancel)
             report.save(folder)
         else:
-            report = analyze_progressive(self.quantizer, self.calibration.head(samples),
+            report = analyze_progressive(self.quantizer, self.calibration.head(samples), plan,
                                          isolation_samples=isolation_samples, htp_arch=self.htp_arch,
                                          workers=workers, cache_dir=self.folder / "sensitivity" / "values",
                                          on_partial=on_partial, progress=progress, cancel=cancel)

@@ -18,7 +18,9 @@ import pytest
 from conftest import chain_feeds, make_chain_model, requires_qnn
 from mpstudio.data import Cancelled, FeedList
 from mpstudio.errors import MpstudioError
-from mpstudio.search import Target, meets, search
+from mpstudio.plan import PrecisionPlan
+from mpstudio.search import Confirmation, Target, disagreements, meets, search
+from mpstudio.store import Evaluation
 from mpstudio.study import Study
 
 
@@ -203,15 +205,71 @@ def test_search_spreads_over_an_agent_pool(tmp_path):
 
 @pytest.mark.htp
 @requires_qnn
-def test_search_confirms_its_choice_on_htp(tmp_path):
+def test_search_confirms_its_front_on_htp_by_default(tmp_path):
     model, data = _model_and_data(tmp_path, 4)
     out = subprocess.run([sys.executable, "-m", "mpstudio", "search", str(model), "--data", str(data), "--study",
-                          str(tmp_path / "s"), "--weights", "per-tensor", "--confirm", "--quiet"],
+                          str(tmp_path / "s"), "--weights", "per-tensor", "--confirm-plans", "2", "--quiet"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode in (0, 1), out.stderr
-    assert "confirmed on HTP" in out.stdout
+    assert "confirmed on HTP" in out.stdout and "CPU and HTP" in out.stdout
     with Study.open(tmp_path / "s") as study:
         frame = study.evaluations()
         assert {"ORT CPU QDQ (fake-quant)"} < set(frame["accuracy_source"])
         htp = frame[frame["accuracy_source"].str.startswith("HTP")]
-        assert len(htp) == 1 and htp["backend"].iloc[0] == "htp"
+        assert 1 <= len(htp) <= 2 and set(htp["backend"]) == {"htp"}
+        record = study.searches()["result"].iloc[0]
+        assert [c["plan_id"] for c in record["confirmations"]] == htp["plan_id"].tolist()
+        recommended = htp[htp["plan_id"] == record["recommended_plan_id"]]
+        assert len(recommended) == 1 and recommended["value"].iloc[0] == pytest.approx(record["recommended_value"])
+    skipped = subprocess.run([sys.executable, "-m", "mpstudio", "search", "--study", str(tmp_path / "s"),
+                              "--target", "a16w8+20%", "--weights", "per-tensor", "--no-confirm", "--quiet"],
+                             capture_output=True, text=True, timeout=600)
+    assert skipped.returncode in (0, 1), skipped.stderr
+    assert "confirmed on" not in skipped.stdout
+
+
+@pytest.mark.htp
+@requires_qnn
+def test_the_htp_confirmation_moves_the_pick_where_cpu_and_htp_disagree(tmp_path):
+    """A model whose uint8 Reciprocal the HTP computes differently from ORT's CPU (see test_diverge): all-8-bit
+    is about 1.2 dB better on the HTP. With a target between the two, the walk on the CPU must promote, and the
+    confirmation finds that the HTP reaches the target with the cheaper all-8-bit plan, and says so."""
+    from test_diverge import make_study
+
+    with make_study(tmp_path / "study") as study:
+        a8_cpu = study.evaluate(PrecisionPlan.a8w8(), "cpu").value
+        a8_htp = study.evaluate(PrecisionPlan.a8w8(), "htp").value
+        assert a8_htp > a8_cpu + 0.5  # the planted disagreement, as measured (not part of what is tested)
+        target = (a8_cpu + a8_htp) / 2
+        result = search(study, target, weights="per-tensor", max_evaluations=8)
+        assert result.confirmed and result.reached
+        assert result.walk_pick is not None and result.walk_pick.backend == "cpu"
+        assert meets(result.walk_pick.value, target, True)
+        assert result.recommended.name == "a8w8" and result.recommended.backend == "htp"
+        assert result.recommended.value == pytest.approx(a8_htp)
+        assert (result.recommended.latency("estimate").ms < result.walk_pick.latency("estimate").ms)
+        assert any("a8w8 misses the target on ORT CPU" in d and "reaches it on HTP" in d
+                   for d in result.disagreements)
+        text = result.describe()
+        assert "CPU and HTP disagree" in text and "the walk on ORT CPU" in text
+        assert study.searches()["result"].iloc[-1]["walk_pick_plan_id"] == result.walk_pick.plan_id
+
+
+def test_disagreements_name_the_target_and_the_order():
+    def e(plan_id, value, source):
+        return Evaluation(plan_id, "h", f"p{plan_id}", "x", source, "snr", value, True, None, None, 1, 0.0)
+
+    pairs = [Confirmation(e(1, 20.0, "CPU"), e(1, 19.0, "HTP")), Confirmation(e(2, 22.0, "CPU"), e(2, 18.0, "HTP")),
+             Confirmation(e(3, 25.0, "CPU"), e(3, 25.0, "HTP"))]
+    found = disagreements(pairs, threshold=21.0, higher_is_better=True)
+    assert found == ["plan 2 p2 reaches the target on CPU (22.0000) and misses it on HTP (18.0000)",
+                     "CPU ranks plan 2 ahead of plan 1, HTP the reverse"]
+    assert disagreements(pairs[2:], 21.0, True) == []
+    assert disagreements([Confirmation(e(4, 1.0, "CPU"), e(4, 1.0, "HTP")),
+                          Confirmation(e(5, 1.0, "CPU"), e(5, 2.0, "HTP"))], 1.5, False) == [
+        "plan 5 p5 reaches the target on CPU (1.0000) and misses it on HTP (2.0000)"]  # a tie is no reversal
+
+
+def test_confirm_is_checked():
+    with pytest.raises(MpstudioError, match="confirm must be one of htp"):
+        search(None, 30.0, confirm="gpu")

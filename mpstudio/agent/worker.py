@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .. import runtime
 from ..errors import MpstudioError
-from ..runtime import first_line
+from ..runtime import first_line, spawn_context
 from .protocol import (
     IO_QUANTIZATION_REASON,
     AgentError,
@@ -55,7 +55,7 @@ class WorkerHandle:
         self._root = Path(root)
         self._settings = dict(settings)
         self._startup_timeout = startup_timeout
-        self._context = multiprocessing.get_context("spawn")  # a forked QNN session hangs
+        self._context = spawn_context()  # spawned: a forked QNN session hangs
         self._lock = threading.Lock()
         self._process = None
         self._conn = None

@@ -18,7 +18,7 @@ from ..plan import PrecisionPlan
 from ..quantize import Quantizer
 from .. import qdq
 from .isolation import (ISOLATION_COLUMNS, IsolationResult, OutputScorer, Region, SwitchableModel, float_references,
-                        float_qdq_session, isolation_scores, own_params, tensor_regions)
+                        float_qdq_session, isolation_scores, own_params, tensor_regions, plan_ends)
 from .ranking import PredictionCheck, Prediction, namespace_regions, predict, rank_tensors, selection_region
 from .scores import tensor_scores, weight_scores
 from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB
@@ -178,8 +178,9 @@ def analyze(
     """
     plan = plan or PrecisionPlan.a8w8()
     graph = quantizer.graph
-    model_8 = qdq.load(quantizer.generate(PrecisionPlan.a8w8(), progress, cancel))  # read here and by isolation
-    model_16 = quantizer.generate(PrecisionPlan.a16w8(), progress, cancel)
+    end_8, end_16 = plan_ends(plan)  # isolation switches between these, with the plan's weights
+    model_8 = qdq.load(quantizer.generate(end_8, progress, cancel))  # read here and by isolation
+    model_16 = quantizer.generate(end_16, progress, cancel)
     model_plan = quantizer.generate(plan, progress, cancel)
     params_8 = {t: q.encoding for t, q in qdq.read(model_8).activations().items()}
     params_16 = {t: q.encoding for t, q in qdq.read(model_16).activations().items()}
@@ -190,7 +191,7 @@ def analyze(
         iso_data = isolation_data if isolation_data is not None else data.head(isolation_samples)
         switchable = SwitchableModel(model_8, params_16, threads=threads or available_cores(),
                                      float_model=quantizer.prepared.model, graph=graph,
-                                     own_params=own_params(quantizer), qdq_model_16=model_16)
+                                     own_params=own_params(quantizer, plan), qdq_model_16=model_16)
         references = float_references(quantizer.float_path, iso_data, switchable.output_names)
         scorer = OutputScorer(references, switchable.output_names, metric)
         regions: list[Region] = tensor_regions(switchable.tensors)

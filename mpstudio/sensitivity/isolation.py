@@ -187,13 +187,16 @@ class SwitchableModel:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_quantizer(cls, quantizer, threads: int | None = None, cuts: int = 6) -> "SwitchableModel":
-        """The switchable model of `quantizer`'s all-8-bit plan, resolving configurations as its real plans."""
-        model_8 = qdq.load(quantizer.generate(PrecisionPlan.a8w8()))
-        model_16 = quantizer.generate(PrecisionPlan.a16w8())
+    def from_quantizer(cls, quantizer, threads: int | None = None, cuts: int = 6,
+                       plan: PrecisionPlan | None = None) -> "SwitchableModel":
+        """The switchable model of `quantizer`'s all-8-bit plan (with `plan`'s weights: `plan_ends`), resolving
+        configurations as its real plans."""
+        end_8, end_16 = plan_ends(plan)
+        model_8 = qdq.load(quantizer.generate(end_8))
+        model_16 = quantizer.generate(end_16)
         params_16 = {t: q.encoding for t, q in qdq.read(model_16).activations().items()}
         return cls(model_8, params_16, threads, quantizer.prepared.model, quantizer.graph, cuts,
-                   own_params=own_params(quantizer), qdq_model_16=model_16)
+                   own_params=own_params(quantizer, plan), qdq_model_16=model_16)
 
     # ---- building ---------------------------------------------------------------------------------------
     @staticmethod
@@ -583,13 +586,25 @@ class _PlanQuant:
         return EdgeQuant.of(steps)
 
 
-def own_params(quantizer) -> TensorParams:
-    """The parameters ORT computes for every tensor of `quantizer`'s model from its own range."""
-    cache = quantizer.calibrate()
+def plan_ends(plan: PrecisionPlan | None = None) -> tuple[PrecisionPlan, PrecisionPlan]:
+    """The all-8-bit and all-16-bit activation plans with `plan`'s weights (its default weight type,
+    granularity and symmetry; its overrides left out): the two models isolation switches between. For None
+    or any per-tensor uint8 plan, a8w8 and a16w8 themselves."""
+    plan = plan or PrecisionPlan.a8w8()
+    weights = dict(weight_type=plan.weight_type, per_channel=plan.per_channel, weight_symmetric=plan.weight_symmetric)
+    return (PrecisionPlan(activation_type="uint8", name="a8w8", **weights),
+            PrecisionPlan(activation_type="uint16", name="a16w8", **weights))
+
+
+def own_params(quantizer, plan: PrecisionPlan | None = None) -> TensorParams:
+    """The parameters ORT computes for every tensor of `quantizer`'s model from its own range, for the
+    activations of `plan_ends(plan)` (the ranges are calibrated with that plan's weights)."""
+    end_8, end_16 = plan_ends(plan)
+    cache = quantizer.calibrate(plan=end_8)
     method = CALIBRATION_METHODS[quantizer.method]
     model, graph = quantizer.prepared.model, quantizer.graph
-    config_8 = qnn_config(model, graph, PrecisionPlan.a8w8(), method)
-    config_16 = qnn_config(model, graph, PrecisionPlan.a16w8(), method)
+    config_8 = qnn_config(model, graph, end_8, method)
+    config_16 = qnn_config(model, graph, end_16, method)
     def table(config, range_only):
         return ort_tensor_params(model, cache.path, config, range_only)
 

@@ -41,7 +41,7 @@ from ..plan import PrecisionPlan
 from ..quantize import Quantizer
 from .. import qdq
 from .analysis import SensitivityReport
-from .isolation import ISOLATION_COLUMNS, IsolationResult, Region, float_references, own_params
+from .isolation import ISOLATION_COLUMNS, IsolationResult, Region, float_references, own_params, plan_ends
 from .ranking import namespace_regions, rank_tensors, selection_region
 from .scores import ScoreSums, score_frame, weight_scores
 from .workers import Config, InlineWorkers, IsolationSpec, ScoringSpec, WorkerPool, worker_count
@@ -128,7 +128,7 @@ class _Analysis:
         if count and self.metric is not None and not _picklable(self.metric):
             count = 0  # a metric that cannot travel to a worker is computed here
         # Workers start first: they import while this process calibrates and quantizes.
-        self.pool = WorkerPool(count) if count > 0 else InlineWorkers(self.cancel)
+        self.pool = WorkerPool(count, self.metric) if count > 0 else InlineWorkers(self.cancel)
         try:
             result = self._run()
         except BaseException:
@@ -139,8 +139,9 @@ class _Analysis:
 
     def _run(self) -> SensitivityReport:
         q, graph = self.quantizer, self.quantizer.graph
-        self.model_8_path = q.generate(PrecisionPlan.a8w8(), self.progress, self.cancel)
-        self.model_16_path = q.generate(PrecisionPlan.a16w8(), self.progress, self.cancel)
+        end_8, end_16 = plan_ends(self.plan)  # isolation switches between these, with the plan's weights
+        self.model_8_path = q.generate(end_8, self.progress, self.cancel)
+        self.model_16_path = q.generate(end_16, self.progress, self.cancel)
         plan_path = q.generate(self.plan, self.progress, self.cancel)
         model_8 = qdq.load(self.model_8_path)
         model_16 = qdq.load(self.model_16_path)
@@ -162,7 +163,7 @@ class _Analysis:
             output_names = [o.name for o in model_8.graph.output]
             references = float_references(q.float_path, self.iso_data, output_names)
             self.pool.setup(isolation=IsolationSpec(
-                str(q.float_path), str(self.model_8_path), str(self.model_16_path), params_16, own_params(q),
+                str(q.float_path), str(self.model_8_path), str(self.model_16_path), params_16, own_params(q, self.plan),
                 list(self.iso_data.feeds()), references, output_names, self.metric))
             self._load_cache(model_8, model_16)
         self._collect_scores(graph, ids, done)

@@ -8,7 +8,6 @@ a task carries only sample feeds or tensor names, a result only sums or scores.
 
 from __future__ import annotations
 
-import multiprocessing
 import queue
 import threading
 import traceback
@@ -19,7 +18,7 @@ import numpy as np
 
 from ..data import Cancelled, Feed, TaskMetric
 from ..errors import MpstudioError
-from ..runtime import available_cores
+from ..runtime import available_cores, spawn_context
 from ..qdq import Encoding
 from ..quantize import TensorParams
 
@@ -168,8 +167,8 @@ class WorkerPool:
     (each builds its sessions from it); `submit` gives a task to the least busy worker; `results` returns
     what has finished. `terminate` kills the workers where they are (cancel); `close` lets them exit."""
 
-    def __init__(self, workers: int):
-        context = multiprocessing.get_context("spawn")
+    def __init__(self, workers: int, payload=None):
+        context = spawn_context(payload)  # `payload`: what setup will send (a metric from the user's script?)
         self._results = context.Queue()
         self._queues = [context.Queue() for _ in range(workers)]
         self.processes = [context.Process(target=_serve, args=(tasks, self._results),

@@ -34,6 +34,8 @@ class RunPanel(View):
                                                        placeholder="a16w8+10% or a metric value",
                                                        sizing_mode="stretch_width")
         self._search = pn.widgets.Button(name="Search", button_type="success", sizing_mode="stretch_width")
+        self._confirm = pn.widgets.Checkbox.from_param(state.param.confirm_search,
+                                                       name="Confirm the search's front on HTP")
         self._on_edit = pn.widgets.Checkbox.from_param(state.param.evaluate_on_edit,
                                                        name="Evaluate on promote/demote (predicted point first)")
         self._evaluate.on_click(self._on_evaluate)
@@ -49,6 +51,7 @@ class RunPanel(View):
             pn.pane.HTML("<b>Run</b>"), self._runner, remote,
             pn.Row(pn.pane.HTML("backend", margin=(12, 5)), self._backend),
             pn.pane.HTML(plan, sizing_mode="stretch_width"), self._evaluate, self._on_edit, self._target, self._search,
+            self._confirm,
             pn.pane.HTML("<b>Jobs</b>"), self._jobs, sizing_mode="stretch_width",
         )
 

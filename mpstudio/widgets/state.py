@@ -156,6 +156,8 @@ class StudioState(param.Parameterized):
     latency_ops = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1)
     evaluate_on_edit = param.Boolean(True, doc="Evaluate each plan promote or demote makes, showing its predicted "
                                                "point at once and its measured point as the evaluation streams")
+    confirm_search = param.Boolean(True, doc="A search on the CPU confirms its front on the HTP (the emulator or the "
+                                             "agent's device) and recommends on the HTP's numbers")
     first_samples = param.Integer(FIRST_SAMPLES, bounds=(1, None), precedence=-1,
                                   doc="Samples of a streamed evaluation's first value")
     provisional = param.DataFrame(default=pd.DataFrame(columns=PROVISIONAL_COLUMNS), constant=True,
@@ -524,7 +526,7 @@ class StudioState(param.Parameterized):
 
         study = self._require_study()
         target = target or self.target
-        backend = self.backend
+        backend, confirm = self.backend, self.confirm_search
 
         def refresh():
             if self.study is study:
@@ -537,7 +539,7 @@ class StudioState(param.Parameterized):
                     self._post(refresh)
             try:
                 return search(study, target, backend=backend, runner=self._runner(), max_evaluations=max_evaluations,
-                              progress=step, cancel=cancel)
+                              confirm="htp" if confirm else None, progress=step, cancel=cancel)
             finally:  # cancelled or failed too: what was evaluated stays on the plot
                 self._post(refresh)
 
