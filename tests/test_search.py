@@ -76,6 +76,25 @@ def test_search_reaches_a_relative_target_with_few_evaluations(study):
     assert "recommended" in result.describe()
 
 
+def test_promotions_are_ranked_against_the_per_channel_base(study):
+    """With per-channel weights as the base, the order comes from a sensitivity analysis of that base: its
+    isolation switches between all-8 and all-16-bit activations with per-channel weights, so its all-8-bit
+    value is the per-channel plan's own output SNR."""
+    from mpstudio.evaluate import run_outputs
+    from mpstudio.metrics import output_agreement
+
+    result = search(study, "a16w8+5%", weights="per-channel", max_evaluations=6, confirm=None, quiet=True)
+    base = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True)
+    assert study.plan(result.path[2].plan_id).hash == base.hash  # the base, after the two baselines
+    report = study.sensitivity(plan=base)  # what the search computed, loaded
+    assert report.meta["plan_hash"] == base.hash
+    samples = study.calibration.head(report.isolation.samples)
+    reference = run_outputs(study.quantizer.float_path, samples, "cpu")
+    own, _ = output_agreement(reference, run_outputs(study.quantizer.generate(base), samples, "cpu"))
+    assert report.isolation.all_8 == pytest.approx(own, abs=1e-3)
+    assert abs(study.sensitivity().isolation.all_8 - own) > 0.01  # a8w8's analysis is another one
+
+
 def test_budgets_stop_the_walk(study):
     result = search(study, 1000.0, max_evaluations=4, weights="per-tensor")  # an SNR no plan reaches
     assert not result.reached and result.evaluations <= 4
@@ -131,7 +150,7 @@ def test_a_killed_search_process_resumes_with_nothing_lost(tmp_path):
     process.wait()
 
     with Study.open(folder) as study:
-        before = study.evaluations()[["plan_id", "value", "created"]].drop_duplicates()
+        before = study.evaluations()[["plan_id", "accuracy_source", "value", "created"]].drop_duplicates()
         assert len(before) >= 3
         assert set(study.searches()["status"]) == {"interrupted"}
         assert not (study.jobs()["status"] == "running").any()  # a job the kill interrupted is pending again
@@ -140,8 +159,9 @@ def test_a_killed_search_process_resumes_with_nothing_lost(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "search(es) continued" in resumed.stdout
     with Study.open(folder) as study:
-        after = study.evaluations()[["plan_id", "value", "created"]].drop_duplicates()
-        merged = before.merge(after, on="plan_id", suffixes=("_before", "_after"))
+        after = study.evaluations()[["plan_id", "accuracy_source", "value", "created"]].drop_duplicates()
+        # (the resumed search also confirms its front on the HTP: more sources for the same plans)
+        merged = before.merge(after, on=["plan_id", "accuracy_source"], suffixes=("_before", "_after"))
         assert len(merged) == len(before)  # nothing finished was lost
         assert np.array_equal(merged["created_before"], merged["created_after"])  # nor evaluated again
         assert np.allclose(merged["value_before"], merged["value_after"])
@@ -196,8 +216,11 @@ def test_search_spreads_over_an_agent_pool(tmp_path):
             result = search(study, "a16w8+10%", runner=pool, weights="per-tensor", max_evaluations=12)
     assert result.reached
     in_process = Study.create(tmp_path / "again", study.quantizer.float_path, study.calibration, study.evaluation_data)
-    same = in_process.evaluate(study.plan(result.recommended.plan_id))
-    assert same.value == pytest.approx(result.recommended.value, abs=1e-6)  # agents score as this process does
+    walked = result.walk_pick or next(e for e in result.path if e.plan_id == result.recommended.plan_id)
+    same = in_process.evaluate(study.plan(walked.plan_id))
+    assert same.value == pytest.approx(walked.value, abs=1e-6)  # agents score as this process does
+    if result.confirmed:  # the confirmation ran on the agents' HTP too
+        assert all(c.confirmed.backend == "htp" for c in result.confirmations)
     assert set(study.jobs()["status"]) == {"done"}
     study.close()
     in_process.close()
