@@ -232,6 +232,30 @@ def test_a_bad_model_shows_an_error(tmp_path, study):
     assert "--data" in state.error
 
 
+def test_a_model_with_an_op_qnn_lacks_opens_with_the_fallback_box_ticked(tmp_path, monkeypatch):
+    """Refused with the way out named in the studio's own terms; opened once "Allow CPU fallback" is ticked,
+    as a study whose HTP runs leave that node to the CPU (and the graph marks it)."""
+    from mpstudio.data import FeedList
+    from test_rewrites import erf_feeds, erf_model
+
+    monkeypatch.setenv("MPSTUDIO_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tmp_path / "erf.onnx", tmp_path / "samples"
+    onnx.save(erf_model(), model)
+    FeedList(erf_feeds(4)).save_npz(data)
+    state = StudioState(auto_analyze=False)
+    job = state.open_model(model, data)
+    assert job.wait(60) and job.status == "failed"
+    assert "/head/Erf [Erf]" in state.error and "Allow CPU fallback" in state.error and state.study is None
+    state.allow_fallback = True
+    job = state.open_model(model, data)
+    assert job.wait(120) and job.status == "done", job.error
+    assert state.study.cpu_fallback_nodes == ("/head/Erf",)
+    view = GraphView(state=state)
+    marked = [label for label in view._labels if label.endswith("[CPU]")]
+    assert len(marked) == 1 and "Erf" in marked[0] and len(view.cpu_nodes.data["x"]) == 1  # and a red cross
+    state.close()
+
+
 def test_export_writes_valid_json(state, tmp_path):
     state.select(activations(state)[2:4])
     state.promote_selected()

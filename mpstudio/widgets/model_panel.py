@@ -25,6 +25,8 @@ class ModelPanel(View):
                                                      placeholder="path/to/samples/", sizing_mode="stretch_width")
         self._shapes = pn.widgets.TextInput.from_param(state.param.input_shapes, name="Input shapes (if dynamic)",
                                                        placeholder="x=1,3,224,224", sizing_mode="stretch_width")
+        self._fallback = pn.widgets.Checkbox.from_param(state.param.allow_fallback,
+                                                        name="Allow CPU fallback (nodes HTP lacks run on CPU)")
         self._open_model = pn.widgets.Button(name="Open model", button_type="primary", sizing_mode="stretch_width")
         self._study = pn.widgets.TextInput.from_param(state.param.study_path, name="Study folder",
                                                       placeholder="path/to/study/", sizing_mode="stretch_width")
@@ -39,7 +41,7 @@ class ModelPanel(View):
         return pn.Column(
             pn.pane.HTML("<b>Model and data</b>"), pn.pane.HTML(pn.bind(self._summary, self.state.param.study),
                                                                 sizing_mode="stretch_width"),
-            self._model, self._data, self._shapes, self._open_model, self._study, self._open_study, self._open_demo,
+            self._model, self._data, self._shapes, self._fallback, self._open_model, self._study, self._open_study, self._open_demo,
             pn.Card(pn.pane.HTML(pn.bind(self._report, self.state.param.study), sizing_mode="stretch_width"),
                     title="QNN support report", collapsed=True, sizing_mode="stretch_width"),
             sizing_mode="stretch_width",

@@ -136,6 +136,8 @@ class StudioState(param.Parameterized):
     model_path = param.String("", doc="An ONNX model file to open")
     data_path = param.String("", doc="A folder of .npz samples (keys: the model's input names)")
     input_shapes = param.String("", doc="Static shapes for dynamic inputs, such as x=1,3,224,224")
+    allow_fallback = param.Boolean(False, doc="Open a model whose nodes QNN HTP lacks anyway: HTP evaluations run "
+                                              "those nodes on ORT's CPU EP and every number says so")
     study_path = param.String("", doc="A study folder to open")
 
     # ---- what the studio shows (read-only; set by actions) ----
@@ -247,12 +249,14 @@ class StudioState(param.Parameterized):
         return self._submit("open", "opening the demo (PP-OCRv4 text-line recognizer)", work, self.set_study)
 
     def open_model(self, model: str | Path | None = None, data: str | Path | None = None,
-                   shapes: str | None = None) -> Job:
+                   shapes: str | None = None, allow_fallback: bool | None = None) -> Job:
         """A new study of `model` calibrated and evaluated on the `.npz` samples in `data` (or the study
-        already made from the same files). Arguments default to the model_path, data_path and input_shapes."""
+        already made from the same files). Arguments default to the model_path, data_path, input_shapes and
+        allow_fallback parameters."""
         model = model or self.model_path
         data = data or self.data_path
         shapes = self.input_shapes if shapes is None else shapes
+        fallback = self.allow_fallback if allow_fallback is None else allow_fallback
 
         def work(progress, cancel):
             if not str(model).strip() or not str(data).strip():
@@ -263,15 +267,19 @@ class StudioState(param.Parameterized):
             input_shapes = parse_shape_args(shapes.split()) if shapes.strip() else None
             digest = hashlib.sha256(model_path.read_bytes())
             digest.update(str(data_path.resolve()).encode())
-            folder = self.study_folder or cache_root() / "studies" / f"{model_path.stem}-{digest.hexdigest()[:12]}"
+            suffix = "-fallback" if fallback else ""  # a study with CPU fallback is another study
+            folder = self.study_folder or cache_root() / "studies" / f"{model_path.stem}-{digest.hexdigest()[:12]}{suffix}"
             with _CREATING:
                 if (folder / "study.json").exists():
                     return Study.open(folder)
                 from ..model import prepare_model
 
                 prepared = prepare_model(model_path, input_shapes)
+                if not prepared.qnn_ready and not fallback:
+                    raise MpstudioError(prepared.fallback_refusal() + " In the studio: tick \"Allow CPU fallback\" "
+                                        "and open the model again.")
                 calibration = NpzFolder(data_path, [spec.name for spec in prepared.inputs])
-                return Study.create(folder, prepared, calibration, progress=progress)
+                return Study.create(folder, prepared, calibration, progress=progress, allow_fallback=fallback)
         return self._submit("open", f"opening {Path(str(model)).name}", work, self.set_study)
 
     # ---- selection and plan ---------------------------------------------------------------------------
