@@ -512,6 +512,22 @@ class Study:
         frame["pareto"] = pareto_mask(frame["value"], frame["latency_ms"], self.higher_is_better)
         return frame.sort_values(["latency_ms", "value"]).reset_index(drop=True)
 
+    def cross_checks(self, latency_source: str = "estimate") -> pd.DataFrame:
+        """Plans of `front(latency_source)` that another accuracy source scored too (e.g. a search's HTP
+        confirmation of plans the front has from the CPU). Columns: plan_id, name, latency_ms, value (the
+        front's source), other_value, other_source."""
+        columns = ["plan_id", "name", "latency_ms", "value", "other_value", "other_source"]
+        front = self.front(latency_source)
+        if front.empty:
+            return pd.DataFrame(columns=columns)
+        frame = self.evaluations()
+        others = frame[(frame["latency_source"] == latency_source)
+                       & (frame["accuracy_source"] != front["accuracy_source"].iloc[0])]
+        merged = front[["plan_id", "name", "latency_ms", "value"]].merge(
+            others[["plan_id", "value", "accuracy_source"]].rename(
+                columns={"value": "other_value", "accuracy_source": "other_source"}), on="plan_id")
+        return merged.drop_duplicates(["plan_id", "other_source"])[columns].reset_index(drop=True)
+
     def summary(self, latency_source: str = "estimate") -> str:
         """A plain-text table of every evaluation and the front, for `mpstudio study show`."""
         lines = [f"study {self.name} ({self.folder})",
@@ -534,6 +550,10 @@ class Study:
                                     "sixteen_bit": "16-bit"})
         lines.append(show.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         lines.append(f"{int(frame['pareto'].sum())} plan(s) on the front; * marks them")
+        checks = self.cross_checks(latency_source)
+        for source, rows in checks.groupby("other_source", sort=False):
+            lines.append(f"also scored on {source}: " + "; ".join(
+                f"plan {r.plan_id} {r.name} {r.other_value:.4f} ({r.value:.4f} above)" for r in rows.itertuples()))
         return "\n".join(lines)
 
     # ---- sensitivity, cached in the study ----

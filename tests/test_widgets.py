@@ -289,6 +289,10 @@ def test_a_search_loads_its_recommended_plan(state):
     assert state.plan_id == result.recommended.plan_id and state.plan.hash == result.recommended.plan_hash
     assert "recommended" in state.message
     assert set(plot.points.data["plan_id"]) >= {e.plan_id for e in result.path}
+    # The search's HTP confirmation (where QNN is installed) shows on the plot beside the CPU points it checks.
+    confirmed = {c.walk.plan_id: c.confirmed.value for c in result.confirmations}
+    assert dict(zip(plot.checks.data["plan_id"], plot.checks.data["other_value"])) == pytest.approx(confirmed)
+    assert plot._checks_item.visible == bool(confirmed)
 
 
 @pytest.mark.slow

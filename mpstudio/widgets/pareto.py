@@ -23,6 +23,9 @@ _EMPTY = {"plan_id": [], "name": [], "origin": [], "value": [], "latency_ms": []
 _PROVISIONAL = {"plan_hash": [], "name": [], "value": [], "low": [], "high": [], "latency_ms": [], "status": [],
                 "interval": [], "detail": [], "accuracy_source": []}
 
+# The same plans scored by another accuracy source (a search's HTP confirmation), linked to their point.
+_CHECKS = {"plan_id": [], "name": [], "latency_ms": [], "value": [], "other_value": [], "other_source": []}
+
 _SHORT_AXIS = {"estimate": "latency (ms, estimate by the HTP cost model)",
                "emulator": "emulator host time (ms, not device latency)",
                "measured": "latency (ms, measured on the device)"}
@@ -40,6 +43,7 @@ class ParetoPlot(View):
         self.front = ColumnDataSource(data={"x": [], "y": []})
         self.current = ColumnDataSource(data={"x": [], "y": []})
         self.labels = ColumnDataSource(data={"x": [], "y": [], "text": []})
+        self.checks = ColumnDataSource(data=dict(_CHECKS))
         self.predicted = ColumnDataSource(data=dict(_PROVISIONAL))
         self.partial = ColumnDataSource(data=dict(_PROVISIONAL))
         self.figure = self._figure()
@@ -72,6 +76,10 @@ class ParetoPlot(View):
                                 line_dash="dashed", name="predicted")
         partial = fig.scatter("latency_ms", "value", source=self.partial, marker="circle_dot", size=13,
                               fill_color="#9fd3ea", line_color="#0b6e99", line_width=2, name="partial")
+        fig.segment("latency_ms", "value", "latency_ms", "other_value", source=self.checks, line_color="#6a3d9a",
+                    line_dash="dotted", line_width=1.5)
+        checks = fig.scatter("latency_ms", "other_value", source=self.checks, marker="inverted_triangle", size=12,
+                             fill_color=None, line_color="#6a3d9a", line_width=2, name="cross_checks")
         fig.scatter("x", "y", source=self.current, marker="circle", size=24, fill_color=None, line_color="#d6008f",
                     line_width=2.5)
         fig.add_layout(LabelSet(x="x", y="y", text="text", source=self.labels, y_offset=9, text_align="center",
@@ -85,7 +93,11 @@ class ParetoPlot(View):
             ("plan", "@name"), ("status", "@status"), ("accuracy", "@value{0.0000}"), ("interval", "@interval"),
             ("latency", "@latency_ms{0.000} ms (estimate by the HTP cost model)"), ("how", "@detail"),
             ("accuracy from", "@accuracy_source")]))
-        fig.add_layout(Legend(items=[LegendItem(label="measured", renderers=[points]),
+        fig.add_tools(HoverTool(renderers=[checks], tooltips=[
+            ("plan", "@plan_id: @name"), ("accuracy", "@other_value{0.0000} (@value{0.0000} on the front's source)"),
+            ("accuracy from", "@other_source"), ("latency", "@latency_ms{0.000} ms")]))
+        self._checks_item = LegendItem(label="same plan, other backend", renderers=[checks], visible=False)
+        fig.add_layout(Legend(items=[LegendItem(label="measured", renderers=[points]), self._checks_item,
                                      LegendItem(label="predicted", renderers=[predicted]),
                                      LegendItem(label="measured so far (95 % interval)", renderers=[partial])],
                               orientation="horizontal", label_text_font_size="11px",
@@ -130,8 +142,17 @@ class ParetoPlot(View):
             self._note.object = (f"<span style='color:#666;font-size:12px'>{len(frame)} plan(s), "
                                  f"{int(on_front.sum())} on the front; accuracy from "
                                  f"{frame['accuracy_source'].iloc[0]}</span>")
+        checks = self.state.cross_checks
+        if checks is None or checks.empty or study is None or frame is None or frame.empty:
+            checks_data = dict(_CHECKS)
+        else:
+            checks_data = {c: checks[c].tolist() for c in _CHECKS}
+            sources = list(dict.fromkeys(checks["other_source"]))
+            self._checks_item.label = {"value": "on " + ", ".join(sources)}
+        self._checks_item.visible = bool(checks_data["plan_id"])
         self._syncing = True
         try:
+            self.checks.data = checks_data
             self.points.selected.indices = []
             self.points.data = data
             self.front.data = front

@@ -149,6 +149,9 @@ class StudioState(param.Parameterized):
     tensors = param.DataFrame(default=pd.DataFrame(columns=TENSOR_COLUMNS), constant=True)
     evaluations = param.DataFrame(default=pd.DataFrame(), constant=True,
                                   doc="study.front(latency_source): every evaluation with a `pareto` column")
+    cross_checks = param.DataFrame(default=pd.DataFrame(), constant=True,
+                                   doc="study.cross_checks(latency_source): plans of that front another accuracy "
+                                       "source scored too (a search's HTP confirmation)")
     focus = param.String("", constant=True, doc="A tensor the graph should scroll to")
     divergence = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1,
                                  doc="The current plan's divergence table (mpstudio.diverge.COLUMNS)")
@@ -568,9 +571,11 @@ class StudioState(param.Parameterized):
         return next((job for job in self.jobs if job.status == "running"), None)
 
     def refresh_evaluations(self) -> None:
-        frame = self.study.front(self.latency_source) if self.study is not None else pd.DataFrame()
+        study = self.study
+        frame = study.front(self.latency_source) if study is not None else pd.DataFrame()
+        checks = study.cross_checks(self.latency_source) if study is not None else pd.DataFrame()
         with param.edit_constant(self):
-            self.evaluations = frame
+            self.param.update(cross_checks=checks, evaluations=frame)  # the plot redraws on evaluations
 
     def export(self, formats: tuple[str, ...], out_dir: str | Path | None = None):
         """Write the current plan in `formats` (see mpstudio.export.FORMATS) -> mpstudio.export.ExportResult."""
