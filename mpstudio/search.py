@@ -244,7 +244,7 @@ class SearchResult:
                      + (f" and {len(self.confirmations)} confirming ones" if self.confirmed else ""))
         if self.confirmed:
             lines += self._describe_confirmations()
-        elif self.confirm_note:
+        if self.confirm_note:
             lines.append(self.confirm_note)
         if self.reached:
             lines.append(f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} [{r.accuracy_source}] "
@@ -705,12 +705,19 @@ class _Walk:
                                                     f"{confirmed.metric} {confirmed.value:.4f} (walk {e.value:.4f})")
             return self._meets(confirmed)
 
-        step = -1 if check(front[at]) else 1
-        i = at + step
-        while 0 <= i < len(front) and len(done) < max_plans:
-            if check(front[i]) != (step == -1):
-                break  # a cheaper one misses, or a dearer one reaches it: the edge is found
-            i += step
+        failure = ""
+        try:
+            step = -1 if check(front[at]) else 1
+            i = at + step
+            while 0 <= i < len(front) and len(done) < max_plans:
+                if check(front[i]) != (step == -1):
+                    break  # a cheaper one misses, or a dearer one reaches it: the edge is found
+                i += step
+        except MpstudioError as exc:  # the walk's result stands; what was confirmed before the failure counts
+            failure = (f"the confirmation on the HTP stopped after {len(done)} plan(s): {exc} (rerun the search to "
+                       "continue it; --no-confirm skips it)")
+        if not done:
+            return replace(result, confirm_note=failure)
         sixteen = self._sixteen_bit()
         sign = -1.0 if self.hib else 1.0
         reaching = [c for c in done if self._meets(c.confirmed)]
@@ -727,7 +734,7 @@ class _Walk:
                 pick, [c.confirmed for c in done], self.hib, result.float_value,
                 snr_metric=self.study.metric_spec.kind == "output", latency_budget_ms=self.latency_budget_ms))
         return replace(result, recommended=pick, reached=self._meets(pick), stop_reason=reason,
-                       alternatives=alternatives,
+                       alternatives=alternatives, confirm_note=failure,
                        promoted=self._promoted(pick, result.order) if changed else result.promoted,
                        confirmations=tuple(done), walk_pick=result.recommended if changed else None)
 

@@ -278,6 +278,36 @@ def test_the_htp_confirmation_moves_the_pick_where_cpu_and_htp_disagree(tmp_path
         assert study.searches()["result"].iloc[-1]["walk_pick_plan_id"] == result.walk_pick.plan_id
 
 
+@pytest.mark.htp
+@requires_qnn
+def test_an_agent_that_dies_during_the_confirmation_loses_nothing(tmp_path):
+    """The agent process is killed as the first HTP run starts: the search still returns the walk's result,
+    says why the confirmation stopped, and keeps every evaluation the walk stored."""
+    from mpstudio.agent import LocalAgent
+
+    study = _make_study(tmp_path, size=32)
+    agent = LocalAgent()
+    agent.start()
+
+    def progress(done, total, message):
+        if "on htp" in message and agent._process.poll() is None:
+            agent._process.kill()
+            agent._process.wait()
+
+    try:
+        result = search(study, "a16w8+10%", runner=agent.client, weights="per-tensor", max_evaluations=8,
+                        progress=progress)
+    finally:
+        agent.stop()
+    assert not result.confirmed and "confirmation on the HTP stopped after 0 plan(s)" in result.confirm_note
+    assert "unreachable" in result.confirm_note and result.confirm_note in result.describe()
+    assert result.recommended.backend == "cpu" and result.reached
+    assert study.searches()["status"].tolist() == ["done"]
+    stored = study.evaluations()
+    assert {e.plan_id for e in result.path} <= set(stored[stored["backend"] == "cpu"]["plan_id"])
+    study.close()
+
+
 def test_disagreements_name_the_target_and_the_order():
     def e(plan_id, value, source):
         return Evaluation(plan_id, "h", f"p{plan_id}", "x", source, "snr", value, True, None, None, 1, 0.0)
