@@ -179,7 +179,8 @@ def plans_for(quantizer: Quantizer, calibration: DataSource, count: int, seed: i
     model_16 = quantizer.generate(PrecisionPlan.a16w8())
     params_8 = {t: q.encoding for t, q in qdq.read(model_8).activations().items()}
     params_16 = {t: q.encoding for t, q in qdq.read(model_16).activations().items()}
-    scores = tensor_scores(quantizer.float_path, model_8, quantizer.graph, calibration.head(8), params_8, params_16)
+    scores = tensor_scores(quantizer.float_path, model_8, quantizer.graph, calibration.head(8), params_8, params_16,
+                           local_model=quantizer.calibration_model(PrecisionPlan.a8w8()))
     # Most harmful first: the tensors whose own 8-bit rounding costs the most (lowest local SNR at 8 bits).
     ranked = [t for t in scores.sort_values("local_snr_8")["tensor"] if t in params_8]
     pc = PrecisionPlan(weight_type="int8", per_channel=True, name="a8w8-pc")

@@ -160,16 +160,32 @@ class Quantizer:
                 return cached
             started = time.perf_counter()
             float_ranges = self._calibrate_float(progress, cancel)
-            form_plan = _weight_form_plan(plan or PrecisionPlan())
-            with tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
-                reference = Path(tmp) / "weights.onnx"
-                self._quantize(form_plan, float_ranges, reference)
-                carried = Path(tmp) / "float-with-quantized-weights.onnx"
-                onnx.save(with_quantized_weights(onnx.load(self.float_path), reference), carried)
-                ranges, samples = self._collect_ranges(carried, progress, cancel, "calibrating with quantized weights")
+            carried = self._calibration_model(plan, float_ranges)
+            ranges, samples = self._collect_ranges(carried, progress, cancel, "calibrating with quantized weights")
             self._caches[key] = self._store_calibration(key, ranges, samples,
                                                         float_ranges.seconds + time.perf_counter() - started)
             return self._caches[key]
+
+    def calibration_model(self, plan: PrecisionPlan | None = None) -> Path:
+        """The float model carrying the weights of `plan`'s weight form quantized (None: the default plan's): the
+        model its activation ranges are calibrated on, so the values a tensor's range was measured on. Scores that
+        quantize a tensor's values with those ranges must read them here: a float tensor can exceed a range that
+        quantized weights shrink (a channel whose weights round to zero), and would look clipped where the QDQ
+        model never clips."""
+        with self._lock:
+            return self._calibration_model(plan, self._calibrate_float(None, None))
+
+    def _calibration_model(self, plan: PrecisionPlan | None, float_ranges: CalibrationCache) -> Path:
+        out = self.cache_dir / "float" / f"{self.prepared.sha256[:16]}-weights-{self.calibration_key(plan)}.onnx"
+        if out.exists():
+            return out
+        with tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
+            reference = Path(tmp) / "weights.onnx"
+            self._quantize(_weight_form_plan(plan or PrecisionPlan()), float_ranges, reference)
+            unique = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            onnx.save(with_quantized_weights(onnx.load(self.float_path), reference), unique)
+            os.replace(unique, out)  # another process may be making the same file
+        return out
 
     def _calibrate_float(self, progress, cancel) -> CalibrationCache:
         """The float model's own ranges (the first pass, which quantizes the weights of the second)."""

@@ -10,7 +10,10 @@ report shows, naming what it changed:
   Softmax, become `MASK_FLOOR` (-100): an 8/16-bit quantization range stretched to -3.4e38 has no resolution
   left for the scores themselves, while Softmax weighs a masked score e^-100 times less (0 in float32 unless
   a masked key outscores every visible one by about 90);
-- a Where choosing between two constants becomes arithmetic that ORT's QDQ quantizer quantizes.
+- a Where choosing between two constants becomes arithmetic that ORT's QDQ quantizer quantizes;
+- a BatchNormalization after a Conv or ConvTranspose (through a per-channel bias Add, as Paddle exports a
+  ConvTranspose's bias) is folded into that op's weights and bias: ORT folds it after a Conv but not after a
+  ConvTranspose, and QNN HTP's own BatchNormalization computes some channels differently from the QDQ model.
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ class RewriteResult:
 
 def rewrite_for_htp(model: onnx.ModelProto) -> list[RewriteResult]:
     """Apply every rewrite to `model` in place; one RewriteResult per rewrite that changed something."""
-    results = [fuse_erf_gelu(model), clamp_mask_constants(model), where_to_arithmetic(model)]
+    results = [fuse_erf_gelu(model), clamp_mask_constants(model), where_to_arithmetic(model),
+               fold_batch_norm(model)]
     return [r for r in results if r is not None]
 
 
@@ -331,5 +335,117 @@ def where_to_arithmetic(model: onnx.ModelProto) -> RewriteResult | None:
         + ", ".join(written[:3]) + (" ..." if len(written) > 3 else ""))
 
 
+# ---- BatchNormalization after a convolution ---------------------------------------------------------------------
+def _float_initializer(inits: dict, name: str) -> np.ndarray | None:
+    tensor = inits.get(name)
+    if tensor is None or tensor.data_type != TensorProto.FLOAT or tensor.data_location == TensorProto.EXTERNAL:
+        return None
+    return numpy_helper.to_array(tensor).astype(np.float64)
+
+
+def fold_batch_norm(model: onnx.ModelProto) -> RewriteResult | None:
+    """Fold each inference BatchNormalization whose input is a Conv's or ConvTranspose's output, directly or through
+    an Add of a per-channel constant, into that op's weights and bias.
+
+    QNN HTP runs a quantized BatchNormalization by refolding its parameters into a per-tensor quantized scale and
+    bias of its own; measured (onnxruntime-qnn 2.7, HTP emulator) on the PP-OCRv4 detector's head and on a small
+    ConvTranspose -> Add -> BatchNormalization model, the channel with the largest folded bias comes out with the
+    wrong sign with int8 parameters or 16-bit activations, 17 quantization steps off at 8 bits where the QDQ
+    model on ORT's CPU is exact. Folded, the QDQ model has no BatchNormalization, and both compute the same
+    convolution. Each node involved must be the only reader of its input, every parameter a float initializer.
+    """
+    graph = model.graph
+    g = _Graph(graph)
+    inits = {t.name: t for t in graph.initializer}
+    weight_users: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            weight_users[name] = weight_users.get(name, 0) + 1
+    folded: list[str] = []
+    dropped: set[int] = set()
+    for bn in list(graph.node):
+        if bn.op_type != "BatchNormalization" or bn.domain not in _STANDARD or len(bn.input) != 5 \
+                or len(bn.output) != 1:
+            continue
+        attrs = {a.name: a for a in bn.attribute}
+        if "training_mode" in attrs and attrs["training_mode"].i:
+            continue
+        params = [_float_initializer(inits, name) for name in bn.input[1:]]
+        if any(p is None or p.ndim != 1 for p in params):
+            continue
+        scale, bias, mean, var = params
+        epsilon = attrs["epsilon"].f if "epsilon" in attrs else 1e-5
+        add = g.producer.get(bn.input[0])
+        shift_name = None
+        conv = add
+        if add is not None and add.op_type == "Add" and add.domain in _STANDARD and len(add.input) == 2:
+            if g.only_consumer(add.output[0], "BatchNormalization") is not bn:
+                continue
+            shift_name = next((name for name in add.input if name in inits), None)
+            other = _other(add, shift_name) if shift_name else None
+            conv = g.producer.get(other) if other else None
+            if conv is None or g.only_consumer(other, "Add") is not add:
+                continue
+        elif conv is None or g.only_consumer(bn.input[0], "BatchNormalization") is not bn:
+            continue
+        if conv.op_type not in ("Conv", "ConvTranspose") or conv.domain not in _STANDARD or len(conv.output) != 1:
+            continue
+        weight = _float_initializer(inits, conv.input[1]) if len(conv.input) > 1 else None
+        conv_bias = _float_initializer(inits, conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+        if weight is None or weight_users.get(conv.input[1], 0) != 1 or (len(conv.input) > 2 and conv.input[2] and (
+                conv_bias is None or weight_users.get(conv.input[2], 0) != 1)):
+            continue
+        channels = scale.size
+        groups = next((a.i for a in conv.attribute if a.name == "group"), 1)
+        out_axis = 0 if conv.op_type == "Conv" else 1
+        if weight.shape[out_axis] * (groups if out_axis == 1 else 1) != channels:
+            continue
+        shift = np.zeros(channels)
+        if shift_name is not None:
+            constant = _float_initializer(inits, shift_name)
+            # Per channel only: the output's channel axis is 1 of rank weight.ndim, i.e. weight.ndim - 1 from the right.
+            per_channel = constant is not None and constant.ndim >= weight.ndim - 1 and \
+                constant.shape[-(weight.ndim - 1)] == channels and constant.size == channels
+            if constant is None or weight_users.get(shift_name, 0) != 1 or not (constant.size == 1 or per_channel):
+                continue
+            shift = np.broadcast_to(constant.reshape(-1), (channels,))
+        factor = scale / np.sqrt(var + epsilon)
+        if out_axis == 0:
+            new_weight = weight * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
+        else:  # ConvTranspose: [in, out / group, ...]; output channel gi * (out / group) + j
+            grouped = weight.reshape((groups, weight.shape[0] // groups) + weight.shape[1:])
+            new_weight = (grouped * factor.reshape((groups, 1, -1) + (1,) * (weight.ndim - 2))).reshape(weight.shape)
+        base = conv_bias if conv_bias is not None else np.zeros(channels)
+        new_bias = (base + shift - mean) * factor + bias
+        inits[conv.input[1]].CopyFrom(numpy_helper.from_array(new_weight.astype(np.float32), conv.input[1]))
+        if conv_bias is not None:
+            inits[conv.input[2]].CopyFrom(numpy_helper.from_array(new_bias.astype(np.float32), conv.input[2]))
+        else:
+            taken = set(inits) | {o for n in graph.node for o in n.output}
+            name, i = f"{conv.name or conv.output[0]}/folded_bias", 1
+            while name in taken:
+                name, i = f"{conv.name or conv.output[0]}/folded_bias_{i}", i + 1
+            tensor = numpy_helper.from_array(new_bias.astype(np.float32), name)
+            graph.initializer.append(tensor)
+            inits[name] = tensor
+            while len(conv.input) < 3:
+                conv.input.append("")
+            conv.input[2] = name
+        conv.output[0] = bn.output[0]
+        dropped.update(id(n) for n in (bn, add) if n is not None and n is not conv)
+        folded.append(bn.name or bn.output[0])
+    if not folded:
+        return None
+    kept = [n for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    _drop_unused_initializers(graph)
+    return RewriteResult(
+        "fold-batch-norm", tuple(folded),
+        f"folded {len(folded)} BatchNormalization node(s) after a Conv/ConvTranspose into its weights and bias "
+        "(QNN HTP's own BatchNormalization computes some channels differently from the QDQ model): "
+        + ", ".join(folded[:3]) + (" ..." if len(folded) > 3 else ""))
+
+
 __all__ = ["RewriteResult", "rewrite_for_htp", "fuse_erf_gelu", "clamp_mask_constants", "where_to_arithmetic",
-           "MASK_FLOOR"]
+           "fold_batch_norm", "MASK_FLOOR"]

@@ -299,3 +299,98 @@ def test_the_graph_view_marks_the_nodes_that_run_on_cpu(tmp_path):
     finally:
         state.close()
         study.close()
+
+
+# ---- BatchNormalization after a convolution --------------------------------------------------------------------
+def batch_norm_model(op: str = "ConvTranspose", group: int = 1, bias_add: bool = True, conv_bias: bool = False,
+                     shared: bool = False) -> onnx.ModelProto:
+    """x[1,4,8,8] -> Conv/ConvTranspose (8 channels) [-> Add per-channel bias] -> BatchNormalization -> Relu ->
+    Conv(1x1) -> y, as Paddle exports DBNet's head. Channel 3 has the largest folded bias, positive.
+    `shared`: the convolution's output is also a graph output (so it cannot be folded)."""
+    rng = np.random.default_rng(5)
+    channels = 8
+
+    def init(name, value):
+        return numpy_helper.from_array(np.asarray(value, np.float32), name)
+
+    if op == "ConvTranspose":
+        weight = rng.normal(0, 0.5, (4, channels // group, 2, 2))
+        conv = helper.make_node("ConvTranspose", ["x", "w"] + (["cb"] if conv_bias else []), ["c"], name="/head/up",
+                                strides=[2, 2], group=group)
+        size = 16
+    else:
+        weight = rng.normal(0, 0.5, (channels, 4 // group, 3, 3))
+        conv = helper.make_node("Conv", ["x", "w"] + (["cb"] if conv_bias else []), ["c"], name="/head/conv",
+                                pads=[1, 1, 1, 1], group=group)
+        size = 8
+    bias = rng.uniform(-0.5, 1.5, channels)
+    bias[3] = 3.0
+    inits = [init("w", weight), init("s", rng.uniform(1.5, 3.0, channels)), init("b", bias),
+             init("m", rng.normal(0, 0.1, channels)), init("v", rng.uniform(0.03, 0.1, channels)),
+             init("w2", rng.normal(0, 0.3, (4, channels, 1, 1)))]
+    if conv_bias:
+        inits.append(init("cb", rng.normal(0, 0.2, channels)))
+    nodes = [conv]
+    bn_input = "c"
+    if bias_add:
+        inits.append(init("cadd", rng.normal(0, 0.1, (channels, 1, 1))))
+        nodes.append(helper.make_node("Add", ["c", "cadd"], ["a"], name="/head/bias"))
+        bn_input = "a"
+    nodes += [helper.make_node("BatchNormalization", [bn_input, "s", "b", "m", "v"], ["bn"], name="/head/bn"),
+              helper.make_node("Relu", ["bn"], ["r"], name="/head/relu"),
+              helper.make_node("Conv", ["r", "w2"], ["y"], name="/head/out")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, size, size])]
+    if shared:
+        outputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, channels, size, size]))
+    graph = helper.make_graph(nodes, "bn_head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              outputs, initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def batch_norm_feeds(count: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(count)]
+
+
+@pytest.mark.parametrize("op,group,bias_add,conv_bias", [("ConvTranspose", 1, True, False),
+                                                         ("ConvTranspose", 2, False, True),
+                                                         ("ConvTranspose", 2, True, True),
+                                                         ("Conv", 2, True, False)])
+def test_a_batch_norm_after_a_convolution_is_folded_and_outputs_kept(op, group, bias_add, conv_bias):
+    model = batch_norm_model(op, group, bias_add, conv_bias)
+    feeds = batch_norm_feeds(3)
+    prepared = prepare_model(model)
+    assert "BatchNormalization" not in ops(prepared.model) and "Add" not in ops(prepared.model)
+    assert op in ops(prepared.model)
+    for before, after in zip(float_outputs(model, feeds), float_outputs(prepared.model, feeds)):
+        np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-4 * np.abs(before).max())
+
+
+def test_a_batch_norm_whose_convolution_output_is_read_elsewhere_is_left_alone():
+    prepared = prepare_model(batch_norm_model(shared=True, bias_add=False))
+    assert "BatchNormalization" in ops(prepared.model)
+    assert all(r.name != "fold-batch-norm" for r in prepared.rewrites)
+
+
+@pytest.mark.htp
+@requires_qnn
+@pytest.mark.parametrize("plan", [PrecisionPlan(weight_type="int8", per_channel=True, name="a8w8-pc"),
+                                  PrecisionPlan.a16w8()], ids=["a8w8-pc", "a16w8"])
+def test_htp_and_cpu_agree_on_a_convolution_head_once_its_batch_norm_is_folded(tmp_path, plan):
+    # QNN HTP refolds a quantized BatchNormalization's parameters itself and gets the channel with the largest
+    # folded bias wrong (its sign) with int8 parameters or 16-bit activations, so CPU evaluations of such plans
+    # stopped predicting the HTP (the detector's per-channel plans). Left in, the two disagree by several
+    # quantization steps; folded at prepare time, they agree to quantization noise.
+    feeds = batch_norm_feeds(4, seed=1)
+    snr = {}
+    for rewrite in (False, True):
+        prepared = prepare_model(batch_norm_model(), rewrite=rewrite)
+        quantizer = Quantizer(prepared, FeedList(batch_norm_feeds(8)), tmp_path / f"cache-{rewrite}")
+        path = quantizer.generate(plan)
+        htp_session = create_session(path, "htp", {"htp_arch": "75"})
+        htp = [htp_session.run(None, feed)[0] for feed in feeds]
+        cpu_session = create_session(path, "cpu")
+        cpu = [cpu_session.run(None, feed)[0] for feed in feeds]
+        snr[rewrite] = snr_db(cpu, htp)
+    assert snr[True] > 30, snr  # HTP numerics against ORT's QDQ reference: quantization noise apart (~40 dB)
+    assert snr[False] < snr[True] - 10, snr  # the HTP's own BatchNormalization, where the two part (~19 dB)

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from conftest import IR, conv_feeds, make_conv_model
 from mpstudio.data import Cancelled, FeedList
@@ -62,6 +62,53 @@ def test_input_noise_matches_hand_computed_value(tmp_path):
     assert row["max_abs"] == pytest.approx(0.003, abs=1e-5)
     assert row["local_snr_16"] > expected_snr + 40  # 256x finer steps: about 48 dB better
     assert row["samples"] == 3 and bool(row["passes_snr"]) is True
+
+
+def _shrinking_model():
+    """x[1,2,1,64] -> Conv(1x1, weights 0.004 and 10) -> c -> Mul(2) -> y. Per-tensor uint8 weights (step 10/255)
+    round 0.004 to 0, so with the weights quantized c loses its large first term: its calibrated range shrinks
+    from about [0, 4.1] (float weights) to [0, 0.1]."""
+    w = numpy_helper.from_array(np.array([0.004, 10.0], np.float32).reshape(1, 2, 1, 1), "w")
+    two = helper.make_tensor("two", TensorProto.FLOAT, [1], [2.0])
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="/a/Conv"), helper.make_node("Mul", ["c", "two"], ["y"], name="/a/Mul")],
+        "shrink", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1, 64])], initializer=[w, two])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def _shrinking_feeds(count, seed):
+    rng = np.random.default_rng(seed)
+    return FeedList([{"x": np.stack([rng.uniform(0, 1000, 64), rng.uniform(0, 0.01, 64)]).reshape(1, 2, 1, 64)
+                      .astype(np.float32)} for _ in range(count)])
+
+
+def test_local_error_reads_the_model_the_ranges_were_calibrated_on(tmp_path):
+    # Ranges are calibrated with the weights quantized, as the HTP runs the model. Quantizing the float model's
+    # values with them counts clipping the QDQ model never does (c reaches 4.1 in float, 0.1 with quantized
+    # weights): the tensor ranked most harmful, and promoting it changed nothing (the detector's top-k plans).
+    prepared = prepare_model(_shrinking_model())
+    quantizer = Quantizer(prepared, _shrinking_feeds(8, 0), tmp_path)
+    params_8, params_16 = _params(quantizer, PrecisionPlan.a8w8()), _params(quantizer, PrecisionPlan.a16w8())
+    carried = quantizer.calibration_model(PrecisionPlan.a8w8())
+    assert numpy_helper.to_array(next(i for i in onnx.load(carried).graph.initializer if i.name == "w")).ravel()[0] == 0
+    high = params_8["c"].scale[0] * (255 - params_8["c"].zero_point[0])
+    assert 0.09 < high < 0.11  # the range the QDQ model runs with
+    evaluation = _shrinking_feeds(3, 1)
+    model_8 = quantizer.generate(PrecisionPlan.a8w8())
+    scored = tensor_scores(quantizer.float_path, model_8, prepared.graph, evaluation, params_8, params_16,
+                           local_model=carried).set_index("tensor").loc["c"]
+    on_float = tensor_scores(quantizer.float_path, model_8, prepared.graph, evaluation, params_8, params_16
+                             ).set_index("tensor").loc["c"]
+    # By hand: the carried model's c (10 * x1) quantized alone with c's 8-bit parameters.
+    scale, zero = params_8["c"].scale[0], params_8["c"].zero_point[0]
+    values = np.concatenate([10 * np.float32(f["x"][0, 1, 0]).astype(np.float64) for f in evaluation.feeds()])
+    quantized = (np.clip(np.round(values / scale) + zero, 0, 255) - zero) * scale
+    expected = 10 * np.log10(np.sum(values ** 2) / np.sum((values - quantized) ** 2))
+    assert scored["local_snr_8"] == pytest.approx(expected, abs=0.5)
+    assert scored["local_snr_8"] > 35 and scored["local_snr_16"] > scored["local_snr_8"] + 20
+    assert on_float["local_snr_8"] < 5  # what reading the float model reported: clipped
+    assert scored["snr_db"] == on_float["snr_db"]  # accumulated error stays against the float model
 
 
 def test_accumulator_streams_like_one_concatenated_pass():

@@ -184,7 +184,8 @@ def analyze(
     model_plan = quantizer.generate(plan, progress, cancel)
     params_8 = {t: q.encoding for t, q in qdq.read(model_8).activations().items()}
     params_16 = {t: q.encoding for t, q in qdq.read(model_16).activations().items()}
-    tensors = tensor_scores(quantizer.float_path, model_plan, graph, data, params_8, params_16, progress, cancel)
+    tensors = tensor_scores(quantizer.float_path, model_plan, graph, data, params_8, params_16, progress, cancel,
+                            local_model=quantizer.calibration_model(PrecisionPlan.a8w8()))
     weights = weight_scores(quantizer.prepared.model, graph, progress, cancel)
     result = None
     if isolation:

@@ -46,7 +46,8 @@ from .ranking import namespace_regions, rank_tensors, selection_region
 from .scores import ScoreSums, score_frame, weight_scores
 from .workers import Config, InlineWorkers, IsolationSpec, ScoringSpec, WorkerPool, worker_count
 
-ENGINE_VERSION = 1  # names the on-disk cache of isolation values; bump when the numbers would change
+ENGINE_VERSION = 2  # names the on-disk cache of isolation values; bump when the numbers would change
+# 2: local errors read the model the ranges were calibrated on (`Quantizer.calibration_model`)
 _ALL_8: Config = ("promote", ())
 _ALL_16: Config = ("demote", ())
 _EXPLORE = 4  # every 4th tensor isolated is a random one
@@ -153,7 +154,8 @@ class _Analysis:
                      "plan_hash": self.plan.hash, "samples": len(self.data), "data": self.data.name,
                      "mode": "exhaustive" if self.exhaustive else "progressive", "tensors": len(self.tensors),
                      "workers": len(self.pool.processes)}
-        self.pool.setup(scoring=ScoringSpec(str(q.float_path), str(plan_path), params_8, params_16))
+        self.pool.setup(scoring=ScoringSpec(str(q.float_path), str(plan_path), params_8, params_16,
+                                            str(q.calibration_model(PrecisionPlan.a8w8()))))
         ids = self._submit_scores()
         done: dict[int, ScoreSums] = {}
         # While the workers score: the weights, and what isolation needs (scores shown as they come).

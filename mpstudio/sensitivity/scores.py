@@ -32,7 +32,8 @@ from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB, local_error
 #   tensor, kind (input/activation/output), op (producer op type, "" for a graph input), node (producer),
 #   namespace, matched (has a QDQ counterpart), qdq_tensor (its DequantizeLinear output), bits (in the plan),
 #   snr_db, cosine, mse, max_abs (float model vs QDQ model, accumulated over all samples),
-#   local_snr_8, local_snr_16 (this tensor alone quantized with its calibrated 8/16-bit parameters),
+#   local_snr_8, local_snr_16 (this tensor alone quantized with its calibrated 8/16-bit parameters, read in the
+#   model the parameters were calibrated on: `local_model` when given, the float model otherwise),
 #   passes_snr, passes_cosine (seed 004's thresholds), samples.
 TENSOR_COLUMNS = ["tensor", "kind", "op", "node", "namespace", "matched", "qdq_tensor", "bits", "snr_db", "cosine",
                   "mse", "max_abs", "local_snr_8", "local_snr_16", "passes_snr", "passes_cosine", "samples"]
@@ -47,9 +48,14 @@ def tensor_scores(
     params_16: Mapping[str, Encoding],
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
+    local_model=None,
 ) -> pd.DataFrame:
-    """Accumulated and local error of every activation tensor of `graph` over `data` (see TENSOR_COLUMNS)."""
-    scorer = TensorScorer(float_model, qdq_model, graph, params_8, params_16)
+    """Accumulated and local error of every activation tensor of `graph` over `data` (see TENSOR_COLUMNS).
+
+    `local_model`: the model the parameters' ranges were calibrated on (`Quantizer.calibration_model`: the float
+    model carrying quantized weights); local errors quantize its tensors, accumulated errors stay against the
+    float model."""
+    scorer = TensorScorer(float_model, qdq_model, graph, params_8, params_16, local_model=local_model)
     return scorer.frame(scorer.score(data.feeds(), len(data), progress, cancel))
 
 
@@ -76,7 +82,7 @@ class TensorScorer:
     samples through, and how its sums become the TENSOR_COLUMNS frame."""
 
     def __init__(self, float_model, qdq_model, graph: ModelGraph, params_8: Mapping[str, Encoding],
-                 params_16: Mapping[str, Encoding], threads: int = 0):
+                 params_16: Mapping[str, Encoding], threads: int = 0, local_model=None):
         qdq_model = qdq.load(qdq_model)
         self.graph = graph
         self.counterparts = qdq.read(qdq_model).activations()
@@ -88,6 +94,10 @@ class TensorScorer:
         self.qdq_session = create_session(qdq.with_outputs(qdq_model, [self.counterparts[t].post for t in self.matched]),
                                           intra_op_threads=threads)
         self.float_names = [o.name for o in self.float_session.get_outputs()]
+        # Quantizing the float model's values with ranges calibrated under quantized weights would count as
+        # clipping what the QDQ model never reaches: local errors read the calibration's own model.
+        self.local_session = (create_session(qdq.with_outputs(local_model, exposed_float), intra_op_threads=threads)
+                              if local_model is not None else None)
         self.qdq_names = [o.name for o in self.qdq_session.get_outputs()]
         # Tensor -> bits -> its calibrated parameters at that width.
         self.params = {t: {bits: table[t] for bits, table in ((8, params_8), (16, params_16)) if t in table}
@@ -109,16 +119,20 @@ class TensorScorer:
             qdq_values = dict(zip(self.qdq_names, self.qdq_session.run(self.qdq_names, feed)))
             for t in self.matched:
                 sums.accumulated[t].add(float_values[t], qdq_values.pop(self.counterparts[t].post))
+            local_values = float_values
+            if self.local_session is not None:
+                local_values = dict(zip(self.float_names, self.local_session.run(self.float_names, feed)))
+                local_values.update({name: feed[name] for name in self.inputs if name in feed})
             for t, widths in self.params.items():
                 if not widths:
                     continue
-                x = np.ravel(np.asarray(float_values[t], dtype=np.float32))
+                x = np.ravel(np.asarray(local_values[t], dtype=np.float32))
                 # Only the local SNR is reported: signal (once for both widths) and noise powers suffice.
                 signal = float(np.dot(x, x))
                 for bits, params in widths.items():
                     diff = local_error(x, params)
                     sums.local[t][bits].add_powers(signal, float(np.dot(diff, diff)), x.size)
-            del float_values, qdq_values
+            del float_values, qdq_values, local_values
             sums.samples += 1
             if progress:
                 progress(i + 1, total, "scoring tensors")

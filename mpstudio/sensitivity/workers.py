@@ -37,6 +37,7 @@ class ScoringSpec:
     qdq_model: str
     params_8: Mapping[str, Encoding]
     params_16: Mapping[str, Encoding]
+    local_model: str | None = None  # the model the parameters were calibrated on (`TensorScorer`'s local_model)
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class SensitivityWorker:
             spec = self.scoring_spec
             graph = ModelGraph(onnx.load(spec.float_model))
             self._scorer = TensorScorer(spec.float_model, spec.qdq_model, graph, spec.params_8, spec.params_16,
-                                        threads=1)
+                                        threads=1, local_model=spec.local_model)
         return self._scorer.score(feeds, len(feeds), cancel=cancel)
 
     def isolate(self, payload: tuple[Sequence[Config], int], cancel: threading.Event | None = None) -> list[float]:
