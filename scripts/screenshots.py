@@ -3,7 +3,8 @@
     python scripts/screenshots.py [--out docs/images]
 
 Opens the demo study (created and analysed on first use, about a minute), evaluates the baselines and a plan
-that promotes the ten top-ranked tensors to 16 bits, serves the studio with that plan loaded and the top
+that promotes the ten top-ranked tensors to 16 bits, and a8w8 with per-channel weights on the CPU and on the
+HTP (emulator: a few minutes; --no-htp skips it), serves the studio with that plan loaded and the top
 tensors selected, and photographs it in headless Chromium (scripts/install-browser installs one):
   studio.png  the whole studio;  graph.png  the graph view with a tensor's scores on hover;
   pareto.png  the Pareto plot and the ranking.
@@ -27,6 +28,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(ROOT / "docs" / "images"))
     parser.add_argument("--top", type=int, default=10, help="tensors the shown plan promotes")
+    parser.add_argument("--no-htp", action="store_true",
+                        help="skip the HTP evaluation of a8w8-pc (minutes on the emulator)")
     args = parser.parse_args(argv)
     browser_path = chromium_path()
     if browser_path is None:
@@ -34,6 +37,7 @@ def main(argv=None) -> int:
         return 2
 
     from playwright.sync_api import sync_playwright
+    from mpstudio.errors import MpstudioError
     from mpstudio.plan import PrecisionPlan
     from mpstudio.study import Study
     from mpstudio.widgets import Studio, StudioState
@@ -51,6 +55,15 @@ def main(argv=None) -> int:
     top = report.top(args.top)["tensor"].tolist()
     plan = PrecisionPlan.a8w8().promote(top)
     study.evaluate(plan, progress=progress)
+    # Per-channel int8 weights, on the CPU and (where the QNN EP is installed) on the HTP: the Pareto plot
+    # then shows the same plan from both backends, linked.
+    per_channel = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc")
+    study.evaluate(per_channel, progress=progress)
+    if not args.no_htp:
+        try:
+            study.evaluate(per_channel, "htp", progress=progress)
+        except MpstudioError as exc:
+            print(f"no HTP point: {exc}", file=sys.stderr)
     states = []
 
     def session():
