@@ -97,9 +97,10 @@ class ParetoPlot(View):
             ("plan", "@plan_id: @name"), ("accuracy", "@other_value{0.0000} (@value{0.0000} on the front's source)"),
             ("accuracy from", "@other_source"), ("latency", "@latency_ms{0.000} ms")]))
         self._checks_item = LegendItem(label="same plan, other backend", renderers=[checks], visible=False)
-        fig.add_layout(Legend(items=[LegendItem(label="measured", renderers=[points]), self._checks_item,
+        fig.add_layout(Legend(items=[LegendItem(label="measured", renderers=[points]),
                                      LegendItem(label="predicted", renderers=[predicted]),
-                                     LegendItem(label="measured so far (95 % interval)", renderers=[partial])],
+                                     LegendItem(label="measured so far (95 % interval)", renderers=[partial]),
+                                     self._checks_item],
                               orientation="horizontal", label_text_font_size="11px",
                               glyph_height=14, glyph_width=14, spacing=6, padding=4, margin=4,
                               background_fill_alpha=0.7, border_line_alpha=0, name="pareto_legend"), "above")
