@@ -23,6 +23,7 @@ from mpstudio.export import export_plan, qnn_encodings, read_quantized_tensors, 
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan, TensorOverride
 from mpstudio.quantize import Quantizer
+from mpstudio.runners import CPU_SOURCE
 from mpstudio.study import Study
 
 PER_CHANNEL_MIXED = PrecisionPlan(weight_type="int8", per_channel=True, name="pc").promote(["add_out"])
@@ -369,7 +370,7 @@ def test_cli_import_creates_the_study_and_evaluates_the_plan(tmp_path):
                 "--data", str(data), "--evaluate", "--quiet")
     assert done.returncode == 0, done.stderr
     assert "imported encodings 1.0.0 as plan 1" in done.stdout and "6 tensor(s) keep the imported" in done.stdout
-    assert "output SNR (dB)" in done.stdout and "[ORT CPU QDQ (fake-quant)]" in done.stdout
+    assert "output SNR (dB)" in done.stdout and f"[{CPU_SOURCE}]" in done.stdout
 
     shown = _cli("study", "show", str(tmp_path / "s"))
     assert shown.returncode == 0 and "imported aimet" in shown.stdout and "import" in shown.stdout

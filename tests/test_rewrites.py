@@ -26,6 +26,7 @@ from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
 from mpstudio.rewrites import MASK_FLOOR
+from mpstudio.runners import CPU_SOURCE
 from mpstudio.runtime import create_session
 from mpstudio.study import Study
 
@@ -73,7 +74,7 @@ def test_a_study_takes_the_exported_transformer_as_it_is(tmp_path):
     study = Study.create(tmp_path / "s", make_encoder(layers=2), FeedList(encoder_feeds(4)))
     assert study.cpu_fallback_nodes == () and "allow_fallback" not in study.config
     evaluation = study.evaluate(PrecisionPlan.a16w8())
-    assert evaluation.accuracy_source == "ORT CPU QDQ (fake-quant)" and evaluation.snr_db > 25
+    assert evaluation.accuracy_source == CPU_SOURCE and evaluation.snr_db > 25
     assert evaluation.latency("estimate").cpu_nodes == 0
     study.close()
     with Study.open(study.folder) as reopened:  # the stored model's history names the rewrite
@@ -198,7 +199,7 @@ def test_with_allow_fallback_htp_numbers_say_which_nodes_ran_on_cpu(tmp_path):
     assert study.cpu_fallback_nodes == ("/head/Erf",)
 
     cpu = study.evaluate(PrecisionPlan.a8w8(), "cpu")
-    assert cpu.accuracy_source == "ORT CPU QDQ (fake-quant)"  # everything ran on the CPU anyway
+    assert cpu.accuracy_source == CPU_SOURCE  # everything ran on the CPU anyway
     htp = study.evaluate(PrecisionPlan.a8w8(), "htp")
     assert htp.accuracy_source.startswith("HTP") and htp.accuracy_source.endswith(" + 1 nodes on CPU")
     assert htp.snr_db > 25  # the Erf really ran (on CPU) between the two HTP partitions

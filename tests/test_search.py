@@ -19,6 +19,7 @@ from conftest import chain_feeds, make_chain_model, requires_qnn
 from mpstudio.data import Cancelled, FeedList
 from mpstudio.errors import MpstudioError
 from mpstudio.plan import PrecisionPlan
+from mpstudio.runners import CPU_SOURCE
 from mpstudio.search import Confirmation, Target, disagreements, meets, search
 from mpstudio.store import Evaluation
 from mpstudio.study import Study
@@ -237,7 +238,7 @@ def test_search_confirms_its_front_on_htp_by_default(tmp_path):
     assert "confirmed on HTP" in out.stdout and "CPU and HTP" in out.stdout
     with Study.open(tmp_path / "s") as study:
         frame = study.evaluations()
-        assert {"ORT CPU QDQ (fake-quant)"} < set(frame["accuracy_source"])
+        assert {CPU_SOURCE} < set(frame["accuracy_source"])
         htp = frame[frame["accuracy_source"].str.startswith("HTP")]
         assert 1 <= len(htp) <= 2 and set(htp["backend"]) == {"htp"}
         record = study.searches()["result"].iloc[0]

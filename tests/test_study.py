@@ -14,6 +14,7 @@ from conftest import chain_feeds, make_chain_model, requires_qnn
 from mpstudio.data import FeedList, TaskMetric
 from mpstudio.errors import MpstudioError
 from mpstudio.plan import PrecisionPlan
+from mpstudio.runners import CPU_SOURCE
 from mpstudio.store import STALE_AFTER_S
 from mpstudio.study import Study, pareto_mask
 
@@ -186,7 +187,7 @@ def test_evaluation_over_a_real_agent_matches_in_process(chain_study, tmp_path):
     with LocalAgent() as agent:
         remote = other.evaluate(PrecisionPlan.a8w8(), "cpu", agent.client)
     assert remote.value == pytest.approx(local.value, abs=1e-6)
-    assert remote.accuracy_source == "ORT CPU QDQ (fake-quant)"
+    assert remote.accuracy_source == CPU_SOURCE
     other.close()
 
 
