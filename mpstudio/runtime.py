@@ -33,7 +33,8 @@ DEFAULT_HTP_ARCH = "75"
 # integer kernels (QLinearConv, ...) with their own requantization rounding and use the NCHWc layout
 # kernels. "basic": basic graph optimizations only (constant folding, no QDQ fusion, no NCHWc).
 # "fake-quant": quantization simulated in float exactly as the graph writes it (ORT's QDQ transformations
-# off) and no NCHWc, whose blocked kernels sum in another order depending on the graph around each Conv.
+# off) and no NCHWc, whose blocked kernels sum in another order depending on the graph around each Conv;
+# weights the HTP requantizes are taken on the HTP's grid (`htp_weight_grid`).
 # Which one predicts the HTP best is measured by benchmarks/fidelity.py (docs/benchmarks.md); DEFAULT_CPU_NUMERICS
 # is its pick. fake-quant is also the sensitivity engine's numerics, and unlike the fused integer kernels it
 # does not depend on the CPU's instruction set (ORT's int8 kernels round differently without VNNI).
@@ -345,15 +346,17 @@ def htp_weight_grid(model: str | bytes) -> str | bytes:
         if node.op_type not in _HTP_REQUANTIZED_WEIGHTS or len(node.input) < 2:
             continue
         source, weight = producers.get(node.input[0]), producers.get(node.input[1])
-        if (source is None or weight is None or source.op_type != "DequantizeLinear"
-                or weight.op_type != "DequantizeLinear" or len(weight.input) < 3
+        if (weight is None or weight.op_type != "DequantizeLinear" or len(weight.input) < 3
                 or not all(name in inits for name in weight.input)):
             continue
         codes, scale, zero = (numpy_helper.to_array(inits[name]) for name in weight.input)
         if codes.dtype != np.uint8 or scale.size != 1 or codes.ndim < 2:
             continue
-        in_bits = zero_point_bits(source)
-        if in_bits is None or in_bits != output_bits(node):
+        # ORT's QNN configuration converts around an op so that its input and output share a width; a width
+        # that cannot be read here (the isolation engine's switchable parameters) is taken to be shared.
+        in_bits = zero_point_bits(source) if source is not None and source.op_type == "DequantizeLinear" else None
+        out_bits = output_bits(node)
+        if in_bits is not None and out_bits is not None and in_bits != out_bits:
             continue
         axis = _HTP_REQUANTIZED_WEIGHTS[node.op_type]
         if axis is None:  # Gemm: B is (K, N), or (N, K) with transB
