@@ -99,11 +99,11 @@ def test_sixteen_bit_tensors_are_compared_in_their_own_steps(study):
     report = diverge(study, "a16w8", samples=1)
     frame = report.frame.set_index("tensor")
     assert (frame.loc[UPSTREAM, "dtype"] == "uint16").all()
-    first = report.first()
-    # The cut works on 16-bit Q/DQ too; and the HTP's 16-bit Conv is coarser than one 16-bit step (measured:
-    # about 26 steps RMS alone), so the first Conv is where the backends part, by itself.
-    assert first["tensor"].iloc[0] == "conv_out" and first["cause"].iloc[0] == "op"
-    assert frame.loc["conv_out", "isolated_rms_steps"] > 5 and frame.loc["conv_out", "snr_db"] > 40
+    # The cut works on 16-bit Q/DQ too, and the planted Reciprocal is the first divergence as at 8 bits. The
+    # Conv agrees to about one 16-bit step because the CPU takes its uint8 weights on the grid the HTP
+    # requantizes them to (runtime.htp_weight_grid); with the weights as written it is 26 steps RMS off.
+    assert report.first()["tensor"].tolist() == ["inverse"]
+    assert frame.loc["conv_out", "rms_steps"] < 2 and frame.loc["conv_out", "snr_db"] > 60
 
 
 def test_chunks_of_one_tensor_give_the_same_table(study):
