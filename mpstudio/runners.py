@@ -14,7 +14,9 @@ from .runtime import DEFAULT_CPU_NUMERICS
 from .sources import Latency
 
 # Names the CPU numerics too, so results of another numerics (older studies) are never mixed with these.
-CPU_SOURCE = f"ORT CPU QDQ ({DEFAULT_CPU_NUMERICS})"
+# "HTP weights": since the CPU numerics compute with the weights the HTP really uses (runtime.htp_weight_grid),
+# their results carry another name than the earlier ones, so one study never mixes the two on a front.
+CPU_SOURCE = f"ORT CPU QDQ ({DEFAULT_CPU_NUMERICS}, HTP weights)"
 
 
 class InProcess:

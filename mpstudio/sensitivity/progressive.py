@@ -46,7 +46,7 @@ from .ranking import namespace_regions, rank_tensors, selection_region
 from .scores import ScoreSums, score_frame, weight_scores
 from .workers import Config, InlineWorkers, IsolationSpec, ScoringSpec, WorkerPool, worker_count
 
-ENGINE_VERSION = 2  # names the on-disk cache of isolation values; bump when the numbers would change
+ENGINE_VERSION = 3  # names the on-disk cache of isolation values; bump when the numbers would change
 # 2: local errors read the model the ranges were calibrated on (`Quantizer.calibration_model`)
 _ALL_8: Config = ("promote", ())
 _ALL_16: Config = ("demote", ())
