@@ -179,14 +179,12 @@ def fuse_erf_gelu(model: onnx.ModelProto) -> RewriteResult | None:
             # ONNX's shape inference does not know com.microsoft ops: say what Gelu's output is, so the
             # shapes after it stay static.
             graph.value_info.append(types[output])
-    kept = [replacement.get(i, node) for i, node in enumerate(graph.node) if i not in removed or i in replacement]
-    del graph.node[:]
-    graph.node.extend(kept)
+    _set_nodes(graph, [replacement.get(i, node) for i, node in enumerate(graph.node)
+                       if i not in removed or i in replacement])
     if domain and not any(o.domain == _MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(_MS_DOMAIN, 1))
-    _drop_unused_initializers(graph)
     op = "Gelu (ONNX opset 20)" if not domain else "com.microsoft Gelu"
-    shown = ", ".join(written[:3]) + (" ..." if len(written) > 3 else "")
+    shown = _shown(written)
     return RewriteResult(
         "erf-gelu", tuple(written),
         f"rewrote {len(written)} exact GELU subgraph(s) into {op} (x*0.5*(1+Erf(x/sqrt(2))) as one op, which QNN "
@@ -219,6 +217,19 @@ def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     except Exception:
         return {}  # prepare_model's own shape inference reports the problem
     return {v.name: v for v in (*inferred.graph.value_info, *inferred.graph.output)}
+
+
+def _shown(names) -> str:
+    """The first few names of a rewrite, for its report line."""
+    return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+
+
+def _set_nodes(graph: onnx.GraphProto, nodes) -> None:
+    """`graph` with `nodes` as its nodes, and the initializers no node reads any more dropped."""
+    nodes = list(nodes)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _drop_unused_initializers(graph)
 
 
 def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
@@ -271,7 +282,7 @@ def clamp_mask_constants(model: onnx.ModelProto, floor: float = MASK_FLOOR) -> R
         "mask-floor", tuple(changed),
         f"clamped attention-mask constants (as low as {lowest:.4g}) to {floor:g} in {len(changed)} node(s) before "
         f"a Softmax, so 8/16-bit ranges keep their resolution (Softmax still weighs masked keys about e^-100 times less): "
-        + ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else ""))
+        + _shown(changed))
 
 
 # ---- Where between two constants ------------------------------------------------------------------------------
@@ -325,14 +336,12 @@ def where_to_arithmetic(model: onnx.ModelProto) -> RewriteResult | None:
         written.append(base)
     if not written:
         return None
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    _drop_unused_initializers(graph)
+    _set_nodes(graph, new_nodes)
     return RewriteResult(
         "where-constant", tuple(written),
         f"rewrote {len(written)} Where node(s) choosing between two constants as f + Cast(c) * (t - f), which "
         "quantizes for QNN HTP (ORT's quantizer leaves such a Where in float, which HTP failed to finalize): "
-        + ", ".join(written[:3]) + (" ..." if len(written) > 3 else ""))
+        + _shown(written))
 
 
 # ---- BatchNormalization after a convolution ---------------------------------------------------------------------
@@ -436,15 +445,12 @@ def fold_batch_norm(model: onnx.ModelProto) -> RewriteResult | None:
         folded.append(bn.name or bn.output[0])
     if not folded:
         return None
-    kept = [n for n in graph.node if id(n) not in dropped]
-    del graph.node[:]
-    graph.node.extend(kept)
-    _drop_unused_initializers(graph)
+    _set_nodes(graph, [n for n in graph.node if id(n) not in dropped])
     return RewriteResult(
         "fold-batch-norm", tuple(folded),
         f"folded {len(folded)} BatchNormalization node(s) after a Conv/ConvTranspose into its weights and bias "
         "(QNN HTP's own BatchNormalization computes some channels differently from the QDQ model): "
-        + ", ".join(folded[:3]) + (" ..." if len(folded) > 3 else ""))
+        + _shown(folded))
 
 
 __all__ = ["RewriteResult", "rewrite_for_htp", "fuse_erf_gelu", "clamp_mask_constants", "where_to_arithmetic",
