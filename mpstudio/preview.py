@@ -216,8 +216,10 @@ def basis_ready(study) -> bool:
 
 def summed_latency(study, plan, evaluated: pd.DataFrame | None = None) -> Latency | None:
     """The cost model's latency of `plan` without making its QDQ model: the all-8-bit estimate plus each 16-bit
-    activation's promotion cost (alone), at most the all-16-bit estimate. Close for one tensor; adjacent
-    promotions share converts, so it is high for many. None when the cost model cannot read the model.
+    activation's promotion cost (alone), at most the all-16-bit estimate unless one of its promotions alone
+    costs more (its converts: on a small model one 16-bit tensor can cost more than all of them). Close for
+    one tensor; adjacent promotions share converts, so it is high for many. None when the cost model cannot
+    read the model.
     `evaluated`: the study's evaluations (`Study.evaluations` columns), when the caller has them."""
     from .plan import PrecisionPlan
 
@@ -226,11 +228,12 @@ def summed_latency(study, plan, evaluated: pd.DataFrame | None = None) -> Latenc
         return None
     sixteen = [t for t in plan.sixteen_bit_activations(study.graph) if t in costs.index]
     ms = base.ms + float(costs[sixteen].sum())
+    dearest = base.ms + (float(costs[sixteen].max()) if sixteen else 0.0)
     stored = study.evaluations() if evaluated is None else evaluated
     if len(stored):
         top = stored.loc[stored["plan_hash"] == PrecisionPlan.a16w8().hash, "estimate_ms"].dropna()
         if len(top):
-            ms = min(ms, float(top.iloc[0]))
+            ms = min(ms, max(float(top.iloc[0]), dearest))
     return Latency(ms, ESTIMATE, base.where, "the all-8-bit estimate plus each promoted tensor's cost; approximate "
                    "until the plan's QDQ model is made", base.includes)
 

