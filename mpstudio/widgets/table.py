@@ -60,7 +60,7 @@ class SensitivityTable(View):
             formatters={"snr_db": number, "cosine": NumberFormatter(format="0.0000"), "local_snr_8": number,
                         "local_snr_16": number, "isolation_gain": NumberFormatter(format="0.0000"),
                         "latency_share": NumberFormatter(format="0.0%")},
-            frozen_columns=["rank", "tensor"], pagination="local", page_size=20, name="sensitivity-table",
+            frozen_columns=["rank", "tensor"], pagination="local", page_size=20,
         )
         self.status = pn.pane.HTML(ranking_status(self.state.report), margin=(0, 10), name="sensitivity-status",
                                    css_classes=["mpstudio-ranking-status"])
