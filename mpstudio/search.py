@@ -553,16 +553,15 @@ class _Walk:
         a8, a16 = self.evaluate([PrecisionPlan.a8w8(), PrecisionPlan.a16w8()])
         self.baselines = {"a8w8": a8, "a16w8": a16}
         self.goal, self.threshold = goal, goal.threshold(self._target_references(goal), self.hib)
+        base_plan, base = self._base(weights)
+        # Promotions are ranked against the plan they start from (one analysis, of that plan): per-channel
+        # weights remove most of a model's error, and what is left sits in other tensors than all-8-bit's worst.
+        # The mixed walk starts from int4 weights and ranks on the all-8-bit analysis.
+        analysed = None if weights == "mixed" or base_plan.hash == PrecisionPlan.a8w8().hash else base_plan
         report = self.study.sensitivity(samples=sensitivity_samples, isolation_samples=self.isolation_samples,
-                                        progress=self.progress, cancel=self.cancel)
-        base_plan, base = self._base(report, weights)
+                                        progress=self.progress, cancel=self.cancel, plan=analysed)
         if self._meets(base):
             return self._result(base, 0, "the base plan already reaches the target")
-        if weights != "mixed" and base_plan.hash != PrecisionPlan.a8w8().hash:
-            # Promotions are ranked against the plan they start from: per-channel weights remove most of a
-            # model's error, and what is left sits in other tensors than all-8-bit's worst.
-            report = self.study.sensitivity(samples=sensitivity_samples, isolation_samples=self.isolation_samples,
-                                            progress=self.progress, cancel=self.cancel, plan=base_plan)
         steps = None
         if weights == "mixed":
             order, predicted, steps = self.mixed_order(report, base_plan, base, sensitivity_samples)
@@ -591,15 +590,21 @@ class _Walk:
         hi_k, reason = self._narrow(plan_k, known, guess, hi)
         return self._conclude(known, hi_k, reason, order, base)
 
-    def _base(self, report, weights: str) -> tuple[PrecisionPlan, Evaluation]:
-        """The plan promotions start from: a8w8, or per-channel int8 weights when they help (or are asked for)."""
+    def _base(self, weights: str) -> tuple[PrecisionPlan, Evaluation]:
+        """The plan promotions start from: a8w8, or per-channel int8 weights when they help (or are asked for),
+        judged by the weights' own quantization scores (no sensitivity analysis needed)."""
+        from .sensitivity.scores import weight_scores
+
         a8 = self.baselines["a8w8"]
         per_channel = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc")
         if weights == "mixed":
             plan = mixed_base(self.study.graph, self.study.htp_arch)
             (evaluation,) = self.evaluate([plan])
             return plan, evaluation
-        gain_db = float(np.nanmedian(report.weights["per_channel_gain_8"])) if len(report.weights) else 0.0
+        gain_db = 0.0
+        if weights == "auto":
+            scores = weight_scores(self.study.quantizer.prepared.model, self.study.graph, cancel=self.cancel)
+            gain_db = float(np.nanmedian(scores["per_channel_gain_8"])) if len(scores) else 0.0
         if weights == "per-channel" or (weights == "auto" and gain_db >= PER_CHANNEL_GAIN_DB):
             (pc,) = self.evaluate([per_channel])
             if weights == "per-channel" or self._better(pc.value, a8.value):
