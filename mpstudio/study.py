@@ -512,12 +512,12 @@ class Study:
         frame["pareto"] = pareto_mask(frame["value"], frame["latency_ms"], self.higher_is_better)
         return frame.sort_values(["latency_ms", "value"]).reset_index(drop=True)
 
-    def cross_checks(self, latency_source: str = "estimate") -> pd.DataFrame:
-        """Plans of `front(latency_source)` that another accuracy source scored too (e.g. a search's HTP
-        confirmation of plans the front has from the CPU). Columns: plan_id, name, latency_ms, value (the
-        front's source), other_value, other_source."""
+    def cross_checks(self, latency_source: str = "estimate", front: pd.DataFrame | None = None) -> pd.DataFrame:
+        """Plans of `front(latency_source)` (pass it when you have it) that another accuracy source scored too
+        (e.g. a search's HTP confirmation of plans the front has from the CPU). Columns: plan_id, name,
+        latency_ms, value (the front's source), other_value, other_source."""
         columns = ["plan_id", "name", "latency_ms", "value", "other_value", "other_source"]
-        front = self.front(latency_source)
+        front = self.front(latency_source) if front is None else front
         if front.empty:
             return pd.DataFrame(columns=columns)
         frame = self.evaluations()
@@ -550,7 +550,7 @@ class Study:
                                     "sixteen_bit": "16-bit"})
         lines.append(show.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         lines.append(f"{int(frame['pareto'].sum())} plan(s) on the front; * marks them")
-        checks = self.cross_checks(latency_source)
+        checks = self.cross_checks(latency_source, frame)
         for source, rows in checks.groupby("other_source", sort=False):
             lines.append(f"also scored on {source}: " + "; ".join(
                 f"plan {r.plan_id} {r.name} {r.other_value:.4f} ({r.value:.4f} above)" for r in rows.itertuples()))

@@ -573,7 +573,7 @@ class StudioState(param.Parameterized):
     def refresh_evaluations(self) -> None:
         study = self.study
         frame = study.front(self.latency_source) if study is not None else pd.DataFrame()
-        checks = study.cross_checks(self.latency_source) if study is not None else pd.DataFrame()
+        checks = study.cross_checks(self.latency_source, frame) if study is not None else pd.DataFrame()
         with param.edit_constant(self):
             self.param.update(cross_checks=checks, evaluations=frame)  # the plot redraws on evaluations
 
