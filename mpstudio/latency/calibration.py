@@ -141,4 +141,3 @@ def _calibration_spread(fitted: np.ndarray, measured: np.ndarray) -> Spread:
     log = np.log(fitted[ok] / measured[ok])
     s = 1.645 * float(np.sqrt(np.sum(measured[ok] * log**2) / np.sum(measured[ok])))
     return Spread(absolute=s, wide16=s, fp16=s)
-

@@ -133,7 +133,6 @@ def op_ms(op: HtpOp, arch: HtpArch, in_types=None, out_types=None) -> float:
     return float(features_of([single], in_types, out_types).costs(arch)["ms"][0])
 
 
-
 def op_features(model) -> OpFeatures:
     """The ops of `model` as OpFeatures: `op_features(m).htp_ms(arch)` is `estimate_latency(m, arch).htp_ms`.
     For fitting constants without re-reading the model."""
@@ -142,4 +141,3 @@ def op_features(model) -> OpFeatures:
     if not parsed.quantized:
         ops_list += float_io_ops(parsed)
     return features_of(ops_list)
-

@@ -25,8 +25,6 @@ def _attr(node: onnx.NodeProto, name: str, default):
     return default
 
 
-
-
 def shape_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, weights) -> None:
     """MACs and HVX work of `op` from its shapes."""
     out_shape = shapes.get(node.output[0])
@@ -88,5 +86,3 @@ def shape_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, weights) -> None:
     op.cls, op.work = HVX_CLASS.get(t, DEFAULT_CLASS), out_n
     if t in ("Div", "Pow") and len(op.inputs) == 1 and weights:
         op.cls = "arith"  # by a constant: a multiply by its reciprocal, a square
-
-
