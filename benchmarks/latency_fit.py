@@ -1,8 +1,8 @@
 """Fit the HTP cost model to Qualcomm AI Hub's published device latencies, and check the fit.
 
-    python benchmarks/latency_fit.py            # check the constants in mpstudio/latency.py
+    python benchmarks/latency_fit.py            # check the constants in mpstudio/latency/arch.py
     python benchmarks/latency_fit.py --fit      # refit them first (needs scipy) and check the refit
-    python benchmarks/latency_fit.py --fit --write   # ... and write them into mpstudio/latency.py
+    python benchmarks/latency_fit.py --fit --write   # ... and write them into mpstudio/latency/arch.py
 
 The six published architectures are rebuilt with random weights at their model cards' input sizes
 (benchmarks/latency_models.py), quantized by mpstudio's Quantizer (a8w8 and a16w8 plans, two random
@@ -160,7 +160,7 @@ def fit(feats, data) -> tuple[dict[str, latency.HtpArch], latency.Spread]:
 
 
 def write_constants(archs, spread: latency.Spread, data_path: Path) -> None:
-    path = Path(latency.__file__)
+    path = Path(latency.arch.__file__)
     text = path.read_text()
     costs = archs["75"].costs
     shared = ", ".join(f"{name}={_round(getattr(costs, name))}" for name, *_ in SHARED)
@@ -250,7 +250,7 @@ def _tflite_vit(path: Path) -> list[tuple[str, float]]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--fit", action="store_true", help="refit the constants (needs scipy)")
-    parser.add_argument("--write", action="store_true", help="with --fit: write them into mpstudio/latency.py")
+    parser.add_argument("--write", action="store_true", help="with --fit: write them into mpstudio/latency/arch.py")
     parser.add_argument("--data", type=Path, default=DATA, help="published latencies (CSV)")
     parser.add_argument("--cache", type=Path, default=None, help="where the rebuilt models are kept")
     args = parser.parse_args(argv)
@@ -271,7 +271,7 @@ def main(argv=None) -> int:
         print(f"        spread (log, 90 %): {spread}")
         if args.write:
             write_constants(archs, spread, args.data)
-            print(f"written to {Path(latency.__file__).name}")
+            print(f"written to {Path(latency.arch.__file__).name}")
     else:
         print(f"constants: {latency.FIT_SOURCE}")
     frame = estimates(archs, feats, data)

@@ -1,0 +1,150 @@
+"""The cost model's constants per Hexagon tensor processor generation: shared per-op-type costs, the fit's spread,
+and each generation's rates (`HTP_ARCHS`, `htp_arch`). The fitted values are written here by
+benchmarks/latency_fit.py; sources: docs/latency.md, "Constants".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from ..errors import MpstudioError
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """Per-op-type costs shared by every HTP generation. Sources: docs/latency.md, "Constants".
+
+    Fitted (benchmarks/latency_fit.py): rate_16x8, rate_fp16, hvx_16bit, hvx_fp16, transcendental,
+    transcendental_16, transcendental_fp16, normalize, op_cycles, overlap, memory_efficiency. The others are stated
+    assumptions.
+    """
+
+    rate_16x8: float  # HMX time of 16-bit activations x 8-bit weights relative to 8x8
+    rate_fp16: float  # HMX time of fp16 x fp16 relative to 8x8
+    hvx_16bit: float  # HVX time of a 16-bit element-wise op relative to 8-bit (vectors hold half as many)
+    hvx_fp16: float  # HVX time of an fp16 element-wise op relative to 8-bit
+    transcendental: float  # HVX instructions per vector of Sigmoid, SiLU, Exp, Erf, GELU, Div at 8 bits (a LUT)
+    transcendental_16: float  # extra factor for them at 16 bits (no LUT: polynomial evaluation)
+    transcendental_fp16: float  # extra factor for them in fp16
+    normalize: float  # HVX instructions per vector of Softmax / LayerNorm at 8 bits (x the factors above when wide)
+    op_cycles: float  # fixed cycles per op (scheduling, synchronisation, DMA set-up)
+    overlap: float  # fraction of an activation's HVX time hidden behind the matrix op that feeds it
+    memory_efficiency: float  # achieved fraction of the SoC's LPDDR peak
+    rate_16x16_factor: float = 2.0  # assumption: 16x16 on HMX takes twice the time of 16x8
+    hvx_vectors_per_cycle: float = 2.0  # assumption: two 128-byte vector instructions per cycle on one op
+    vtcm_factor: float = 3.0  # assumption: activations that fit VTCM move at 3x the DDR rate
+    convert_instr: float = 2.0  # assumption: scale and shift per vector for an 8<->16-bit convert
+    graph_overhead_us: float = 20.0  # assumption: one call into the NPU and back
+    cpu_io_gbs: float = 8.0  # assumption: ORT's vectorized (de)quantize of graph I/O on one phone CPU core
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Log-scale spread of the fit's residuals (90 % two-sided: 1.645 x RMS), per quantity.
+
+    `absolute`: an all-8-bit model's ms; `wide16`: an all-16-bit model's ms; `fp16`: a float model's ms.
+    An estimate's interval is ms x exp(-s) .. ms x exp(s), s interpolated by the share of 16-bit (or fp16) time.
+    """
+
+    absolute: float
+    wide16: float
+    fp16: float
+
+    def factor(self, share16: float = 0.0, share_fp16: float = 0.0) -> float:
+        share8 = max(0.0, 1.0 - share16 - share_fp16)
+        return math.exp(share8 * self.absolute + share16 * self.wide16 + share_fp16 * self.fp16)
+
+
+@dataclass(frozen=True)
+class HtpArch:
+    """Constants of one Hexagon tensor processor generation, as the cost model uses them.
+
+    `hmx_gmacs` and `clock_ghz` are effective rates fitted to published latencies (real HTP clocks are not
+    published); `ddr_gbs` and `vtcm_mb` are the reference SoC's. `scales` multiply the time of each cost class
+    (see OP_CLASSES) after a calibration on a device (`calibrate`); `calibrated_on` names that device.
+    """
+
+    arch: str  # "75"
+    reference_soc: str  # the phone SoC whose figures the constants follow
+    hmx_gmacs: float  # effective 8x8 multiply-accumulates per second of the matrix unit (HMX), in G
+    clock_ghz: float  # effective HTP clock: sets vector (HVX) throughput and the per-op fixed cost
+    fp16_factor: float  # this generation's fp16 time (matrix and vector) relative to the shared costs
+    ddr_gbs: float  # LPDDR peak of the SoC (GB/s)
+    vtcm_mb: float  # on-chip tightly coupled memory
+    fitted_on: tuple[str, ...]  # the devices whose published figures fitted hmx_gmacs / clock_ghz
+    costs: CostConstants
+    spread: Spread
+    scales: Mapping[str, float] = field(default_factory=dict)
+    calibrated_on: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"v{self.arch}"
+
+    @property
+    def where(self) -> str:
+        if self.calibrated_on:
+            return f"HTP v{self.arch} (cost model, calibrated on {self.calibrated_on})"
+        return f"HTP v{self.arch} (cost model)"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["scales"] = dict(self.scales)
+        return data
+
+
+# BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
+FIT_SOURCE = "fitted 2026-11-23 by benchmarks/latency_fit.py on aihub_published_latency.csv"
+_FITTED_COSTS = dict(rate_16x8=1.102, rate_fp16=3.088, hvx_16bit=2.991, hvx_fp16=1.85, transcendental=4.313,
+    transcendental_16=1.122, transcendental_fp16=2.526, normalize=5.544, op_cycles=1300.0, overlap=1.0,
+    memory_efficiency=1.0)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=11950.0, clock_ghz=0.4261, fp16_factor=1.012), "75": dict(hmx_gmacs=18420.0,
+    clock_ghz=0.6925, fp16_factor=1.143), "79": dict(hmx_gmacs=25320.0, clock_ghz=1.118, fp16_factor=1.131)}
+_FITTED_SPREAD = dict(absolute=0.1438, wide16=0.1347, fp16=0.1645)
+# END FITTED CONSTANTS
+
+COSTS = CostConstants(**_FITTED_COSTS)
+SPREAD = Spread(**_FITTED_SPREAD)
+# Generations without published figures in the fit data follow v73 by the ratios of their SoC's published
+# AI Hub w8a8 ResNet50 (matrix rate) and MobileNet-v2 (vector rate, per-op cost) latencies (docs/latency.md).
+_UNFITTED = {"68": (17.1 / 27.4, 0.40 / 0.70), "69": (20.6 / 27.4, 0.55 / 0.70)}
+_SOCS = {  # reference SoC, LPDDR peak GB/s, VTCM MB, devices of the fit data
+    "68": ("Snapdragon 888 (SM8350)", 51.2, 4, ()),
+    "69": ("Snapdragon 8 Gen 1 (SM8450)", 51.2, 8, ()),
+    "73": ("Snapdragon 8 Gen 2 (SM8550)", 67.0, 8, ("QCS8550 (Proxy)", "Snapdragon X Elite CRD")),
+    "75": ("Snapdragon 8 Gen 3 (SM8650)", 76.8, 8, ("Samsung Galaxy S24",)),
+    "79": ("Snapdragon 8 Elite (SM8750)", 84.8, 8, ("Samsung Galaxy S25",)),
+}
+
+
+def make_archs(costs: CostConstants, fitted: Mapping[str, Mapping[str, float]], spread: Spread) -> dict[str, HtpArch]:
+    """Every generation's HtpArch from the shared costs and the fitted per-generation rates."""
+    archs = {}
+    for arch, (soc, ddr, vtcm, devices) in _SOCS.items():
+        if arch in fitted:
+            rates = dict(fitted[arch])
+        else:
+            hmx, clock = _UNFITTED[arch]
+            rates = dict(hmx_gmacs=fitted["73"]["hmx_gmacs"] * hmx, clock_ghz=fitted["73"]["clock_ghz"] * clock,
+                         fp16_factor=fitted["73"]["fp16_factor"])
+        archs[arch] = HtpArch(arch=arch, reference_soc=soc, ddr_gbs=ddr, vtcm_mb=vtcm, fitted_on=devices,
+                              costs=costs, spread=spread, **rates)
+    return archs
+
+
+HTP_ARCHS: dict[str, HtpArch] = make_archs(COSTS, _FITTED_ARCHS, SPREAD)
+
+
+def htp_arch(arch: str | int | HtpArch = "75") -> HtpArch:
+    """The constants of `arch` ("75", "v75", 75 or an HtpArch)."""
+    if isinstance(arch, HtpArch):
+        return arch
+    key = str(arch).strip().lower().removeprefix("v")
+    if key not in HTP_ARCHS:
+        raise MpstudioError(
+            f"unknown HTP architecture {arch!r}; the cost model knows {', '.join('v' + a for a in HTP_ARCHS)} "
+            f"(pass e.g. htp_arch=\"75\")"
+        )
+    return HTP_ARCHS[key]

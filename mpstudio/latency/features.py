@@ -1,0 +1,143 @@
+"""The cost formulas: what they read of each op, as arrays (`OpFeatures`), and the roofline that prices those
+on one HTP generation (`OpFeatures.costs`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from .arch import HtpArch
+from .ops import TYPE_BITS, HtpOp, type_bytes
+from .reading import float_io_ops, parsed_model
+
+# HVX instructions per 128-byte vector of the cost classes whose count is not a fitted constant.
+_FIXED_INSTR = {"simple": 1.0, "arith": 2.0, "resize": 4.0, "reduce": 1.0, "pool": 1.0, "depthwise": 1.0}
+
+
+def _act_type(types: Iterable[str]) -> str:
+    """The type an op computes in: fp16 if any activation is float, else the widest quantized type."""
+    types = [t for t in types if t]
+    if not types or any(t.startswith("float") for t in types):
+        return "float16"
+    return "uint16" if max(TYPE_BITS.get(t, 8) for t in types) > 8 else "uint8"
+
+
+_PRECISION = {"uint8": 0, "uint16": 1, "float16": 2}
+_KINDS = ("compute", "convert", "io", "graph")
+
+
+@dataclass(frozen=True)
+class OpFeatures:
+    """What the cost formulas read of each op, as arrays (one entry per op); `costs(arch)` prices them.
+
+    Separate from the constants so that a fit (benchmarks/latency_fit.py) or a calibration can price the same
+    model under many constants quickly.
+    """
+
+    kind: np.ndarray  # index into ("compute", "convert", "io", "graph")
+    engine: np.ndarray  # "hmx", "hvx", "dma", "none", "fused", "cpu", "graph"
+    cls: np.ndarray  # cost class (OP_CLASSES), "" for io / graph / fused
+    act_type: np.ndarray  # "uint8", "uint16", "float16" (what the op computes in)
+    wide_weights: np.ndarray  # bool: the matrix op's weight (or second operand) is 16-bit
+    hmx_macs: np.ndarray
+    work: np.ndarray  # HVX elements of work
+    act_bytes: np.ndarray
+    weight_bytes: np.ndarray
+    hidden_by: np.ndarray  # index of the matrix op that can hide this op's HVX time, -1 if none
+
+    def costs(self, arch: HtpArch) -> dict[str, np.ndarray]:
+        """compute_ms, memory_ms, overhead_ms, hidden_ms and ms of every op on `arch`."""
+        c = arch.costs
+        prec = np.array([_PRECISION.get(t, 0) for t in self.act_type])
+        is_hmx, is_hvx = self.engine == "hmx", self.engine == "hvx"
+        rate_16x16 = c.rate_16x8 * c.rate_16x16_factor
+        rate = np.select([prec == 2, prec == 1],
+                         [c.rate_fp16 * arch.fp16_factor, np.where(self.wide_weights, rate_16x16, c.rate_16x8)], 1.0)
+        rate = np.where((prec == 0) & self.wide_weights, c.rate_16x8, rate)
+        hmx_s = np.where(is_hmx, self.hmx_macs * rate / (arch.hmx_gmacs * 1e9), 0.0)
+        wide = np.select([prec == 2, prec == 1], [c.transcendental_fp16, c.transcendental_16], 1.0)
+        instr = np.select(
+            [self.cls == "transcendental", self.cls == "normalize", self.cls == "convert"],
+            [c.transcendental * wide, c.normalize * wide, c.convert_instr],
+            np.array([_FIXED_INSTR.get(k, 2.0) for k in self.cls]))
+        width = np.select([prec == 2, prec == 1], [c.hvx_fp16 * arch.fp16_factor, c.hvx_16bit], 1.0)
+        hvx_s = np.where(is_hvx, self.work / 128 * instr * width / (c.hvx_vectors_per_cycle * arch.clock_ghz * 1e9),
+                         0.0)
+        ddr = arch.ddr_gbs * c.memory_efficiency * 1e9
+        fits = self.act_bytes + self.weight_bytes <= arch.vtcm_mb * 2**20 / 2
+        memory_s = self.act_bytes / np.where(fits, c.vtcm_factor * ddr, ddr) + self.weight_bytes / ddr
+        runs = np.isin(self.engine, ("hmx", "hvx", "dma", "none"))
+        memory_s = np.where(runs & (self.engine != "none"), memory_s, 0.0)
+        overhead_s = np.where(runs, c.op_cycles / (arch.clock_ghz * 1e9), 0.0)
+        io = self.kind == _KINDS.index("io")
+        memory_s = np.where(io, self.act_bytes / (c.cpu_io_gbs * 1e9), memory_s)
+        overhead_s = np.where(self.kind == _KINDS.index("graph"), c.graph_overhead_us * 1e-6, overhead_s)
+        compute_s = hmx_s + hvx_s
+        busy = np.maximum(compute_s, memory_s)
+        hidden_s = np.zeros_like(busy)
+        has = self.hidden_by >= 0
+        if has.any():
+            partner = busy[self.hidden_by[has]]
+            hidden_s[has] = c.overlap * np.minimum(busy[has], partner)
+        ms = (busy + overhead_s - hidden_s) * 1e3
+        if arch.scales:
+            ms = ms * np.array([arch.scales.get(k, 1.0) for k in self._scale_keys()])
+        return {"compute_ms": compute_s * 1e3, "memory_ms": memory_s * 1e3, "overhead_ms": overhead_s * 1e3,
+                "hidden_ms": hidden_s * 1e3, "ms": ms}
+
+    def htp_ms(self, arch: HtpArch) -> float:
+        """Total ms of the ops the HTP runs (the graph-input quantize and output dequantize left out)."""
+        return float(self.costs(arch)["ms"][self.kind != _KINDS.index("io")].sum())
+
+    def _scale_keys(self) -> list[str]:
+        return [k if k else e for k, e in zip(self.cls, self.engine)]
+
+
+def _op_types(op: HtpOp, in_types=None, out_types=None) -> tuple[list, list]:
+    ins = [(n, t if in_types is None else in_types) for _, t, n in op.inputs]
+    outs = [(n, t if out_types is None else out_types) for _, t, n in op.outputs]
+    return ins, outs
+
+
+def features_of(ops: list[HtpOp], in_types=None, out_types=None) -> OpFeatures:
+    """OpFeatures of `ops`; `in_types`/`out_types` override every op's activation types (e.g. "uint16")."""
+    rows = []
+    for op in ops:
+        ins, outs = _op_types(op, in_types, out_types)
+        act = _act_type([t for _, t in ins] + [t for _, t in outs]) if op.kind != "io" else (
+            outs[0][1] if op.op_type == "QuantizeLinear" else ins[0][1])
+        moved = 0.0 if op.kind == "graph" else sum(n * type_bytes(t) for n, t in ins + outs)
+        wide_weights = False
+        if op.engine == "hmx" and act != "float16":
+            if op.op_type == "MatMul" and len(op.inputs) > 1:  # two activations: the second plays the weight
+                wide_weights = TYPE_BITS.get(ins[1][1], 8) > 8
+            else:
+                wide_weights = TYPE_BITS.get(op.weight_type or "uint8", 8) > 8
+        rows.append((_KINDS.index(op.kind), op.engine, op.cls if op.engine != "fused" else "", act, wide_weights,
+                     float(op.hmx_macs), float(op.work), float(moved), float(op.weight_bytes), op.hidden_by))
+    cols = list(zip(*rows)) if rows else [()] * 10
+    return OpFeatures(
+        kind=np.array(cols[0], dtype=int), engine=np.array(cols[1], dtype=object), cls=np.array(cols[2], dtype=object),
+        act_type=np.array(cols[3], dtype=object), wide_weights=np.array(cols[4], dtype=bool),
+        hmx_macs=np.array(cols[5], dtype=float), work=np.array(cols[6], dtype=float),
+        act_bytes=np.array(cols[7], dtype=float), weight_bytes=np.array(cols[8], dtype=float),
+        hidden_by=np.array(cols[9], dtype=int))
+
+
+def op_ms(op: HtpOp, arch: HtpArch, in_types=None, out_types=None) -> float:
+    """The time of one op alone (no overlap), with its types optionally overridden."""
+    single = dataclasses.replace(op, hidden_by=-1)
+    return float(features_of([single], in_types, out_types).costs(arch)["ms"][0])
+
+
+def op_features(model) -> OpFeatures:
+    """The ops of `model` as OpFeatures: `op_features(m).htp_ms(arch)` is `estimate_latency(m, arch).htp_ms`.
+    For fitting constants without re-reading the model."""
+    parsed = parsed_model(model)
+    ops_list = list(parsed.ops)
+    if not parsed.quantized:
+        ops_list += float_io_ops(parsed)
+    return features_of(ops_list)

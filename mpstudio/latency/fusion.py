@@ -1,0 +1,121 @@
+"""The fusions QNN makes before the HTP runs a graph: SiLU, hard-swish and GELU patterns become one op, and the
+activation after a matrix op fuses into it (no cost of its own) or overlaps with it on the vector unit."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .ops import HVX_CLASS, HtpOp
+
+# Activations the HTP fuses into the matrix op before them, in every precision (QNN HTP guidelines).
+_FUSABLE = {"Relu", "Clip", "LeakyRelu", "PRelu", "HardSwish"}
+# Element-wise activations that run on HVX after a matrix op and can overlap with it.
+_OVERLAPPING = {"SiLU", "Gelu", "Sigmoid", "Tanh", "HardSigmoid", "Elu", "Add", "Mul"}
+
+
+def fuse(ops: list[HtpOp]) -> None:
+    """Rewrite `ops` as the HTP runs them: SiLU, hard-swish and GELU patterns become one op, activations after
+    matrix ops fuse into them (or overlap with them)."""
+    graph = _OpGraph(ops)
+    for op in ops:
+        if op.op_type == "Sigmoid":
+            _fuse_gated(graph, op, "SiLU")
+        elif op.op_type == "HardSigmoid":
+            _fuse_gated(graph, op, "HardSwish")
+        elif op.op_type == "Erf":
+            _fuse_gelu(graph, op)
+    _fuse_activations(ops, _OpGraph(ops))
+
+
+class _OpGraph:
+    """Who produces and who reads each activation of a list of ops."""
+
+    def __init__(self, ops: list[HtpOp]):
+        self.producer: dict[str, int] = {}
+        self.readers: dict[str, list[int]] = defaultdict(list)
+        self.index = {id(op): i for i, op in enumerate(ops)}
+        self.ops = ops
+        for i, op in enumerate(ops):
+            if op.kind != "compute" or op.engine == "fused":
+                continue
+            for name, _, _ in op.outputs:
+                self.producer[name] = i
+            for name, _, _ in op.inputs:
+                self.readers[name].append(i)
+
+    def sole_reader(self, op: HtpOp) -> HtpOp | None:
+        readers = self.readers.get(op.outputs[0][0], []) if op.outputs else []
+        return self.ops[readers[0]] if len(readers) == 1 else None
+
+    def source(self, op: HtpOp, skip: str) -> str | None:
+        """The activation `op` reads other than `skip` (None when it reads two others or none)."""
+        others = {name for name, _, _ in op.inputs if name != skip}
+        return others.pop() if len(others) == 1 else None
+
+
+def _fuse_gated(graph: _OpGraph, gate: HtpOp, fused: str) -> None:
+    """x * Sigmoid(x) -> SiLU(x), x * HardSigmoid(x) -> HardSwish(x): one HVX op (QNN's op set has both)."""
+    if len(gate.inputs) != 1:
+        return
+    x = gate.inputs[0][0]
+    mul = graph.sole_reader(gate)
+    if mul is None or mul.op_type != "Mul" or {name for name, _, _ in mul.inputs} != {x, gate.outputs[0][0]}:
+        return
+    gate.engine = "fused"
+    mul.absorbed = [gate.outputs[0][0]]
+    mul.op_type, mul.cls = fused, HVX_CLASS[fused]
+    mul.inputs = [i for i in mul.inputs if i[0] == x][:1]
+
+
+def _fuse_gelu(graph: _OpGraph, erf: HtpOp) -> None:
+    """The exporters' GELU, x * 0.5 * (1 + erf(x / sqrt 2)) in any order of its Muls, -> one Gelu op."""
+    pre = graph.ops[graph.producer[erf.inputs[0][0]]] if erf.inputs and erf.inputs[0][0] in graph.producer else None
+    if pre is None or pre.op_type not in ("Div", "Mul") or len(pre.inputs) != 1:
+        return
+    x = pre.inputs[0][0]
+    add = graph.sole_reader(erf)
+    mul = graph.sole_reader(add) if add is not None and add.op_type == "Add" and len(add.inputs) == 1 else None
+    if mul is None or mul.op_type != "Mul":
+        return
+    group = [pre, erf, add, mul]
+    other = graph.source(mul, add.outputs[0][0])
+    if other != x:  # x * 0.5 computed first: (x * 0.5) * (1 + erf)
+        half = graph.ops[graph.producer[other]] if other in graph.producer else None
+        if half is None or half.op_type != "Mul" or [i[0] for i in half.inputs] != [x]:
+            return
+        group.append(half)
+    last = mul
+    after = graph.sole_reader(mul)
+    if after is not None and after.op_type == "Mul" and len(after.inputs) == 1 and other == x:
+        last = after  # ... * 0.5 last
+        group.append(after)
+    for op in group:
+        if op is not last:
+            op.engine = "fused"
+            last.absorbed += [name for name, _, _ in op.outputs]
+    last.op_type, last.cls, last.engine = "Gelu", "transcendental", "hvx"
+    last.inputs = [(x, pre.inputs[0][1], pre.inputs[0][2])]
+
+
+def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
+    """What follows a matrix op alone, in the same type: a bias Add or a Relu/Clip... fuses into it (no cost of
+    its own); SiLU, GELU... run on HVX while the matrix unit works (`hidden_by`)."""
+    producer = dict(graph.producer)
+    for op in ops:
+        if op.engine == "fused" or len(op.inputs) != 1 or op.kind != "compute":
+            continue
+        name, received, _ = op.inputs[0]
+        index = producer.get(name)
+        src = ops[index] if index is not None else None
+        # A convert between the two (a precision boundary) keeps them apart.
+        if src is None or src.engine != "hmx" or len(graph.readers[name]) != 1 or received != src.outputs[0][1]:
+            continue
+        # A bias, or a scale by a constant, folds into the matrix op's output requantization.
+        folds = (op.op_type == "Add" and op.weight_bytes > 0 and src.op_type in ("MatMul", "Gemm")
+                 or op.op_type in ("Mul", "Div") and 0 < op.weight_bytes <= 4)
+        if op.op_type in _FUSABLE or folds:
+            op.engine = "fused"
+            for out, _, _ in op.outputs:
+                producer[out] = index
+        elif op.op_type in _OVERLAPPING and op.engine == "hvx":
+            op.hidden_by = index

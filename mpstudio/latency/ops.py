@@ -1,0 +1,67 @@
+"""The HTP's op vocabulary: `HtpOp` (one op as the HTP runs it), the cost classes ONNX op types fall in, and the
+width of each tensor type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Matrix ops run on HMX; a depthwise convolution runs on HVX (HMX needs depth).
+MATRIX_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+# Metadata only on HTP: no data moves.
+LAYOUT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
+# Data movers: cost is the bytes they read and write.
+MOVER_OPS = {"Transpose", "Concat", "Slice", "Split", "Gather", "GatherElements", "GatherND", "Pad", "Tile",
+             "Expand", "DepthToSpace", "SpaceToDepth", "Cast", "ScatterND", "ScatterElements"}
+# HVX cost classes of element-wise ops (instructions per 128-byte vector: docs/latency.md).
+HVX_CLASS = {
+    **dict.fromkeys(("Relu", "Clip", "Max", "Min", "Abs", "Neg", "LeakyRelu", "Floor", "Ceil", "Round",
+                     "Sign", "Not", "And", "Or", "Xor", "Equal", "Greater", "Less", "GreaterOrEqual",
+                     "LessOrEqual", "Where"), "simple"),
+    **dict.fromkeys(("Add", "Sub", "Mul", "Sum", "PRelu", "BatchNormalization", "Mean", "HardSigmoid",
+                     "HardSwish"), "arith"),
+    **dict.fromkeys(("Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Gelu", "SiLU", "Elu",
+                     "Selu", "Softplus", "Softsign", "Mish", "Sin", "Cos", "Div", "Pow"), "transcendental"),
+    **dict.fromkeys(("Softmax", "LogSoftmax", "LayerNormalization", "InstanceNormalization",
+                     "GroupNormalization", "LpNormalization"), "normalize"),
+    **dict.fromkeys(("Resize", "Upsample"), "resize"),
+}
+DEFAULT_CLASS = "arith"
+# Reductions and global pools: one instruction per input vector.
+REDUCE_OPS = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+              "ReduceSumSquare", "ReduceLogSumExp", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool",
+              "ArgMax", "ArgMin"}
+# Windowed pools: one instruction per output vector and kernel tap.
+POOL_OPS = {"AveragePool", "MaxPool", "LpPool"}
+# Every cost class an op can fall in (calibration scales these): "hmx", "depthwise", HVX element-wise classes,
+# "reduce", "pool", "dma" (data movers), "layout" (metadata only), "convert".
+OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normalize", "resize", "reduce", "pool",
+              "dma", "layout", "convert")
+
+TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
+             "uint4": 4, "int4": 4}
+
+
+def type_bytes(dtype: str) -> float:
+    """Bytes per element of `dtype` (an unknown type counts as 32 bits)."""
+    return TYPE_BITS.get(dtype, 32) / 8
+
+
+@dataclass
+class HtpOp:
+    """One op as the HTP runs it, with what the cost formulas need."""
+
+    node: str
+    op_type: str
+    engine: str  # "hmx", "hvx", "dma" (data mover), "none" (layout), "cpu" (graph I/O), "graph"
+    inputs: list  # [(activation id, received dtype, elements)]
+    outputs: list  # [(activation id, produced dtype, elements)]
+    weight_bytes: float = 0.0
+    weight_type: str = ""
+    macs: int = 0  # logical multiply-accumulates
+    hmx_macs: int = 0  # MACs with channels padded to HMX blocks
+    work: float = 0.0  # HVX elements processed (x the class's instructions per 128-byte vector)
+    cls: str = ""  # cost class (OP_CLASSES)
+    kind: str = "compute"  # "compute", "convert", "io", "graph"
+    hidden_by: int = -1  # index of the matrix op whose time can hide this activation's HVX time
+    absorbed: list = field(default_factory=list)  # tensors a fused pattern (SiLU, Gelu) now reads inside itself
+    weights: list = field(default_factory=list)  # [(float-model name, dtype, elements)] of its constant operands

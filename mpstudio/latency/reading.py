@@ -1,0 +1,170 @@
+"""Reading a model into the ops the HTP runs: each op through the one QDQ reader (mpstudio.qdq), with the types
+its Q/DQ nodes give it, its shapes from ONNX shape inference, its work, and QNN's fusions applied."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..model import load_model
+from ..qdq import read as read_qdq
+from .fusion import fuse
+from .ops import HtpOp, type_bytes
+from .work import shape_work
+
+
+@dataclass
+class ParsedModel:
+    """The ops of one model as the HTP runs them, and what the estimate says about the model."""
+
+    ops: list[HtpOp]
+    quantized: bool  # the model has QDQ activations
+    unknown_shapes: int
+    graph_inputs: tuple[str, ...]
+    graph_outputs: tuple[str, ...]
+
+
+def parsed_model(model) -> ParsedModel:
+    """The ops of `model`, cached for a path while the file is unchanged."""
+    if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
+        path = Path(model).resolve()
+        stat = path.stat()
+        return _parsed_file(str(path), stat.st_mtime_ns, stat.st_size)
+    return _parse(load_model(model))
+
+
+@lru_cache(maxsize=64)  # a study re-estimates every plan when it recalibrates on a device
+def _parsed_file(path: str, mtime_ns: int, size: int) -> ParsedModel:
+    return _parse(load_model(path))
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
+    """Tensor shapes from ONNX shape inference on a light copy: Q/DQ become Identity (ORT writes 16-bit
+    ones in the com.microsoft domain, which onnx cannot infer) and large initializers become typed inputs."""
+    graph = model.graph
+    keep_data = {TensorProto.INT64, TensorProto.INT32}
+    inputs = list(graph.input)
+    known = {i.name for i in inputs}
+    inits = []
+    for init in graph.initializer:
+        if init.data_type in keep_data and np.prod(init.dims, dtype=np.int64) <= 4096:
+            inits.append(init)
+        elif init.name not in known:
+            inputs.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    nodes = []
+    for node in graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            nodes.append(helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name))
+        else:
+            nodes.append(node)
+    light = helper.make_graph(nodes, graph.name, inputs, list(graph.output), initializer=inits,
+                              value_info=list(graph.value_info))
+    copy = helper.make_model(light, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(copy)
+    except Exception:
+        inferred = copy  # partial knowledge beats none: ops with unknown shapes are counted and reported
+    shapes: dict[str, tuple] = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        tt = vi.type.tensor_type
+        if tt.HasField("shape"):
+            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+    for init in graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes
+
+
+def _elements(shape) -> int | None:
+    if shape is None or any(d is None for d in shape):
+        return None
+    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+
+
+# Shape arithmetic: constant-folded before the graph reaches the HTP.
+_SHAPE_OPS = {"Shape", "Constant", "ConstantOfShape", "Range", "Size"}
+
+
+def _parse(model: onnx.ModelProto) -> ParsedModel:
+    """The ops the HTP runs, read through the one QDQ reader (mpstudio.qdq), with their shapes and work."""
+    qdq = read_qdq(model)
+    counter = _ElementCounter(_shapes(model))
+    ops = [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "QuantizeLinear"]
+    ops += [_convert_op(c, counter) for c in qdq.converts]
+    ops += [op for op in (_compute_op(o, counter) for o in qdq.ops if o.op_type not in _SHAPE_OPS) if op]
+    ops += [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "DequantizeLinear"]
+    fuse(ops)
+    ops.append(HtpOp("graph execute", "Graph", "graph", [], [], kind="graph"))
+    return ParsedModel(ops, qdq.quantized, counter.unknown, qdq.graph_inputs, qdq.graph_outputs)
+
+
+class _ElementCounter:
+    """Elements of a tensor from the inferred shapes; unknown shapes count as one element and are counted."""
+
+    def __init__(self, shapes: dict[str, tuple]):
+        self.shapes, self.unknown = shapes, 0
+
+    def __call__(self, name: str) -> int:
+        n = _elements(self.shapes.get(name))
+        if n is None:
+            self.unknown += 1
+            return 1
+        return n
+
+
+def _io_op(io, elements: _ElementCounter) -> HtpOp:
+    """A graph-input quantize or output dequantize: ORT's QNN EP leaves it to the CPU."""
+    n = elements(io.value)
+    if io.op_type == "QuantizeLinear":
+        return HtpOp(io.name, io.op_type, "cpu", [(io.tensor, "float32", n)], [(io.tensor, io.dtype, n)], kind="io")
+    return HtpOp(io.name, io.op_type, "cpu", [(io.tensor, io.dtype, n)], [(io.value, "float32", n)], kind="io")
+
+
+def _convert_op(convert, elements: _ElementCounter) -> HtpOp:
+    """A re-quantization at a precision boundary, priced as an HVX op of its own."""
+    n = elements(convert.value)
+    return HtpOp(convert.name, "Convert", "hvx", [(convert.tensor, convert.source, n)],
+                 [(convert.tensor, convert.target, n)], work=n, cls="convert", kind="convert")
+
+
+def _htp_type(dtype: str) -> str:
+    return "float16" if dtype.startswith("float") else dtype  # the HTP computes float in fp16
+
+
+def _compute_op(qop, elements: _ElementCounter) -> HtpOp | None:
+    op = HtpOp(qop.name, qop.op_type, "hvx", [], [])
+    op.inputs = [(o.tensor, _htp_type(o.dtype), elements(o.value)) for o in qop.activations]
+    op.outputs = [(o.tensor, _htp_type(o.dtype), elements(o.value)) for o in qop.outputs]
+    if not op.outputs:
+        return None
+    weights = [(o.value, _htp_type(o.dtype)) for o in qop.weights]
+    shapes = elements.shapes
+    op.weights = [(o.tensor, _htp_type(o.dtype), _elements(shapes.get(o.value)) or 0) for o in qop.weights]
+    op.weight_bytes = float(sum((_elements(shapes.get(w)) or 0) * type_bytes(t) for w, t in weights))
+    if qop.op_type == "Gather" and weights:  # a table lookup reads only the rows it gathers
+        op.weight_bytes = float(op.outputs[0][2] * type_bytes(weights[0][1]))
+    op.weight_type = next((t for _, t in weights if t != "int32"), "")  # int32 is a bias
+    shape_work(op, qop.node, shapes, weights)
+    return op
+
+
+def float_io_ops(parsed: ParsedModel) -> list[HtpOp]:
+    """The casts the HTP makes of a float model's fp32 graph inputs to fp16 and of its outputs back."""
+    ops: dict[str, HtpOp] = {}  # one cast per graph input even if several ops read it
+    for op in parsed.ops:
+        for name, _, n in op.inputs:
+            if name in parsed.graph_inputs:
+                node = f"{name} cast fp32->fp16"
+                ops[node] = HtpOp(node, "Cast", "hvx", [(name, "float32", n)], [(name, "float16", n)], work=n,
+                                  cls="convert", kind="convert")
+        for name, _, n in op.outputs:
+            if name in parsed.graph_outputs:
+                node = f"{name} cast fp16->fp32"
+                ops[node] = HtpOp(node, "Cast", "hvx", [(name, "float16", n)], [(name, "float32", n)], work=n,
+                                  cls="convert", kind="convert")
+    return list(ops.values())
