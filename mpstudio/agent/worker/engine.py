@@ -68,7 +68,7 @@ def _exit_with_parent() -> None:
 
 
 class Engine:
-    """Runs and context binaries inside the worker; sessions, placements and profiles come from their rooms."""
+    """Runs and context binaries inside the worker, over its session cache, placement reader and profiler."""
 
     def __init__(self, workdir: Path, settings: dict):
         self.workdir = workdir
