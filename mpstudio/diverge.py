@@ -279,6 +279,41 @@ def compare(model: str | Path, data: DataSource, *, plan: PrecisionPlan | None =
     `runner`: None runs both backends in this process; an AgentClient or AgentPool runs the HTP side there
     (the CPU side always runs here). `tensors` limits the comparison to those tensors (default: all).
     """
+    _check_settings(data, samples, chunk_size, threshold_steps)
+    model = Path(model)
+    read = qdq.read(model)
+    if not read.quantized:
+        raise MpstudioError(f"{model.name} has no quantized activations; give a QDQ model (or a float model and a "
+                            "plan)")
+    targets = _selected(_targets(read), tensors)
+    data = data.head(min(samples, len(data)))
+    options = {"htp_arch": "75", **(provider_options or {})}
+    sides = _Sides(runner_for(None), runner_for(runner), options, cancel)
+    stats = {t.tensor: _Stats(t.step) for t in targets}
+    failed: dict[str, str] = {}
+    # Both backends quantize a graph input on the CPU from the same feed (the QNN EP leaves a graph input's
+    # QuantizeLinear to ORT), so it agrees by definition; exposed on HTP it reads back unquantized.
+    exposable = [t for t in targets if t.kind != "input"]
+    pending = [exposable[i:i + chunk_size] for i in range(0, len(exposable), chunk_size)]
+    steps = _Steps(len(pending) + 2, progress, cancel)
+    with tempfile.TemporaryDirectory(prefix="mpstudio-diverge-") as tmp:
+        message = f"comparing {len(exposable)} tensors on htp and cpu, {chunk_size} at a time"
+        sessions, perturbed = _compare_chunks(read, model, data, pending, sides, Path(tmp), stats, failed, steps,
+                                              message)
+        frame = _frame(targets, stats, failed, threshold_steps, len(data))
+        chosen = _to_isolate(frame)
+        if chosen:
+            steps.tick(f"isolating {len(chosen)} op(s) on htp and cpu")
+            _isolate(read, {t.tensor: t for t in targets}, chosen, frame, data, sides.here, sides.htp, options,
+                     Path(tmp), threshold_steps, cancel)
+    if progress:
+        progress(steps.total, steps.total, "compared")
+    return DivergenceReport(frame, plan or PrecisionPlan(name=model.stem), model, float(threshold_steps), len(data),
+                            chunk_size, sessions, sides.here.source("cpu"), sides.htp.source("htp"),
+                            tuple(perturbed), provider_options=options)
+
+
+def _check_settings(data: DataSource, samples: int, chunk_size: int, threshold_steps: float) -> None:
     if samples < 1:
         raise MpstudioError(f"samples must be at least 1, not {samples}")
     if chunk_size < 1:
@@ -287,89 +322,97 @@ def compare(model: str | Path, data: DataSource, *, plan: PrecisionPlan | None =
         raise MpstudioError(f"the threshold must be a positive number of quantization steps, not {threshold_steps}")
     if len(data) == 0:
         raise MpstudioError(f"{data.name} holds no samples to compare on")
-    model = Path(model)
-    read = qdq.read(model)
-    if not read.quantized:
-        raise MpstudioError(f"{model.name} has no quantized activations; give a QDQ model (or a float model and a "
-                            "plan)")
-    targets = _targets(read)
-    if tensors is not None:
-        unknown = [t for t in tensors if t not in {x.tensor for x in targets}]
-        if unknown:
-            raise MpstudioError(f"not quantized activations of this model: {', '.join(unknown[:5])}")
-        wanted = set(tensors)
-        targets = [t for t in targets if t.tensor in wanted]
-    data = data.head(min(samples, len(data)))
-    options = {"htp_arch": "75", **(provider_options or {})}
-    here = runner_for(None)
-    htp_runs = runner_for(runner)
+
+
+def _selected(targets: list[_Target], tensors: Sequence[str] | None) -> list[_Target]:
+    """The targets of `tensors` (all of them when None); a name that is no quantized activation is an error."""
+    if tensors is None:
+        return targets
+    unknown = [t for t in tensors if t not in {x.tensor for x in targets}]
+    if unknown:
+        raise MpstudioError(f"not quantized activations of this model: {', '.join(unknown[:5])}")
+    wanted = set(tensors)
+    return [t for t in targets if t.tensor in wanted]
+
+
+@dataclass(frozen=True)
+class _Sides:
+    """The two backends of a comparison: `here` runs the CPU side in this process, `htp` the HTP side."""
+
+    here: object
+    htp: object
+    options: dict
+    cancel: threading.Event | None
+
+
+class _Steps:
+    """A comparison's progress: steps done of a total that grows when a chunk is split; checks cancellation."""
+
+    def __init__(self, total: int, progress: Progress | None, cancel: threading.Event | None):
+        self.total = total
+        self.done = 0
+        self._progress = progress
+        self._cancel = cancel
+
+    def tick(self, message: str) -> None:
+        if self._cancel is not None and self._cancel.is_set():
+            raise Cancelled(f"divergence triage cancelled after {self.done} of {self.total} steps")
+        if self._progress:
+            self._progress(self.done, self.total, message)
+
+
+def _compare_chunks(read, model: Path, data: DataSource, pending: list[list[_Target]], sides: _Sides, folder: Path,
+                    stats: dict[str, _Stats], failed: dict[str, str], steps: _Steps,
+                    message: str) -> tuple[int, list[int]]:
+    """Compare the `pending` chunks, each exposed as extra outputs of one HTP and one CPU session, into `stats`
+    (`failed`: tensors the HTP refuses to expose). Returns (HTP chunk sessions, chunks whose exposure changed
+    the model's own outputs)."""
     outputs = list(read.graph_outputs)
-    stats = {t.tensor: _Stats(t.step) for t in targets}
-    failed: dict[str, str] = {}
-    # Both backends quantize a graph input on the CPU from the same feed (the QNN EP leaves a graph input's
-    # QuantizeLinear to ORT), so it agrees by definition; exposed on HTP it reads back unquantized.
-    exposable = [t for t in targets if t.kind != "input"]
-    pending = [exposable[i:i + chunk_size] for i in range(0, len(exposable), chunk_size)]
-    total = len(pending) + 2
-    done = 0
-    perturbed: list[int] = []
+    steps.tick(message)
+    reference = sides.htp.outputs(model, data, "htp", sides.options, None, sides.cancel)
+    cpu_reference = sides.here.outputs(model, data, "cpu", None, None, sides.cancel)
+    steps.done += 1
+    chunk_index = 0
     sessions = 0
-
-    def tick(message: str) -> None:
-        if cancel is not None and cancel.is_set():
-            raise Cancelled(f"divergence triage cancelled after {done} of {total} steps")
-        if progress:
-            progress(done, total, message)
-
-    with tempfile.TemporaryDirectory(prefix="mpstudio-diverge-") as tmp:
-        tick(f"comparing {len(exposable)} tensors on htp and cpu, {chunk_size} at a time")
-        reference = htp_runs.outputs(model, data, "htp", options, None, cancel)
-        cpu_reference = here.outputs(model, data, "cpu", None, None, cancel)
-        done += 1
-        chunk_index = 0
-        while pending:
-            chunk = pending.pop(0)
-            chunk_index += 1
-            tick(f"comparing {len(exposable)} tensors on htp and cpu, {chunk_size} at a time")
-            path = Path(tmp) / f"chunk-{chunk_index}.onnx"
-            exposed = [t.exposed for t in chunk]
-            path.write_bytes(qdq.with_outputs(read, outputs + [e for e in exposed if e not in outputs]))
-            try:
-                htp = htp_runs.outputs(path, data, "htp", options, None, cancel)
-            except Cancelled:
-                raise
-            except MpstudioError as exc:
-                if len(chunk) > 1:  # find the tensor the HTP backend refuses to expose: halves, down to one
-                    half = len(chunk) // 2
-                    pending[:0] = [chunk[:half], chunk[half:]]
-                    total += 1
-                    continue
-                failed[chunk[0].tensor] = f"htp: {str(exc).splitlines()[0][:200]}"
-                done += 1
+    perturbed: list[int] = []
+    while pending:
+        chunk = pending.pop(0)
+        chunk_index += 1
+        steps.tick(message)
+        path = folder / f"chunk-{chunk_index}.onnx"
+        exposed = [t.exposed for t in chunk]
+        path.write_bytes(qdq.with_outputs(read, outputs + [e for e in exposed if e not in outputs]))
+        try:
+            htp = sides.htp.outputs(path, data, "htp", sides.options, None, sides.cancel)
+        except Cancelled:
+            raise
+        except MpstudioError as exc:
+            if len(chunk) > 1:  # find the tensor the HTP backend refuses to expose: halves, down to one
+                half = len(chunk) // 2
+                pending[:0] = [chunk[:half], chunk[half:]]
+                steps.total += 1
                 continue
-            sessions += 1
-            cpu = here.outputs(path, data, "cpu", None, None, cancel)
-            path.unlink()
-            if not (_same_outputs(htp, reference, outputs) and _same_outputs(cpu, cpu_reference, outputs)):
-                perturbed.append(chunk_index)
-            for t in chunk:
-                for c, h in zip(cpu, htp):
-                    stats[t.tensor].add(c[t.exposed], h[t.exposed])
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled("divergence triage cancelled")
-            del cpu, htp
-            done += 1
-        frame = _frame(targets, stats, failed, threshold_steps, len(data))
-        chosen = _to_isolate(frame)
-        if chosen:
-            tick(f"isolating {len(chosen)} op(s) on htp and cpu")
-            _isolate(read, {t.tensor: t for t in targets}, chosen, frame, data, here, htp_runs, options, Path(tmp),
-                     threshold_steps, cancel)
-    if progress:
-        progress(total, total, "compared")
-    return DivergenceReport(frame, plan or PrecisionPlan(name=model.stem), model, float(threshold_steps), len(data),
-                            chunk_size, sessions, here.source("cpu"), htp_runs.source("htp"), tuple(perturbed),
-                            provider_options=options)
+            failed[chunk[0].tensor] = f"htp: {str(exc).splitlines()[0][:200]}"
+            steps.done += 1
+            continue
+        sessions += 1
+        cpu = sides.here.outputs(path, data, "cpu", None, None, sides.cancel)
+        path.unlink()
+        if not (_same_outputs(htp, reference, outputs) and _same_outputs(cpu, cpu_reference, outputs)):
+            perturbed.append(chunk_index)
+        _accumulate(chunk, cpu, htp, stats, sides.cancel)
+        del cpu, htp
+        steps.done += 1
+    return sessions, perturbed
+
+
+def _accumulate(chunk: list[_Target], cpu, htp, stats: dict[str, _Stats], cancel: threading.Event | None) -> None:
+    """Add each sample's HTP and CPU values of the chunk's tensors to their statistics."""
+    for t in chunk:
+        for c, h in zip(cpu, htp):
+            stats[t.tensor].add(c[t.exposed], h[t.exposed])
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("divergence triage cancelled")
 
 
 def _same_outputs(runs, reference, names) -> bool:

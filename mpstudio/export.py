@@ -462,6 +462,30 @@ def export_plan(
     built on `agent`, an AgentClient, with `provider_options`). Files are written whole or not at all.
     `encodings_version` is AIMET's "1.0.0" (the default) or "0.6.1" (the older dict form).
     """
+    formats = _checked_formats(formats, encodings_version, agent)
+    plan.validate(quantizer.graph)
+    stem = name or export_name(plan)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = _ExportSteps(2 + len(formats), progress, cancel)
+    steps.advance(f"quantizing {plan.summary()}")
+    qdq_path = quantizer.generate(plan, cancel=cancel)
+    qdq_model = qdq.load(qdq_path)
+    tensors = read_quantized_tensors(qdq_model)
+    paths: dict[str, Path] = {"plan": out / f"{stem}.plan.json"}
+    steps.advance("writing the plan")
+    _write_text(paths["plan"], plan.dumps() + "\n")
+    paths.update(_write_formats(formats, quantizer, plan, qdq_path, qdq_model, out, stem, steps, agent=agent,
+                                provider_options=provider_options, with_parameters=with_parameters,
+                                encodings_version=encodings_version))
+    if progress:
+        progress(steps.total, steps.total, f"exported {plan.summary()} to {out}")
+    return ExportResult(directory=out, tensors=len(tensors), **paths)
+
+
+def _checked_formats(formats: Iterable[str], encodings_version: str, agent) -> tuple[str, ...]:
+    """The asked-for formats, once each; unknown ones, an unknown encodings version or a context without an
+    agent are errors."""
     formats = tuple(dict.fromkeys(formats))
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
@@ -469,56 +493,56 @@ def export_plan(
     encodings_format.check_version(encodings_version)
     if "context" in formats and agent is None:
         raise MpstudioError("a context binary is built on an agent: give agent=AgentClient(...) or LocalAgent().client")
-    plan.validate(quantizer.graph)
-    stem = name or export_name(plan)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    total = 2 + len(formats)
-    step = 0
+    return formats
 
-    def advance(message: str) -> None:
-        nonlocal step
-        if cancel is not None and cancel.is_set():
+
+class _ExportSteps:
+    """An export's progress, one step per file; checks cancellation before each."""
+
+    def __init__(self, total: int, progress: Progress | None, cancel: threading.Event | None):
+        self.total = total
+        self.step = 0
+        self._progress = progress
+        self._cancel = cancel
+
+    def advance(self, message: str) -> None:
+        if self._cancel is not None and self._cancel.is_set():
             raise Cancelled("export cancelled")
-        if progress:
-            progress(step, total, message)
-        step += 1
+        if self._progress:
+            self._progress(self.step, self.total, message)
+        self.step += 1
 
-    advance(f"quantizing {plan.summary()}")
-    qdq_path = quantizer.generate(plan, cancel=cancel)
-    qdq_model = qdq.load(qdq_path)
-    tensors = read_quantized_tensors(qdq_model)
-    paths: dict[str, Path] = {"plan": out / f"{stem}.plan.json"}
-    advance("writing the plan")
-    _write_text(paths["plan"], plan.dumps() + "\n")
 
+def _write_formats(formats: tuple[str, ...], quantizer: Quantizer, plan: PrecisionPlan, qdq_path: Path, qdq_model,
+                   out: Path, stem: str, steps: _ExportSteps, *, agent, provider_options, with_parameters: bool,
+                   encodings_version: str) -> dict[str, Path]:
+    """Write each asked-for format but the plan; their paths by `ExportResult` field."""
+    paths: dict[str, Path] = {}
     if "ort" in formats:
-        advance("writing the ORT overrides")
+        steps.advance("writing the ORT overrides")
         text = json.dumps(ort_overrides(quantizer, plan, with_parameters=with_parameters), indent=2) + "\n"
         validate_ort_overrides(json.loads(text), quantizer.graph, qdq_model, pinned=with_parameters)
         paths["overrides"] = out / f"{stem}.overrides.json"
         _write_text(paths["overrides"], text)
     if "qnn" in formats:
-        advance("writing the QNN encodings")
+        steps.advance("writing the QNN encodings")
         text = json.dumps(qnn_encodings(qdq_model, encodings_version), indent=2) + "\n"
         validate_encodings(json.loads(text), qdq_model)
         paths["encodings"] = out / f"{stem}.encodings.json"
         _write_text(paths["encodings"], text)
     if "model" in formats:
-        advance("copying the QDQ model")
+        steps.advance("copying the QDQ model")
         paths["model"] = out / f"{stem}.qdq.onnx"
         _copy_atomic(qdq_path, paths["model"])
     if "float" in formats:
-        advance("copying the float model")
+        steps.advance("copying the float model")
         paths["float_model"] = out / f"{stem}.float.onnx"
         _copy_atomic(quantizer.float_path, paths["float_model"])
     if "context" in formats:
-        advance("building the context binary on the agent")
+        steps.advance("building the context binary on the agent")
         paths["context"] = out / f"{stem}.ctx.onnx"
         _build_context(agent, qdq_path, paths["context"], provider_options)
-    if progress:
-        progress(total, total, f"exported {plan.summary()} to {out}")
-    return ExportResult(directory=out, tensors=len(tensors), **paths)
+    return paths
 
 
 def _build_context(agent, model: Path, destination: Path, provider_options) -> None:

@@ -167,10 +167,7 @@ def prepare_model(
     earlier = metadata(model).get(_STEPS_KEY)
     steps: list[str] = [f"earlier: {step}" for step in (json.loads(earlier) if earlier else [])]
 
-    max_ir = ort_max_ir_version()
-    if model.ir_version > max_ir:
-        steps.append(f"IR version {model.ir_version} lowered to {max_ir}, the newest ONNX Runtime accepts")
-        model.ir_version = max_ir
+    steps += _lower_ir_version(model)
 
     try:
         onnx.checker.check_model(model)
@@ -181,27 +178,11 @@ def prepare_model(
 
     steps += _raise_opset(model)
 
-    unnamed = 0
-    for index, node in enumerate(model.graph.node):
-        if not node.name:
-            node.name = node_display_name(node, index)
-            unnamed += 1
-    if unnamed:
-        steps.append(f"named {unnamed} unnamed nodes after their op type")
+    steps += _name_unnamed_nodes(model)
 
-    constants = sum(1 for n in model.graph.node if n.op_type == "Constant")
     if optimize:
-        before = len(model.graph.node)
-        gelus = sum(1 for n in model.graph.node if n.op_type == "Gelu")
-        model = _ort_basic_optimize(model)
-        steps.append(
-            f"folded constants with ONNX Runtime's basic optimizations ({constants} Constant nodes, "
-            f"{before} -> {len(model.graph.node)} nodes, {len(model.graph.initializer)} initializers)"
-        )
-        fused = sum(1 for n in model.graph.node if n.op_type == "Gelu") - gelus
-        if fused > 0:  # from opset 20 ORT fuses exact Erf-GELU itself
-            steps.append(f"ONNX Runtime's optimizations fused {fused} exact GELU subgraph(s) into Gelu (ONNX opset "
-                         "20), which QNN HTP runs (QNN has no Erf)")
+        model, folded = _fold_constants(model)
+        steps += folded
 
     rewrites = tuple(rewrite_for_htp(model)) if rewrite else ()
     steps += [result.step for result in rewrites]
@@ -211,16 +192,66 @@ def prepare_model(
         steps.append(f"gave each consumer its own copy of {unshared} small shared initializers, so each "
                      "node's constant can take its own precision")
 
+    model, inferred = _infer_shapes(model)
+    steps += inferred
+    return _prepared(model, name, steps, rewrites)
+
+
+def _lower_ir_version(model: onnx.ModelProto) -> list[str]:
+    """Lower an IR version newer than this ONNX Runtime loads (in place); the step it took, if any."""
+    max_ir = ort_max_ir_version()
+    if model.ir_version > max_ir:
+        message = f"IR version {model.ir_version} lowered to {max_ir}, the newest ONNX Runtime accepts"
+        model.ir_version = max_ir
+        return [message]
+    return []
+
+
+def _name_unnamed_nodes(model: onnx.ModelProto) -> list[str]:
+    """Name each unnamed node after its op type (in place); the step it took, if any."""
+    unnamed = 0
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = node_display_name(node, index)
+            unnamed += 1
+    return [f"named {unnamed} unnamed nodes after their op type"] if unnamed else []
+
+
+def _fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """The model with constants folded by ONNX Runtime's basic optimizations, and the steps that says."""
+    steps = []
+    constants = sum(1 for n in model.graph.node if n.op_type == "Constant")
+    before = len(model.graph.node)
+    gelus = sum(1 for n in model.graph.node if n.op_type == "Gelu")
+    model = _ort_basic_optimize(model)
+    steps.append(
+        f"folded constants with ONNX Runtime's basic optimizations ({constants} Constant nodes, "
+        f"{before} -> {len(model.graph.node)} nodes, {len(model.graph.initializer)} initializers)"
+    )
+    fused = sum(1 for n in model.graph.node if n.op_type == "Gelu") - gelus
+    if fused > 0:  # from opset 20 ORT fuses exact Erf-GELU itself
+        steps.append(f"ONNX Runtime's optimizations fused {fused} exact GELU subgraph(s) into Gelu (ONNX opset "
+                     "20), which QNN HTP runs (QNN has no Erf)")
+    return model, steps
+
+
+def _infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """The model with inferred shapes (strict), and the steps: the inference, and tensors still unshaped."""
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except Exception as exc:
         raise MpstudioError(f"shape inference failed: {brief(exc)}") from exc
-    steps.append("inferred shapes")
+    steps = ["inferred shapes"]
     unknown = _tensors_without_static_shape(model)
     if unknown:
         shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
         steps.append(f"{len(unknown)} tensors still have no static shape: {shown}")
+    return model, steps
 
+
+def _prepared(model: onnx.ModelProto, name: str, steps: list[str],
+              rewrites: tuple[RewriteResult, ...]) -> PreparedModel:
+    """Mark the model prepared (its metadata keeps the steps) and describe it: specs, QNN support, sha256."""
     _set_metadata(model, _PREPROCESSED_KEY, "1")
     _set_metadata(model, _STEPS_KEY, json.dumps([s.removeprefix("earlier: ") for s in steps]))
     issues = tuple(check_qnn_support(model))

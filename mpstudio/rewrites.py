@@ -373,75 +373,11 @@ def fold_batch_norm(model: onnx.ModelProto) -> RewriteResult | None:
     folded: list[str] = []
     dropped: set[int] = set()
     for bn in list(graph.node):
-        if bn.op_type != "BatchNormalization" or bn.domain not in _STANDARD or len(bn.input) != 5 \
-                or len(bn.output) != 1:
+        fold = _batch_norm_fold(bn, g, inits, weight_users)
+        if fold is None:
             continue
-        attrs = {a.name: a for a in bn.attribute}
-        if "training_mode" in attrs and attrs["training_mode"].i:
-            continue
-        params = [_float_initializer(inits, name) for name in bn.input[1:]]
-        if any(p is None or p.ndim != 1 for p in params):
-            continue
-        scale, bias, mean, var = params
-        epsilon = attrs["epsilon"].f if "epsilon" in attrs else 1e-5
-        add = g.producer.get(bn.input[0])
-        shift_name = None
-        conv = add
-        if add is not None and add.op_type == "Add" and add.domain in _STANDARD and len(add.input) == 2:
-            if g.only_consumer(add.output[0], "BatchNormalization") is not bn:
-                continue
-            shift_name = next((name for name in add.input if name in inits), None)
-            other = _other(add, shift_name) if shift_name else None
-            conv = g.producer.get(other) if other else None
-            if conv is None or g.only_consumer(other, "Add") is not add:
-                continue
-        elif conv is None or g.only_consumer(bn.input[0], "BatchNormalization") is not bn:
-            continue
-        if conv.op_type not in ("Conv", "ConvTranspose") or conv.domain not in _STANDARD or len(conv.output) != 1:
-            continue
-        weight = _float_initializer(inits, conv.input[1]) if len(conv.input) > 1 else None
-        conv_bias = _float_initializer(inits, conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-        if weight is None or weight_users.get(conv.input[1], 0) != 1 or (len(conv.input) > 2 and conv.input[2] and (
-                conv_bias is None or weight_users.get(conv.input[2], 0) != 1)):
-            continue
-        channels = scale.size
-        groups = next((a.i for a in conv.attribute if a.name == "group"), 1)
-        out_axis = 0 if conv.op_type == "Conv" else 1
-        if weight.shape[out_axis] * (groups if out_axis == 1 else 1) != channels:
-            continue
-        shift = np.zeros(channels)
-        if shift_name is not None:
-            constant = _float_initializer(inits, shift_name)
-            # Per channel only: the output's channel axis is 1 of rank weight.ndim, i.e. weight.ndim - 1 from the right.
-            per_channel = constant is not None and constant.ndim >= weight.ndim - 1 and \
-                constant.shape[-(weight.ndim - 1)] == channels and constant.size == channels
-            if constant is None or weight_users.get(shift_name, 0) != 1 or not (constant.size == 1 or per_channel):
-                continue
-            shift = np.broadcast_to(constant.reshape(-1), (channels,))
-        factor = scale / np.sqrt(var + epsilon)
-        if out_axis == 0:
-            new_weight = weight * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
-        else:  # ConvTranspose: [in, out / group, ...]; output channel gi * (out / group) + j
-            grouped = weight.reshape((groups, weight.shape[0] // groups) + weight.shape[1:])
-            new_weight = (grouped * factor.reshape((groups, 1, -1) + (1,) * (weight.ndim - 2))).reshape(weight.shape)
-        base = conv_bias if conv_bias is not None else np.zeros(channels)
-        new_bias = (base + shift - mean) * factor + bias
-        inits[conv.input[1]].CopyFrom(numpy_helper.from_array(new_weight.astype(np.float32), conv.input[1]))
-        if conv_bias is not None:
-            inits[conv.input[2]].CopyFrom(numpy_helper.from_array(new_bias.astype(np.float32), conv.input[2]))
-        else:
-            taken = set(inits) | {o for n in graph.node for o in n.output}
-            name, i = f"{conv.name or conv.output[0]}/folded_bias", 1
-            while name in taken:
-                name, i = f"{conv.name or conv.output[0]}/folded_bias_{i}", i + 1
-            tensor = numpy_helper.from_array(new_bias.astype(np.float32), name)
-            graph.initializer.append(tensor)
-            inits[name] = tensor
-            while len(conv.input) < 3:
-                conv.input.append("")
-            conv.input[2] = name
-        conv.output[0] = bn.output[0]
-        dropped.update(id(n) for n in (bn, add) if n is not None and n is not conv)
+        _apply_fold(graph, inits, fold)
+        dropped.update(id(n) for n in (bn, fold.add) if n is not None and n is not fold.conv)
         folded.append(bn.name or bn.output[0])
     if not folded:
         return None
@@ -451,6 +387,138 @@ def fold_batch_norm(model: onnx.ModelProto) -> RewriteResult | None:
         f"folded {len(folded)} BatchNormalization node(s) after a Conv/ConvTranspose into its weights and bias "
         "(QNN HTP's own BatchNormalization computes some channels differently from the QDQ model): "
         + _shown(folded))
+
+
+@dataclass(frozen=True)
+class _BatchNormFold:
+    """One BatchNormalization folded into the convolution before it: the nodes, and the convolution's new
+    weight and bias (`add`: the per-channel Add between them, else the convolution itself, or None)."""
+
+    bn: onnx.NodeProto
+    conv: onnx.NodeProto
+    add: onnx.NodeProto | None
+    new_weight: np.ndarray
+    new_bias: np.ndarray
+    has_bias: bool
+
+
+def _batch_norm_fold(bn: onnx.NodeProto, g: _Graph, inits: dict, weight_users: dict[str, int]) -> _BatchNormFold | None:
+    """How `bn` folds into the convolution before it, or None when it does not (see `fold_batch_norm`)."""
+    params = _inference_batch_norm(bn, inits)
+    if params is None:
+        return None
+    scale, bias, mean, var, epsilon = params
+    found = _convolution_before(bn, g, inits)
+    if found is None:
+        return None
+    conv, add, shift_name = found
+    weights = _convolution_weights(conv, inits, weight_users, scale.size)
+    if weights is None:
+        return None
+    weight, conv_bias, groups, out_axis = weights
+    channels = scale.size
+    shift = _channel_shift(shift_name, inits, weight_users, weight, channels)
+    if shift is None:
+        return None
+    factor = scale / np.sqrt(var + epsilon)
+    if out_axis == 0:
+        new_weight = weight * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
+    else:  # ConvTranspose: [in, out / group, ...]; output channel gi * (out / group) + j
+        grouped = weight.reshape((groups, weight.shape[0] // groups) + weight.shape[1:])
+        new_weight = (grouped * factor.reshape((groups, 1, -1) + (1,) * (weight.ndim - 2))).reshape(weight.shape)
+    base = conv_bias if conv_bias is not None else np.zeros(channels)
+    new_bias = (base + shift - mean) * factor + bias
+    return _BatchNormFold(bn, conv, add, new_weight, new_bias, conv_bias is not None)
+
+
+def _inference_batch_norm(bn: onnx.NodeProto, inits: dict) -> tuple | None:
+    """(scale, bias, mean, var, epsilon) of an inference BatchNormalization with 1-D float initializer
+    parameters; None for any other node."""
+    if bn.op_type != "BatchNormalization" or bn.domain not in _STANDARD or len(bn.input) != 5 \
+            or len(bn.output) != 1:
+        return None
+    attrs = {a.name: a for a in bn.attribute}
+    if "training_mode" in attrs and attrs["training_mode"].i:
+        return None
+    params = [_float_initializer(inits, name) for name in bn.input[1:]]
+    if any(p is None or p.ndim != 1 for p in params):
+        return None
+    scale, bias, mean, var = params
+    epsilon = attrs["epsilon"].f if "epsilon" in attrs else 1e-5
+    return scale, bias, mean, var, epsilon
+
+
+def _convolution_before(bn: onnx.NodeProto, g: _Graph, inits: dict) -> tuple | None:
+    """(conv, add, shift_name): the Conv or ConvTranspose whose output `bn` alone reads, directly (add is then
+    the conv, shift_name None) or through an Add of a constant `shift_name` it alone reads; None otherwise."""
+    add = g.producer.get(bn.input[0])
+    shift_name = None
+    conv = add
+    if add is not None and add.op_type == "Add" and add.domain in _STANDARD and len(add.input) == 2:
+        if g.only_consumer(add.output[0], "BatchNormalization") is not bn:
+            return None
+        shift_name = next((name for name in add.input if name in inits), None)
+        other = _other(add, shift_name) if shift_name else None
+        conv = g.producer.get(other) if other else None
+        if conv is None or g.only_consumer(other, "Add") is not add:
+            return None
+    elif conv is None or g.only_consumer(bn.input[0], "BatchNormalization") is not bn:
+        return None
+    if conv.op_type not in ("Conv", "ConvTranspose") or conv.domain not in _STANDARD or len(conv.output) != 1:
+        return None
+    return conv, add, shift_name
+
+
+def _convolution_weights(conv: onnx.NodeProto, inits: dict, weight_users: dict[str, int],
+                         channels: int) -> tuple | None:
+    """(weight, bias or None, groups, output-channel axis) of a convolution whose float weight (and bias) only it
+    reads, with `channels` output channels; None otherwise."""
+    weight = _float_initializer(inits, conv.input[1]) if len(conv.input) > 1 else None
+    conv_bias = _float_initializer(inits, conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+    if weight is None or weight_users.get(conv.input[1], 0) != 1 or (len(conv.input) > 2 and conv.input[2] and (
+            conv_bias is None or weight_users.get(conv.input[2], 0) != 1)):
+        return None
+    groups = next((a.i for a in conv.attribute if a.name == "group"), 1)
+    out_axis = 0 if conv.op_type == "Conv" else 1
+    if weight.shape[out_axis] * (groups if out_axis == 1 else 1) != channels:
+        return None
+    return weight, conv_bias, groups, out_axis
+
+
+def _channel_shift(shift_name: str | None, inits: dict, weight_users: dict[str, int], weight: np.ndarray,
+                   channels: int) -> np.ndarray | None:
+    """The per-channel shift the Add between convolution and BatchNormalization adds (zeros without an Add);
+    None when its constant is not a scalar or per-channel float initializer only that Add reads."""
+    if shift_name is None:
+        return np.zeros(channels)
+    constant = _float_initializer(inits, shift_name)
+    # Per channel only: the output's channel axis is 1 of rank weight.ndim, i.e. weight.ndim - 1 from the right.
+    per_channel = constant is not None and constant.ndim >= weight.ndim - 1 and \
+        constant.shape[-(weight.ndim - 1)] == channels and constant.size == channels
+    if constant is None or weight_users.get(shift_name, 0) != 1 or not (constant.size == 1 or per_channel):
+        return None
+    return np.broadcast_to(constant.reshape(-1), (channels,))
+
+
+def _apply_fold(graph: onnx.GraphProto, inits: dict, fold: _BatchNormFold) -> None:
+    """Write the folded weight and bias (a new bias initializer when the convolution had none) and make the
+    convolution write the BatchNormalization's output."""
+    conv = fold.conv
+    inits[conv.input[1]].CopyFrom(numpy_helper.from_array(fold.new_weight.astype(np.float32), conv.input[1]))
+    if fold.has_bias:
+        inits[conv.input[2]].CopyFrom(numpy_helper.from_array(fold.new_bias.astype(np.float32), conv.input[2]))
+    else:
+        taken = set(inits) | {o for n in graph.node for o in n.output}
+        name, i = f"{conv.name or conv.output[0]}/folded_bias", 1
+        while name in taken:
+            name, i = f"{conv.name or conv.output[0]}/folded_bias_{i}", i + 1
+        tensor = numpy_helper.from_array(fold.new_bias.astype(np.float32), name)
+        graph.initializer.append(tensor)
+        inits[name] = tensor
+        while len(conv.input) < 3:
+            conv.input.append("")
+        conv.input[2] = name
+    conv.output[0] = fold.bn.output[0]
 
 
 __all__ = ["RewriteResult", "rewrite_for_htp", "fuse_erf_gelu", "clamp_mask_constants", "where_to_arithmetic",

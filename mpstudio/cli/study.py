@@ -1,141 +1,14 @@
-"""The `mpstudio` command line."""
+"""The study commands: `search`, `study show|resume|calibrate`, `export`, `import` and `diverge`, and how
+they open a study (an existing folder, a new one from MODEL and --data, or the demo)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import MpstudioError
-
-
-@contextmanager
-def progress_bar(enabled: bool = True):
-    """A `progress(done, total, message)` callback drawn with tqdm on stderr (one bar per message)."""
-    from tqdm import tqdm
-
-    state: dict = {"bar": None, "message": None}
-
-    def progress(done: int, total: int, message: str) -> None:
-        if not enabled:
-            return
-        if state["message"] != message or state["bar"] is None:
-            if state["bar"] is not None:
-                state["bar"].close()
-            state["bar"] = tqdm(total=total, desc=message, file=sys.stderr, leave=False, dynamic_ncols=True)
-            state["message"] = message
-        bar = state["bar"]
-        bar.total = total
-        bar.n = done
-        bar.refresh()
-
-    try:
-        yield progress
-    finally:
-        if state["bar"] is not None:
-            state["bar"].close()
-
-
-def _prepare(args) -> int:
-    from .model import parse_shape_args, prepare_model
-
-    prepared = prepare_model(args.model, parse_shape_args(args.shape), rewrite=not args.no_rewrites)
-    print(prepared.report())
-    if args.output:
-        prepared.save(args.output)
-        print(f"prepared model written to {args.output}")
-    return 0 if prepared.qnn_ready or not args.strict else 3
-
-
-def open_model_data_plan(args, calibration_samples: int | None = None, calibrate_on_all: bool = False,
-                         method: str = "minmax"):
-    """What `quantize` and `analyze` share: the prepared model, its plan, its data and a Quantizer.
-
-    Returns `(quantizer, plan, data)`; `data` holds the first `--samples` samples when given. The quantizer
-    calibrates on the first `calibration_samples` when given, else on every sample of the folder when
-    `calibrate_on_all`, else on `data`.
-    """
-    from .cache import cache_root
-    from .data import NpzFolder
-    from .model import parse_shape_args, prepare_model
-    from .plan import PrecisionPlan
-    from .quantize import Quantizer
-
-    prepared = prepare_model(args.model, parse_shape_args(args.shape))
-    plan = PrecisionPlan.load(args.plan) if args.plan else PrecisionPlan.a8w8()
-    folder = NpzFolder(args.data, [spec.name for spec in prepared.inputs])
-    data = folder.head(args.samples) if args.samples else folder
-    if calibration_samples:
-        calibration = folder.head(calibration_samples)
-    else:
-        calibration = folder if calibrate_on_all else data
-    cache = Path(args.cache) if args.cache else cache_root() / "quantize" / prepared.sha256[:16]
-    return Quantizer(prepared, calibration, cache, method=method), plan, data
-
-
-def _quantize(args) -> int:
-    quantizer, plan, _ = open_model_data_plan(args, method=args.method)
-    with progress_bar(not args.quiet) as progress:
-        path = quantizer.generate(plan, progress)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(path.read_bytes())
-    print(f"{plan.summary()} -> {out}")
-    if args.htp_arch:
-        from .latency import estimate_latency
-
-        estimate = estimate_latency(out, args.htp_arch)
-        print(f"estimated latency: {estimate.htp}\n                   {estimate.latency}")
-    return 0
-
-
-def _demo(args) -> int:
-    from .cache import cache_root
-    from .demos import load_demo
-    from .evaluate import evaluate
-    from .plan import PrecisionPlan
-    from .quantize import Quantizer
-    from .runners import CPU_SOURCE
-
-    # The first N evaluation lines are the same whatever N: lines are drawn in order from one seed.
-    demo = load_demo(evaluation_lines=args.samples) if args.samples else load_demo()
-    print(demo.model.report() if args.report else f"demo: {demo.name} ({demo.model_path})")
-    evaluation = demo.evaluation
-    if args.export_data:
-        demo.calibration.save_npz(Path(args.export_data) / "calibration")
-        evaluation.save_npz(Path(args.export_data) / "evaluation")
-        print(f"calibration and evaluation samples written to {args.export_data}")
-    quantizer = Quantizer(demo.model, demo.calibration, cache_root() / "demo" / "quantize")
-    plans = [PrecisionPlan.a8w8(), PrecisionPlan.a16w8(),
-             PrecisionPlan(weight_type="int8", per_channel=True, name="a8w8 per-channel int8")]
-    options = {"htp_arch": args.htp_arch} if args.backend == "htp" else None
-    rows = []
-    with progress_bar(not args.quiet) as progress:
-        # The float reference always runs on CPU: HTP is an integer engine, and float graphs there need
-        # device-specific fp16 settings.
-        rows.append(("float (cpu)", evaluate(demo.model_path, evaluation, demo.metric, "cpu", None, progress)))
-        for plan in plans:
-            path = quantizer.generate(plan, progress)
-            rows.append((plan.name, evaluate(path, evaluation, demo.metric, args.backend, options, progress)))
-    print(f"\n{demo.metric.name} on {len(evaluation)} evaluation lines, backend {args.backend}"
-          + (" (HTP emulator numerics)" if args.backend == "htp" else f" ({CPU_SOURCE})"))
-    for name, value in rows:
-        print(f"  {name:<24} {value:.4f}")
-    return 0
-
-
-def _runner(args, stack):
-    """None (this process), an AgentPool over `--agent` URLs, or a local agent started for this command."""
-    if getattr(args, "agent", None):
-        from .agent import AgentPool
-
-        return stack.enter_context(AgentPool(args.agent, token=args.token))
-    if getattr(args, "local_agent", False):
-        from .agent import LocalAgent
-
-        return stack.enter_context(LocalAgent()).client
-    return None
+from ..errors import MpstudioError
+from .arguments import add_quiet_arg, add_runner_args, add_shape_arg, open_runner
+from .progress import progress_bar
 
 
 # The options with which `search` creates a study; commands without them (import, diverge) create one with
@@ -149,7 +22,7 @@ def _open_study(args, progress):
     for option in _STUDY_OPTIONS:
         if not hasattr(args, option):
             setattr(args, option, None)
-    from .study import STUDY_FILE, Study
+    from ..study import STUDY_FILE, Study
 
     spec = _metric_arg(args)
     if args.demo:
@@ -173,8 +46,8 @@ def _open_study(args, progress):
         return study
     if not args.model or not args.data:
         raise MpstudioError("give MODEL and --data to start a study (or --study DIR of an existing one, or --demo)")
-    from .data import NpzFolder
-    from .model import parse_shape_args, prepare_model
+    from ..data import NpzFolder
+    from ..model import parse_shape_args, prepare_model
 
     prepared = prepare_model(args.model, parse_shape_args(args.shape))
     names = [spec.name for spec in prepared.inputs]
@@ -197,7 +70,7 @@ def _open_study(args, progress):
 
 def _metric_arg(args):
     """The MetricSpec of `--metric` and its options (None without --metric)."""
-    from .metrics import metric_spec
+    from ..metrics import metric_spec
 
     if not args.metric:
         for option, value in (("--metric-args", args.metric_args), ("--metric-direction", args.metric_direction),
@@ -212,11 +85,11 @@ def _metric_arg(args):
 def _search(args) -> int:
     from contextlib import ExitStack
 
-    from .search import path_frame, search
+    from ..search import path_frame, search
 
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(_open_study(args, progress))
-        runner = _runner(args, stack)
+        runner = open_runner(args, stack)
         print(f"study: {study.folder}")
         result = search(study, args.target, latency_budget_ms=args.latency_budget,
                         max_evaluations=args.max_evaluations, backend=args.backend, runner=runner,
@@ -233,7 +106,7 @@ def _search(args) -> int:
 
 
 def _study_show(args) -> int:
-    from .study import Study
+    from ..study import Study
 
     with Study.open(args.folder) as study:
         if args.json:
@@ -258,7 +131,7 @@ def _study_show(args) -> int:
 
 
 def _study_calibrate(args) -> int:
-    from .study import Study
+    from ..study import Study
 
     with Study.open(args.folder) as study:
         calibration = study.recalibrate(args.device, allow_emulator=args.allow_emulator)
@@ -270,12 +143,12 @@ def _study_calibrate(args) -> int:
 def _study_resume(args) -> int:
     from contextlib import ExitStack
 
-    from .search import resume
-    from .study import Study
+    from ..search import resume
+    from ..study import Study
 
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(Study.open(args.folder))
-        done, searches = resume(study, _runner(args, stack), progress=progress)
+        done, searches = resume(study, open_runner(args, stack), progress=progress)
         print(f"{len(done)} pending evaluation(s) run, {len(searches)} search(es) continued")
         for result in searches:
             print(result.describe())
@@ -286,8 +159,8 @@ def _study_resume(args) -> int:
 def _diverge(args) -> int:
     from contextlib import ExitStack
 
-    from .diverge import diverge
-    from .study import STUDY_FILE
+    from ..diverge import diverge
+    from ..study import STUDY_FILE
 
     target = Path(args.target) if args.target else None
     if target is not None and target.is_dir():
@@ -300,42 +173,17 @@ def _diverge(args) -> int:
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(_open_study(args, progress))
         report = diverge(study, args.plan, samples=args.samples, chunk_size=args.chunk, threshold_steps=args.threshold,
-                         runner=_runner(args, stack), progress=progress)
+                         runner=open_runner(args, stack), progress=progress)
     print(report.describe(args.top))
     print(f"full table: {report.csv_path}")
     return 0
 
 
-def _add_diverge_parser(sub) -> None:
-    d = sub.add_parser("diverge", help="find the first tensors where the HTP and ORT's CPU disagree beyond "
-                                       "quantization noise, for one plan")
-    d.add_argument("target", nargs="?", metavar="MODEL_OR_STUDY",
-                   help="a study folder, or a float ONNX model (with --data; its study is MODEL.study or --study)")
-    d.add_argument("--plan", help="plan id, name or hash of the study, a8w8 / a16w8 / a8w8-pc, or a plan JSON file "
-                                  "(default a8w8)")
-    d.add_argument("--data", help="samples of a bare model (.npz per sample, keys = input names)")
-    d.add_argument("--eval-data", help="evaluation samples of a bare model (default: --data); diverge runs on these")
-    d.add_argument("--study", help="study folder of a bare model (default MODEL.study)")
-    d.add_argument("--demo", action="store_true", help="the built-in demo (PP-OCRv4 recognizer)")
-    d.add_argument("--samples", type=int, default=2, help="evaluation samples compared (HTP runs are slow; default 2)")
-    d.add_argument("--chunk", type=int, default=64,
-                   help="tensors exposed per HTP session (default 64; fewer outputs per session keep its graph "
-                        "closer to the unmodified model's)")
-    d.add_argument("--threshold", type=float, default=1.0,
-                   help="a tensor diverges when HTP and CPU differ by more than this many quantization steps RMS")
-    d.add_argument("--top", type=int, default=15, help="first diverging tensors to print")
-    _add_shape_arg(d)
-    d.add_argument("--htp-arch", default="75", help="HTP architecture of a new study")
-    _add_runner_args(d)
-    _add_quiet_arg(d)
-    d.set_defaults(func=_diverge)
-
-
 def _export(args) -> int:
     from contextlib import ExitStack
 
-    from .export import export_plan
-    from .study import Study
+    from ..export import export_plan
+    from ..study import Study
 
     formats = {"ort": ("ort",), "qnn": ("qnn",), "model": ("model",), "context": ("context",),
                "float": ("float",), "all": ("ort", "qnn", "model", "float")}[args.format]
@@ -344,7 +192,7 @@ def _export(args) -> int:
         plan = study.plan(args.plan)
         agent = None
         if args.format == "context" or args.agent or args.local_agent:
-            runner = _runner(args, stack)
+            runner = open_runner(args, stack)
             if runner is None:
                 raise MpstudioError("a context binary is built on the device: give --agent URL or --local-agent")
             agent = runner.healthy()[0] if hasattr(runner, "healthy") else runner
@@ -369,113 +217,13 @@ def _import(args) -> int:
         print(f"study: {study.folder}")
         print(imported.describe())
         if args.evaluate:
-            done = study.evaluate(imported.plan, args.backend, _runner(args, stack), origin="import", progress=progress)
+            done = study.evaluate(imported.plan, args.backend, open_runner(args, stack), origin="import", progress=progress)
             print(done.describe())
     print(f"\nexport it: mpstudio export {study.folder} --plan {imported.plan_id}")
     return 0
 
 
-def _analyze(args) -> int:
-    from .sensitivity import analyze, analyze_progressive
-
-    # Calibration uses every sample unless told otherwise, whatever --samples scores.
-    quantizer, plan, data = open_model_data_plan(args, args.calibration_samples, calibrate_on_all=True)
-    for rewrite in quantizer.prepared.rewrites:  # what preparation changed in the graph being scored
-        print(f"prepared: {rewrite.step}")
-    if not quantizer.prepared.qnn_ready:
-        nodes = quantizer.prepared.fallback_nodes
-        print(f"note: {len(nodes)} node(s) would run on CPU on QNN HTP: {', '.join(nodes[:5])}"
-              + (" ..." if len(nodes) > 5 else "") + " (mpstudio prepare MODEL says why)")
-    with progress_bar(not args.quiet) as progress:
-        if args.exhaustive:
-            report = analyze(quantizer, data, plan, isolation=not args.no_isolation,
-                             isolation_samples=args.isolation_samples, selection=args.select or (), progress=progress)
-        else:
-            report = analyze_progressive(quantizer, data, plan, isolation=not args.no_isolation,
-                                         isolation_samples=args.isolation_samples, selection=args.select or (),
-                                         workers=args.workers, cache_dir=quantizer.cache_dir / "sensitivity",
-                                         progress=progress)
-    out = report.save(args.out)
-    print(report.summary(args.top))
-    if report.status():
-        print(report.status())
-    print(f"report written to {out / 'report.html'} (tables: ranking.csv, tensors.csv, weights.csv)")
-    return 0
-
-
-def _add_runner_args(parser) -> None:
-    parser.add_argument("--agent", action="append", metavar="URL", help="agent URL (repeat for a pool of devices)")
-    parser.add_argument("--token", default=None, help="bearer token of the agents")
-    parser.add_argument("--local-agent", action="store_true", help="start an agent on loopback for this command")
-
-
-def _add_shape_arg(parser) -> None:
-    parser.add_argument("--shape", action="append", metavar="NAME=D1,D2,...", help="fix a dynamic input's shape")
-
-
-def _add_quiet_arg(parser) -> None:
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-def _add_prepare_parser(sub) -> None:
-    p = sub.add_parser("prepare", help="check and prepare a float model; print the QNN support report")
-    p.add_argument("model", help="float ONNX model")
-    _add_shape_arg(p)
-    p.add_argument("-o", "--output", help="write the prepared model here")
-    p.add_argument("--strict", action="store_true", help="exit with status 3 when a node would fall back to CPU")
-    p.add_argument("--no-rewrites", action="store_true",
-                   help="leave exporter patterns as they are (no Erf-GELU to Gelu, mask clamp, Where rewrite)")
-    p.set_defaults(func=_prepare)
-
-
-def _add_quantize_parser(sub) -> None:
-    q = sub.add_parser("quantize", help="write the QDQ model of a precision plan (and print its estimated latency)")
-    q.add_argument("model", help="float ONNX model")
-    q.add_argument("--data", required=True, help="folder of calibration samples (.npz per sample, keys = input names)")
-    q.add_argument("--plan", help="precision plan JSON (default: all 8-bit)")
-    q.add_argument("-o", "--output", required=True, help="where to write the QDQ model")
-    _add_shape_arg(q)
-    q.add_argument("--samples", type=int, help="use only the first N calibration samples")
-    q.add_argument("--method", default="minmax", choices=["minmax", "entropy", "percentile"], help="calibration method")
-    q.add_argument("--cache", help="cache folder for calibration ranges and generated models")
-    q.add_argument("--htp-arch", default="75", help="HTP architecture of the printed latency estimate")
-    _add_quiet_arg(q)
-    q.set_defaults(func=_quantize)
-
-
-def _add_analyze_parser(sub) -> None:
-    a = sub.add_parser("analyze", help="rank tensors by quantization sensitivity; write CSV and HTML")
-    a.add_argument("model", help="float ONNX model")
-    a.add_argument("--data", required=True, help="folder of samples (.npz per sample, keys = input names)")
-    a.add_argument("--plan", help="precision plan JSON whose QDQ model is scored (default: all 8-bit)")
-    a.add_argument("--out", required=True, help="folder for ranking.csv, tensors.csv, weights.csv, report.html")
-    _add_shape_arg(a)
-    a.add_argument("--samples", type=int, help="score on the first N samples only")
-    a.add_argument("--calibration-samples", type=int, help="calibrate on the first N samples (default: all)")
-    a.add_argument("--isolation-samples", type=int, default=8, help="samples per isolation evaluation")
-    a.add_argument("--no-isolation", action="store_true", help="skip isolation scores (much faster)")
-    a.add_argument("--select", action="append", metavar="TENSOR", help="add a region of these tensors")
-    a.add_argument("--exhaustive", action="store_true",
-                   help="isolate every tensor (default: only those that can change the top of the ranking)")
-    a.add_argument("--workers", type=int, help="worker processes (default: one per core; 0: none)")
-    a.add_argument("--top", type=int, default=20, help="rows of the ranking to print")
-    a.add_argument("--cache", help="cache folder for calibration ranges and generated models")
-    _add_quiet_arg(a)
-    a.set_defaults(func=_analyze)
-
-
-def _add_demo_parser(sub) -> None:
-    d = sub.add_parser("demo", help="the built-in demo: PP-OCRv4 recognizer, CER of float / a8w8 / a16w8")
-    d.add_argument("--backend", default="cpu", choices=["cpu", "htp"], help="cpu: ORT QDQ reference; htp: QNN HTP")
-    d.add_argument("--htp-arch", default="75", help="HTP architecture for the htp backend")
-    d.add_argument("--samples", type=int, help="evaluate on the first N evaluation lines only")
-    d.add_argument("--report", action="store_true", help="print the preparation and QNN support report")
-    d.add_argument("--export-data", metavar="DIR", help="also write the demo's samples as .npz folders")
-    _add_quiet_arg(d)
-    d.set_defaults(func=_demo)
-
-
-def _add_search_parser(sub) -> None:
+def add_search_parser(sub) -> None:
     s = sub.add_parser("search", help="find the cheapest mixed-precision plan that reaches a target accuracy")
     s.add_argument("model", nargs="?", help="float ONNX model (not needed to continue an existing --study)")
     s.add_argument("--data", help="calibration samples (.npz per sample, keys = input names)")
@@ -521,18 +269,18 @@ def _add_search_parser(sub) -> None:
     s.add_argument("--weights", default="auto", choices=["auto", "per-tensor", "per-channel", "mixed"],
                    help="weight quantization of the base plan (auto: per-channel int8 when it clearly helps; "
                         "mixed: int4 matrix weights, each promoted to int8/int16 with the activations)")
-    _add_shape_arg(s)
+    add_shape_arg(s)
     s.add_argument("--allow-fallback", action="store_true",
                    help="accept a model with nodes QNN HTP cannot run: HTP evaluations run them on ORT's CPU EP and "
                         "every HTP number says \"HTP + N nodes on CPU\"")
     s.add_argument("--htp-arch", default="75", help="target HTP architecture (cost model and HTP runs)")
-    _add_runner_args(s)
-    _add_quiet_arg(s)
+    add_runner_args(s)
+    add_quiet_arg(s)
     s.set_defaults(func=_search)
 
 
-def _add_study_parser(sub) -> None:
-    from .sources import LATENCY_SOURCES
+def add_study_parser(sub) -> None:
+    from ..sources import LATENCY_SOURCES
 
     st = sub.add_parser("study", help="show or resume a study")
     st_sub = st.add_subparsers(dest="study_command", metavar="COMMAND")
@@ -544,8 +292,8 @@ def _add_study_parser(sub) -> None:
     show.set_defaults(func=_study_show)
     resume = st_sub.add_parser("resume", help="run pending evaluations and continue unfinished searches")
     resume.add_argument("folder", help="study folder")
-    _add_runner_args(resume)
-    _add_quiet_arg(resume)
+    add_runner_args(resume)
+    add_quiet_arg(resume)
     resume.set_defaults(func=_study_resume)
     calibrate = st_sub.add_parser("calibrate", help="refit the HTP cost model on the per-op profiles of a device's "
                                                     "runs and re-estimate every plan")
@@ -556,7 +304,7 @@ def _add_study_parser(sub) -> None:
     calibrate.set_defaults(func=_study_calibrate)
 
 
-def _add_export_parser(sub) -> None:
+def add_export_parser(sub) -> None:
     e = sub.add_parser("export", help="write a plan's ORT overrides, QNN encodings, QDQ model (and context binary)")
     e.add_argument("folder", help="study folder")
     e.add_argument("--plan", required=True, help="plan id or hash (see mpstudio study show)")
@@ -571,11 +319,11 @@ def _add_export_parser(sub) -> None:
                    help="AIMET encodings format of the qnn file: 1.0.0 (default; what aimet-onnx 2.x writes and "
                         "reads) or 0.6.1 (the older dict form, for tools that predate 1.0.0)")
     e.add_argument("-o", "--output", help="output folder (default STUDY/exports/plan-ID)")
-    _add_runner_args(e)
+    add_runner_args(e)
     e.set_defaults(func=_export)
 
 
-def _add_import_parser(sub) -> None:
+def add_import_parser(sub) -> None:
     i = sub.add_parser("import", help="import a QDQ model (AIMET's or any) or an AIMET/QNN encodings file as a plan "
                                       "of a study, keeping its scales and zero points")
     i.add_argument("source", help="a QDQ model (.onnx) or an encodings file (AIMET 1.0.0 or the older dict form) of "
@@ -587,48 +335,33 @@ def _add_import_parser(sub) -> None:
     i.add_argument("--name", help="the plan's name (default: 'imported <file name>')")
     i.add_argument("--evaluate", action="store_true", help="evaluate the imported plan at once")
     i.add_argument("--backend", default="cpu", choices=["cpu", "htp"], help="where --evaluate measures accuracy")
-    _add_shape_arg(i)
+    add_shape_arg(i)
     i.add_argument("--htp-arch", default="75", help="target HTP architecture of a new study")
-    _add_runner_args(i)
-    _add_quiet_arg(i)
+    add_runner_args(i)
+    add_quiet_arg(i)
     i.set_defaults(func=_import, demo=False)
 
 
-def _add_agent_parser(sub) -> None:
-    try:
-        from .agent.cli import add_parser
-    except ImportError:  # the agent's server dependencies are optional at import time
-        return
-    add_parser(sub)
-
-
-_COMMANDS = (_add_prepare_parser, _add_quantize_parser, _add_analyze_parser, _add_demo_parser, _add_search_parser,
-             _add_study_parser, _add_export_parser, _add_import_parser, _add_agent_parser)
-
-_COMMANDS += (_add_diverge_parser,)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mpstudio", description="Mixed-precision studio for ONNX models on Qualcomm NPUs.")
-    parser.add_argument("--version", action="version", version=f"mpstudio {__import__('mpstudio').__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for add in _COMMANDS:
-        add(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except MpstudioError as exc:
-        print(f"mpstudio: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("mpstudio: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def add_diverge_parser(sub) -> None:
+    d = sub.add_parser("diverge", help="find the first tensors where the HTP and ORT's CPU disagree beyond "
+                                       "quantization noise, for one plan")
+    d.add_argument("target", nargs="?", metavar="MODEL_OR_STUDY",
+                   help="a study folder, or a float ONNX model (with --data; its study is MODEL.study or --study)")
+    d.add_argument("--plan", help="plan id, name or hash of the study, a8w8 / a16w8 / a8w8-pc, or a plan JSON file "
+                                  "(default a8w8)")
+    d.add_argument("--data", help="samples of a bare model (.npz per sample, keys = input names)")
+    d.add_argument("--eval-data", help="evaluation samples of a bare model (default: --data); diverge runs on these")
+    d.add_argument("--study", help="study folder of a bare model (default MODEL.study)")
+    d.add_argument("--demo", action="store_true", help="the built-in demo (PP-OCRv4 recognizer)")
+    d.add_argument("--samples", type=int, default=2, help="evaluation samples compared (HTP runs are slow; default 2)")
+    d.add_argument("--chunk", type=int, default=64,
+                   help="tensors exposed per HTP session (default 64; fewer outputs per session keep its graph "
+                        "closer to the unmodified model's)")
+    d.add_argument("--threshold", type=float, default=1.0,
+                   help="a tensor diverges when HTP and CPU differ by more than this many quantization steps RMS")
+    d.add_argument("--top", type=int, default=15, help="first diverging tensors to print")
+    add_shape_arg(d)
+    d.add_argument("--htp-arch", default="75", help="HTP architecture of a new study")
+    add_runner_args(d)
+    add_quiet_arg(d)
+    d.set_defaults(func=_diverge)
