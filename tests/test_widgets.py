@@ -308,7 +308,7 @@ def test_evaluate_on_the_local_agent_and_on_a_remote_agent_by_url(state):
     assert job.wait(300) and job.status == "done", job.error
     assert "HTP emulator" in job.result.accuracy_source
     assert {lat.source for lat in job.result.latencies} >= {"estimate", "emulator"}
-    assert state._agent is not None and state._agent.pid is not None  # started once, kept for the session
+    assert state.agents.local is not None and state.agents.local.pid is not None  # started once, kept for the session
     # The same plan through an agent given by URL and token (what a device would be).
     with LocalAgent() as device:
         state.runner, state.backend = "remote", "cpu"
@@ -318,7 +318,7 @@ def test_evaluate_on_the_local_agent_and_on_a_remote_agent_by_url(state):
         state.agent_token = device.token
         job = state.evaluate_plan(PrecisionPlan.a8w8().promote(activations(state)[9:11]))
         assert job.wait(300) and job.status == "done", job.error
-    agent = state._agent
+    agent = state.agents.local
     state.close()
     assert agent.pid is None or agent._process is None or agent._process.poll() is not None
 

@@ -20,7 +20,8 @@ from bokeh.plotting import figure
 from bokeh.transform import factor_cmap, factor_mark
 
 from .base import View, laid_out_once, shows_errors
-from .state import SCORE_ATTENTION, SCORES, StudioState
+from .state import StudioState
+from .tensor_frame import SCORE_ATTENTION, SCORES
 
 WINDOW_LAYERS = 36  # layers shown at first in a tall graph; the minimap shows them all
 _LABELS = {v: k for k, v in SCORES.items()}
