@@ -1,7 +1,7 @@
 """ParetoPlot: accuracy against latency of every evaluated plan; the front highlighted, baselines marked, the
 latency source in the axis label; a click on a point loads that plan. A plan being evaluated shows first as a
 predicted point (a hollow diamond), then as a partial measurement with its interval (a whisker), until its
-full result is stored."""
+full result is stored. The figure is built once; a refresh patches and streams its sources."""
 
 from __future__ import annotations
 
