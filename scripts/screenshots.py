@@ -37,33 +37,9 @@ def main(argv=None) -> int:
         return 2
 
     from playwright.sync_api import sync_playwright
-    from mpstudio.errors import MpstudioError
-    from mpstudio.plan import PrecisionPlan
-    from mpstudio.study import Study
     from mpstudio.widgets import Studio, StudioState
 
-    last = [""]
-
-    def progress(done, total, message):
-        if message != last[0]:
-            print(message, flush=True)
-            last[0] = message
-
-    study = Study.demo(progress=progress)
-    report = study.sensitivity(progress=progress)
-    study.baselines(progress=progress)
-    top = report.top(args.top)["tensor"].tolist()
-    plan = PrecisionPlan.a8w8().promote(top)
-    study.evaluate(plan, progress=progress)
-    # Per-channel int8 weights, on the CPU and (where the QNN EP is installed) on the HTP: the Pareto plot
-    # then shows the same plan from both backends, linked.
-    per_channel = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc")
-    study.evaluate(per_channel, progress=progress)
-    if not args.no_htp:
-        try:
-            study.evaluate(per_channel, "htp", progress=progress)
-        except MpstudioError as exc:
-            print(f"no HTP point: {exc}", file=sys.stderr)
+    study, plan, top = _demo_with_results(args.top, htp=not args.no_htp)
     states = []
 
     def session():
@@ -85,29 +61,7 @@ def main(argv=None) -> int:
             page.goto(server.url)
             wait_for_bokeh(page, 120000)
             state = wait_until(lambda: states[-1] if states else None)
-            wait_until(lambda: state.report is not None, 120)
-            wait_until(lambda: len(source_column(page, "points", "plan_id") or []) >= 3, 60)
-            time.sleep(2)  # let the table and the plots settle
-            page.screenshot(path=str(out / "studio.png"))
-
-            # Hover the top-ranked tensor's node for its scores.
-            ids = source_column(page, "nodes", "id")
-            node = state.tensors.set_index("tensor").loc[top[0], "node"]
-            row = ids.index(node)
-            xs, ys = source_column(page, "nodes", "x"), source_column(page, "nodes", "y")
-            ((sx, sy),) = screen_points(page, "graph", [xs[row]], [ys[row]])
-            page.mouse.move(sx, sy)
-            time.sleep(1)
-            graph = figure_box(page, "graph")
-            page.screenshot(path=str(out / "graph.png"), clip={
-                "x": max(graph["x"] - 130, 0), "y": max(graph["y"] - 170, 0), "width": graph["width"] + 140,
-                "height": min(graph["height"] + 170, 1000 - max(graph["y"] - 170, 0))})
-            page.mouse.move(5, 5)
-            time.sleep(0.5)
-            pareto = figure_box(page, "pareto")
-            page.screenshot(path=str(out / "pareto.png"), clip={
-                "x": pareto["x"] - 10, "y": max(pareto["y"] - 60, 0), "width": min(pareto["width"] + 20, 1600 - pareto["x"] + 10),
-                "height": min(pareto["height"] + 460, 1000 - max(pareto["y"] - 60, 0))})
+            _photograph(page, state, top, out)
             browser.close()
     finally:
         for state in states:
@@ -116,6 +70,65 @@ def main(argv=None) -> int:
     for name in ("studio.png", "graph.png", "pareto.png"):
         print(out / name)
     return 0
+
+
+def _demo_with_results(count: int, htp: bool):
+    """The demo study with its baselines, a plan promoting its `count` top-ranked tensors, and a8w8 with
+    per-channel weights evaluated: (study, that plan, the top-ranked tensors)."""
+    from mpstudio.errors import MpstudioError
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.study import Study
+
+    last = [""]
+
+    def progress(done, total, message):
+        if message != last[0]:
+            print(message, flush=True)
+            last[0] = message
+
+    study = Study.demo(progress=progress)
+    report = study.sensitivity(progress=progress)
+    study.baselines(progress=progress)
+    top = report.top(count)["tensor"].tolist()
+    plan = PrecisionPlan.a8w8().promote(top)
+    study.evaluate(plan, progress=progress)
+    # Per-channel int8 weights, on the CPU and (where the QNN EP is installed) on the HTP: the Pareto plot
+    # then shows the same plan from both backends, linked.
+    per_channel = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc")
+    study.evaluate(per_channel, progress=progress)
+    if htp:
+        try:
+            study.evaluate(per_channel, "htp", progress=progress)
+        except MpstudioError as exc:
+            print(f"no HTP point: {exc}", file=sys.stderr)
+    return study, plan, top
+
+
+def _photograph(page, state, top: list[str], out: Path) -> None:
+    """studio.png, graph.png (the top-ranked tensor's node hovered) and pareto.png of the served studio."""
+    wait_until(lambda: state.report is not None, 120)
+    wait_until(lambda: len(source_column(page, "points", "plan_id") or []) >= 3, 60)
+    time.sleep(2)  # let the table and the plots settle
+    page.screenshot(path=str(out / "studio.png"))
+
+    # Hover the top-ranked tensor's node for its scores.
+    ids = source_column(page, "nodes", "id")
+    node = state.tensors.set_index("tensor").loc[top[0], "node"]
+    row = ids.index(node)
+    xs, ys = source_column(page, "nodes", "x"), source_column(page, "nodes", "y")
+    ((sx, sy),) = screen_points(page, "graph", [xs[row]], [ys[row]])
+    page.mouse.move(sx, sy)
+    time.sleep(1)
+    graph = figure_box(page, "graph")
+    page.screenshot(path=str(out / "graph.png"), clip={
+        "x": max(graph["x"] - 130, 0), "y": max(graph["y"] - 170, 0), "width": graph["width"] + 140,
+        "height": min(graph["height"] + 170, 1000 - max(graph["y"] - 170, 0))})
+    page.mouse.move(5, 5)
+    time.sleep(0.5)
+    pareto = figure_box(page, "pareto")
+    page.screenshot(path=str(out / "pareto.png"), clip={
+        "x": pareto["x"] - 10, "y": max(pareto["y"] - 60, 0), "width": min(pareto["width"] + 20, 1600 - pareto["x"] + 10),
+        "height": min(pareto["height"] + 460, 1000 - max(pareto["y"] - 60, 0))})
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ def test_a_bad_model_error_does_not_wait_behind_a_long_job(page, studio, tmp_pat
             release.wait(0.2)
         return None
 
-    job = state._submit("analyze", "a long analysis", long_work)
+    job = state.submit("analyze", "a long analysis", long_work)
     try:
         wait_until(lambda: job.status == "running", 30)
         bad = tmp_path / "broken.onnx"
@@ -269,7 +269,7 @@ def test_promote_draws_a_predicted_point_then_the_measured_one(page, studio, ser
         while not (release.is_set() or cancel.is_set()):
             progress(0, 1, "evaluating")
             release.wait(0.2)
-    blocker = state._submit("evaluate", "an earlier evaluation", earlier_evaluation)
+    blocker = state.submit("evaluate", "an earlier evaluation", earlier_evaluation)
     try:
         wait_until(lambda: blocker.status == "running", 30)
         known = set(source_column(page, "points", "plan_id"))

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from bokeh.document import Document
 from bokeh.models import ColorBar
-from bokeh.document.events import ColumnDataChangedEvent, ColumnsPatchedEvent
+from bokeh.document.events import ColumnDataChangedEvent, ColumnsPatchedEvent, ColumnsStreamedEvent
 
 from agent_fixtures import needs_qnn
 from gui_support import make_small_study
@@ -168,6 +168,10 @@ def test_find_selects_and_scrolls_to_a_tensor(state):
 
 def test_evaluate_adds_a_point_and_a_click_on_a_point_loads_its_plan(state):
     plot = ParetoPlot(state=state)
+    doc = Document()
+    doc.add_root(plot.figure)
+    events = []
+    doc.on_change(lambda event: events.append(event))
     before = len(plot.points.data["plan_id"])
     state.select(activations(state)[4:9])
     plan = state.promote_selected()
@@ -175,6 +179,10 @@ def test_evaluate_adds_a_point_and_a_click_on_a_point_loads_its_plan(state):
     assert job.wait(120) and job.status == "done", job.error
     assert state.plan_id is not None and state.plan_id in plot.points.data["plan_id"]
     assert len(plot.points.data["plan_id"]) == before + 1
+    # The new point is streamed (and changed rows patched): the plot's sources are not replaced.
+    changed = [e for e in events if getattr(e, "model", None) is plot.points]
+    assert any(isinstance(e, ColumnsStreamedEvent) for e in changed)
+    assert not any(isinstance(e, ColumnDataChangedEvent) for e in changed)
     assert "estimate" in plot.figure.xaxis[0].axis_label and "higher is better" in plot.figure.yaxis[0].axis_label
     assert plot.current.data["x"] and set(plot.labels.data["text"]) == {"a8w8", "a16w8"}
     # A click on the a16w8 baseline loads that plan into the graph.
@@ -308,7 +316,7 @@ def test_evaluate_on_the_local_agent_and_on_a_remote_agent_by_url(state):
     assert job.wait(300) and job.status == "done", job.error
     assert "HTP emulator" in job.result.accuracy_source
     assert {lat.source for lat in job.result.latencies} >= {"estimate", "emulator"}
-    assert state._agent is not None and state._agent.pid is not None  # started once, kept for the session
+    assert state.agents.local is not None and state.agents.local.pid is not None  # started once, kept for the session
     # The same plan through an agent given by URL and token (what a device would be).
     with LocalAgent() as device:
         state.runner, state.backend = "remote", "cpu"
@@ -318,7 +326,7 @@ def test_evaluate_on_the_local_agent_and_on_a_remote_agent_by_url(state):
         state.agent_token = device.token
         job = state.evaluate_plan(PrecisionPlan.a8w8().promote(activations(state)[9:11]))
         assert job.wait(300) and job.status == "done", job.error
-    agent = state._agent
+    agent = state.agents.local
     state.close()
     assert agent.pid is None or agent._process is None or agent._process.poll() is not None
 

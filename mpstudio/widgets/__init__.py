@@ -8,12 +8,14 @@ the same state.
 from .export_panel import ExportPanel
 from .graph_view import GraphView
 from .jobs import JobsView
+from .lanes import Job
 from .model_panel import ModelPanel
 from .pareto import ParetoPlot
 from .run_panel import RunPanel
-from .state import SCORES, Job, StudioState
+from .state import StudioState
 from .studio import Studio
 from .table import SensitivityTable
+from .tensor_frame import SCORES
 
 __all__ = ["ExportPanel", "GraphView", "Job", "JobsView", "ModelPanel", "ParetoPlot", "RunPanel", "SCORES",
            "SensitivityTable", "Studio", "StudioState"]

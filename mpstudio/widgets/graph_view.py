@@ -20,7 +20,9 @@ from bokeh.plotting import figure
 from bokeh.transform import factor_cmap, factor_mark
 
 from .base import View, laid_out_once, shows_errors
-from .state import SCORE_ATTENTION, SCORES, StudioState
+from .source_updates import same_values
+from .state import StudioState
+from .tensor_frame import SCORE_ATTENTION, SCORES
 
 WINDOW_LAYERS = 36  # layers shown at first in a tall graph; the minimap shows them all
 _LABELS = {v: k for k, v in SCORES.items()}
@@ -197,7 +199,7 @@ class GraphView(View):
             "op": [op or "namespace" for op in nodes["op"]], "size": np.where(nodes["kind"] == "namespace", 22.0, 13.0),
         }
         # Numbers travel as binary arrays, not JSON lists.
-        data.update({c: np.asarray(v, dtype=float) if c in _NUMERIC else v for c, v in self._style_columns().items()})
+        data.update({c: np.asarray(v, dtype=float) if c in _NUMERIC else v for c, v in self._node_styles().items()})
         self._syncing = True
         try:
             self.nodes.selected.indices = []
@@ -231,35 +233,8 @@ class GraphView(View):
     def _on_range(self, attr, old, new):
         self._fill_labels()
 
-    def _style_columns(self) -> dict:
-        """Per drawn node: the score, 8/16-bit marker and outline, and the hover values."""
-        tensors = self.state.tensors
-        score = self.state.color_by
-        # Plain dicts: a per-row DataFrame lookup is far too slow for thousands of nodes.
-        bits_of = dict(zip(tensors["tensor"], tensors["bits"])) if len(tensors) else {}
-        values_of = {c: dict(zip(tensors["tensor"], tensors[c].astype(float))) for c in _HOVER_COLUMNS} \
-            if len(tensors) else {}
-        columns = {c: [] for c in _STYLE_COLUMNS}
-        for ts in self._node_tensors:
-            ts = [t for t in ts if t in bits_of]
-            if not ts:
-                bits, values, tensor = "-", {c: math.nan for c in _HOVER_COLUMNS}, ""
-            else:
-                kinds = {bits_of[t] for t in ts}
-                bits = "16" if kinds == {16} else "8" if kinds == {8} else "8+16"
-                if len(ts) == 1:
-                    values = {c: values_of[c][ts[0]] for c in _HOVER_COLUMNS}
-                    tensor = ts[0]
-                else:
-                    values = {c: _aggregate(c, np.array([values_of[c][t] for t in ts])) for c in _HOVER_COLUMNS}
-                    tensor = f"{ts[0]} (+{len(ts) - 1} more)"
-            columns["tensor"].append(tensor)
-            columns["bits"].append(bits)
-            columns["line_width"].append(2.6 if bits in ("16", "8+16") else 0.8)
-            for c in _HOVER_COLUMNS:
-                columns[c].append(values[c])
-            columns["score"].append(values[score] if score in values else math.nan)
-        return columns
+    def _node_styles(self) -> dict:
+        return node_styles(self._node_tensors, self.state.tensors, self.state.color_by)
 
     def _style_mapper(self) -> None:
         score = self.state.color_by
@@ -320,9 +295,9 @@ class GraphView(View):
         if len(self.state.tensors) and not self._row_of_tensor:
             self._draw()  # the tensors arrived after the layout
             return
-        new = self._style_columns()
+        new = self._node_styles()
         n = len(self.nodes.data["id"])
-        patch = {c: [(slice(0, n), v)] for c, v in new.items() if not _same(self.nodes.data[c], v)}
+        patch = {c: [(slice(0, n), v)] for c, v in new.items() if not same_values(self.nodes.data[c], v)}
         if patch:
             self.nodes.patch(patch)
         self._style_mapper()
@@ -393,6 +368,36 @@ class GraphView(View):
         self.state.expand()
 
 
+def node_styles(node_tensors: list[list[str]], tensors, score: str) -> dict:
+    """Per drawn node (its activation tensors in `node_tensors`): the `score` colouring it, its 8/16-bit marker
+    and outline, and the hover values, from StudioState.tensors."""
+    # Plain dicts: a per-row DataFrame lookup is far too slow for thousands of nodes.
+    bits_of = dict(zip(tensors["tensor"], tensors["bits"])) if len(tensors) else {}
+    values_of = {c: dict(zip(tensors["tensor"], tensors[c].astype(float))) for c in _HOVER_COLUMNS} \
+        if len(tensors) else {}
+    columns = {c: [] for c in _STYLE_COLUMNS}
+    for ts in node_tensors:
+        ts = [t for t in ts if t in bits_of]
+        if not ts:
+            bits, values, tensor = "-", {c: math.nan for c in _HOVER_COLUMNS}, ""
+        else:
+            kinds = {bits_of[t] for t in ts}
+            bits = "16" if kinds == {16} else "8" if kinds == {8} else "8+16"
+            if len(ts) == 1:
+                values = {c: values_of[c][ts[0]] for c in _HOVER_COLUMNS}
+                tensor = ts[0]
+            else:
+                values = {c: _aggregate(c, np.array([values_of[c][t] for t in ts])) for c in _HOVER_COLUMNS}
+                tensor = f"{ts[0]} (+{len(ts) - 1} more)"
+        columns["tensor"].append(tensor)
+        columns["bits"].append(bits)
+        columns["line_width"].append(2.6 if bits in ("16", "8+16") else 0.8)
+        for c in _HOVER_COLUMNS:
+            columns[c].append(values[c])
+        columns["score"].append(values[score] if score in values else math.nan)
+    return columns
+
+
 def _polyline(edges) -> dict:
     """Every edge's points, edges separated by NaN (a gap in a Bokeh line)."""
     xs, ys = [], []
@@ -407,24 +412,7 @@ def _short(name: str, width: int = 32) -> str:
     return name if len(name) <= width else "\u2026" + name[-(width - 1):]
 
 
-def _float(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def _aggregate(column: str, values: np.ndarray) -> float:
     if not np.isfinite(values).any():
         return math.nan
     return float(_AGGREGATE[column](values))
-
-
-def _same(a, b) -> bool:
-    """Equal lists where NaN equals NaN."""
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x != y and not (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)):
-            return False
-    return True

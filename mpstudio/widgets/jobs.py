@@ -9,7 +9,8 @@ import panel as pn
 import param
 
 from .base import View
-from .state import Job, StudioState
+from .lanes import Job
+from .state import StudioState
 
 QUICK_KINDS = ("predict",)  # sub-second work the job bar does not show
 

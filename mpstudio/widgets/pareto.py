@@ -1,7 +1,7 @@
 """ParetoPlot: accuracy against latency of every evaluated plan; the front highlighted, baselines marked, the
 latency source in the axis label; a click on a point loads that plan. A plan being evaluated shows first as a
 predicted point (a hollow diamond), then as a partial measurement with its interval (a whisker), until its
-full result is stored."""
+full result is stored. The figure is built once; a refresh patches and streams its sources."""
 
 from __future__ import annotations
 
@@ -14,17 +14,19 @@ from bokeh.models import ColumnDataSource, HoverTool, LabelSet, Legend, LegendIt
 from bokeh.plotting import figure
 
 from .base import View, laid_out_once, shows_errors
+from .source_updates import update_source
 from .state import StudioState
 
-_EMPTY = {"plan_id": [], "name": [], "origin": [], "value": [], "latency_ms": [], "sixteen_bit": [], "front": [],
-          "color": [], "marker": [], "size": [], "accuracy_source": [], "latency_label": [], "interval": []}
-
-
-_PROVISIONAL = {"plan_hash": [], "name": [], "value": [], "low": [], "high": [], "latency_ms": [], "status": [],
-                "interval": [], "detail": [], "accuracy_source": []}
-
+# Columns of the sources. Sources are updated through update_source: the rows that changed are patched, new
+# rows streamed, and the data replaced only when rows disappear.
+_POINTS = ["plan_id", "name", "origin", "value", "latency_ms", "sixteen_bit", "front", "color", "marker", "size",
+           "accuracy_source", "latency_label", "interval"]
+_PROVISIONAL = ["plan_hash", "name", "value", "low", "high", "latency_ms", "status", "interval", "detail",
+                "accuracy_source"]
 # The same plans scored by another accuracy source (a search's HTP confirmation), linked to their point.
-_CHECKS = {"plan_id": [], "name": [], "latency_ms": [], "value": [], "other_value": [], "other_source": []}
+_CHECKS = ["plan_id", "name", "latency_ms", "value", "other_value", "other_source"]
+_XY = ["x", "y"]
+_LABELS = ["x", "y", "text"]
 
 _SHORT_AXIS = {"estimate": "latency (ms, estimate by the HTP cost model)",
                "emulator": "emulator host time (ms, not device latency)",
@@ -39,13 +41,13 @@ class ParetoPlot(View):
     def __init__(self, **params):
         super().__init__(**params)
         self._syncing = False
-        self.points = ColumnDataSource(data=dict(_EMPTY))
-        self.front = ColumnDataSource(data={"x": [], "y": []})
-        self.current = ColumnDataSource(data={"x": [], "y": []})
-        self.labels = ColumnDataSource(data={"x": [], "y": [], "text": []})
-        self.checks = ColumnDataSource(data=dict(_CHECKS))
-        self.predicted = ColumnDataSource(data=dict(_PROVISIONAL))
-        self.partial = ColumnDataSource(data=dict(_PROVISIONAL))
+        self.points = ColumnDataSource(data=_empty(_POINTS))
+        self.front = ColumnDataSource(data=_empty(_XY))
+        self.current = ColumnDataSource(data=_empty(_XY))
+        self.labels = ColumnDataSource(data=_empty(_LABELS))
+        self.checks = ColumnDataSource(data=_empty(_CHECKS))
+        self.predicted = ColumnDataSource(data=_empty(_PROVISIONAL))
+        self.partial = ColumnDataSource(data=_empty(_PROVISIONAL))
         self.figure = self._figure()
         self.points.selected.on_change("indices", self._on_tap)
         self._source = pn.widgets.RadioButtonGroup.from_param(self.state.param.latency_source, button_type="light",
@@ -114,38 +116,18 @@ class ParetoPlot(View):
         frame: pd.DataFrame = self.state.evaluations
         study = self.state.study
         if frame is None or frame.empty or study is None:
-            data, front = dict(_EMPTY), {"x": [], "y": []}
+            data, front, labels = _empty(_POINTS), _empty(_XY), _empty(_LABELS)
             self._note.object = ("<span style='color:#666'>no evaluations with this latency yet: evaluate a plan"
                                  "</span>") if study is not None else ""
-            labels = {"x": [], "y": [], "text": []}
         else:
             frame = frame.reset_index(drop=True)
-            baseline = frame["origin"] == "baseline"
-            on_front = frame["pareto"].astype(bool)
-            data = {
-                "plan_id": frame["plan_id"].astype(int).tolist(), "name": frame["name"].tolist(),
-                "origin": frame["origin"].tolist(), "value": frame["value"].astype(float).tolist(),
-                "latency_ms": frame["latency_ms"].astype(float).tolist(),
-                "sixteen_bit": frame["sixteen_bit"].astype(int).tolist(),
-                "front": ["yes" if f else "no" for f in on_front],
-                "color": ["#d62728" if f else "#9aa0a6" for f in on_front],
-                "marker": ["square" if b else "circle" for b in baseline],
-                "size": [13 if b else 10 for b in baseline],
-                "accuracy_source": frame["accuracy_source"].tolist(),
-                "latency_label": frame["latency_label"].tolist(),
-                "interval": [_interval(lo, hi) for lo, hi in zip(frame["latency_low_ms"], frame["latency_high_ms"])],
-            }
-            pts = frame[on_front].sort_values("latency_ms")
-            front = {"x": pts["latency_ms"].astype(float).tolist(), "y": pts["value"].astype(float).tolist()}
-            labels = {"x": frame.loc[baseline, "latency_ms"].astype(float).tolist(),
-                      "y": frame.loc[baseline, "value"].astype(float).tolist(),
-                      "text": frame.loc[baseline, "name"].tolist()}
+            data, front, labels = _points(frame), _front(frame), _baseline_labels(frame)
             self._note.object = (f"<span style='color:#666;font-size:12px'>{len(frame)} plan(s), "
-                                 f"{int(on_front.sum())} on the front; accuracy from "
+                                 f"{int(frame['pareto'].astype(bool).sum())} on the front; accuracy from "
                                  f"{frame['accuracy_source'].iloc[0]}</span>")
         checks = self.state.cross_checks
         if checks is None or checks.empty or study is None or frame is None or frame.empty:
-            checks_data = dict(_CHECKS)
+            checks_data = _empty(_CHECKS)
         else:
             checks_data = {c: checks[c].tolist() for c in _CHECKS}
             sources = list(dict.fromkeys(checks["other_source"]))
@@ -153,11 +135,11 @@ class ParetoPlot(View):
         self._checks_item.visible = bool(checks_data["plan_id"])
         self._syncing = True
         try:
-            self.checks.data = checks_data
+            update_source(self.checks, checks_data)
             self.points.selected.indices = []
-            self.points.data = data
-            self.front.data = front
-            self.labels.data = labels
+            update_source(self.points, data)
+            update_source(self.front, front)
+            update_source(self.labels, labels)
         finally:
             self._syncing = False
         self._axis_labels(frame)
@@ -184,26 +166,12 @@ class ParetoPlot(View):
         frame: pd.DataFrame = self.state.provisional
         shown_source = self.points.data["accuracy_source"][0] if self.points.data["accuracy_source"] else None
         if frame is None or frame.empty or self.state.latency_source != "estimate":
-            frame = frame.iloc[0:0] if frame is not None else pd.DataFrame(columns=list(_PROVISIONAL))
+            frame = frame.iloc[0:0] if frame is not None else pd.DataFrame(columns=_PROVISIONAL)
         for kind, source in (("predicted", self.predicted), ("partial", self.partial)):
             rows = frame[frame["kind"] == kind] if len(frame) else frame
             if kind == "partial" and shown_source is not None and len(rows):
                 rows = rows[rows["accuracy_source"] == shown_source]
-            source.data = {
-                "plan_hash": rows["plan_hash"].tolist() if len(rows) else [],
-                "name": rows["name"].tolist() if len(rows) else [],
-                "value": rows["value"].astype(float).tolist() if len(rows) else [],
-                "low": rows["low"].astype(float).tolist() if len(rows) else [],
-                "high": rows["high"].astype(float).tolist() if len(rows) else [],
-                "latency_ms": rows["latency_ms"].astype(float).tolist() if len(rows) else [],
-                "status": (["predicted, not measured yet" if kind == "predicted" else
-                            f"measured on {s} of {t} samples so far" for s, t in zip(rows["samples"], rows["total"])]
-                           if len(rows) else []),
-                "interval": ([_accuracy_interval(lo, hi) for lo, hi in zip(rows["low"], rows["high"])]
-                             if len(rows) else []),
-                "detail": rows["detail"].tolist() if len(rows) else [],
-                "accuracy_source": rows["accuracy_source"].tolist() if len(rows) else [],
-            }
+            update_source(source, _provisional(rows, kind) if len(rows) else _empty(_PROVISIONAL))
         self._update_current()
 
     def _update_current(self, *_):
@@ -218,7 +186,7 @@ class ParetoPlot(View):
                 if found:
                     xs, ys = [source.data["latency_ms"][found[0]]], [source.data["value"][found[0]]]
                     break
-        self.current.data = {"x": xs[:1], "y": ys[:1]}
+        update_source(self.current, {"x": xs[:1], "y": ys[:1]})
 
     # ---- figure -> state ----
     @shows_errors
@@ -228,6 +196,57 @@ class ParetoPlot(View):
         plan_id = self.points.data["plan_id"][new[-1]]
         if plan_id is not None and not (isinstance(plan_id, float) and math.isnan(plan_id)):
             self.state.load_plan(int(plan_id))
+
+
+def _empty(columns: list[str]) -> dict[str, list]:
+    """No rows (new lists each time: a source's streamed rows extend its lists)."""
+    return {column: [] for column in columns}
+
+
+def _points(frame: pd.DataFrame) -> dict[str, list]:
+    """The measured points: every evaluation of the front `frame` (study.front)."""
+    baseline = frame["origin"] == "baseline"
+    on_front = frame["pareto"].astype(bool)
+    return {
+        "plan_id": frame["plan_id"].astype(int).tolist(), "name": frame["name"].tolist(),
+        "origin": frame["origin"].tolist(), "value": frame["value"].astype(float).tolist(),
+        "latency_ms": frame["latency_ms"].astype(float).tolist(),
+        "sixteen_bit": frame["sixteen_bit"].astype(int).tolist(),
+        "front": ["yes" if f else "no" for f in on_front],
+        "color": ["#d62728" if f else "#9aa0a6" for f in on_front],
+        "marker": ["square" if b else "circle" for b in baseline],
+        "size": [13 if b else 10 for b in baseline],
+        "accuracy_source": frame["accuracy_source"].tolist(),
+        "latency_label": frame["latency_label"].tolist(),
+        "interval": [_interval(lo, hi) for lo, hi in zip(frame["latency_low_ms"], frame["latency_high_ms"])],
+    }
+
+
+def _front(frame: pd.DataFrame) -> dict[str, list]:
+    """The front's step line, by latency."""
+    pts = frame[frame["pareto"].astype(bool)].sort_values("latency_ms")
+    return {"x": pts["latency_ms"].astype(float).tolist(), "y": pts["value"].astype(float).tolist()}
+
+
+def _baseline_labels(frame: pd.DataFrame) -> dict[str, list]:
+    """The baselines' names, above their points."""
+    baseline = frame["origin"] == "baseline"
+    return {"x": frame.loc[baseline, "latency_ms"].astype(float).tolist(),
+            "y": frame.loc[baseline, "value"].astype(float).tolist(),
+            "text": frame.loc[baseline, "name"].tolist()}
+
+
+def _provisional(rows: pd.DataFrame, kind: str) -> dict[str, list]:
+    """The `kind` ("predicted" or "partial") points of StudioState.provisional `rows`."""
+    return {
+        "plan_hash": rows["plan_hash"].tolist(), "name": rows["name"].tolist(),
+        "value": rows["value"].astype(float).tolist(), "low": rows["low"].astype(float).tolist(),
+        "high": rows["high"].astype(float).tolist(), "latency_ms": rows["latency_ms"].astype(float).tolist(),
+        "status": ["predicted, not measured yet" if kind == "predicted" else
+                   f"measured on {s} of {t} samples so far" for s, t in zip(rows["samples"], rows["total"])],
+        "interval": [_accuracy_interval(lo, hi) for lo, hi in zip(rows["low"], rows["high"])],
+        "detail": rows["detail"].tolist(), "accuracy_source": rows["accuracy_source"].tolist(),
+    }
 
 
 def _accuracy_interval(low, high) -> str:

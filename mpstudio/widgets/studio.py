@@ -11,10 +11,11 @@ from .base import View, laid_out_once, save_inline
 from .export_panel import ExportPanel
 from .graph_view import GraphView
 from .jobs import JobBar
+from .lanes import session_document
 from .model_panel import ModelPanel
 from .pareto import ParetoPlot
 from .run_panel import RunPanel
-from .state import StudioState, session_document
+from .state import StudioState
 from .table import SensitivityTable
 
 TITLE = "mpstudio: mixed precision for Qualcomm NPUs"

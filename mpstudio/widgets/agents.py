@@ -1,0 +1,51 @@
+"""Who runs a studio session's evaluations: ORT in this process, the local agent (started on first use and kept
+for the session) or a remote agent given by URL and token."""
+
+from __future__ import annotations
+
+import threading
+
+from ..errors import MpstudioError
+
+RUNNERS = {"this process": "local", "local agent": "agent", "remote agent": "remote"}
+
+
+class AgentClients:
+    """The session's agents: `client(runner, url, token)` is the runner the core's calls take."""
+
+    def __init__(self, lock: threading.RLock | None = None):
+        self.lock = lock or threading.RLock()
+        self.local = None  # LocalAgent, started on first use
+        self._remote = None  # ((url, token), AgentClient)
+
+    def client(self, runner: str, url: str = "", token: str = ""):
+        """None (ORT in this process), the local agent's client or the remote agent's client."""
+        if runner == "local":
+            return None
+        if runner == "agent":
+            from ..agent import LocalAgent
+
+            with self.lock:
+                if self.local is None:
+                    self.local = LocalAgent().start()
+            return self.local.client
+        from ..agent import AgentClient
+
+        url = url.strip()
+        if not url.startswith(("http://", "https://")):
+            raise MpstudioError("give the remote agent's URL, such as http://192.168.1.20:8765, and its token")
+        key = (url, token.strip())
+        if self._remote is None or self._remote[0] != key:
+            if self._remote is not None:
+                self._remote[1].close()
+            self._remote = (key, AgentClient(url, key[1] or None))
+        return self._remote[1]
+
+    def close(self) -> None:
+        """Stop the local agent and close the remote agent's client."""
+        if self.local is not None:
+            self.local.stop()
+            self.local = None
+        if self._remote is not None:
+            self._remote[1].close()
+            self._remote = None

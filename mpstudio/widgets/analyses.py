@@ -1,0 +1,112 @@
+"""The analyses a studio session runs on its open study, as jobs that report back to its StudioState: the
+sensitivity ranking, the search for a plan, and the current plan's latency estimate and HTP/CPU divergence (two
+of the scores the graph can be coloured by)."""
+
+from __future__ import annotations
+
+import time
+
+import param
+
+from ..sensitivity import SensitivityReport
+from .lanes import Job
+
+
+def analyze(state) -> Job:
+    """The sensitivity analysis of the open study, its partial rankings shown as they come."""
+    study = state.require_study()
+    shown = [0.0, ""]
+
+    def partial(report: SensitivityReport) -> None:
+        # Partial rankings reach the table as they come (at most one a second, and each new stage).
+        now, stage = time.perf_counter(), report.meta.get("stage", "")
+        if now - shown[0] >= 1.0 or stage != shown[1]:
+            shown[:] = [now, stage]
+            state.post(lambda: state.show_report(report) if state.study is study else None)
+
+    return state.submit("analyze", "sensitivity analysis",
+                        lambda progress, cancel: study.sensitivity(progress=progress, cancel=cancel,
+                                                                   on_partial=partial),
+                        state.show_report)
+
+
+def start_search(state, target: str | None, max_evaluations: int) -> Job:
+    """The search for the cheapest plan that reaches `target`; each evaluation is plotted as it lands."""
+    from ..search import search
+
+    study = state.require_study()
+    target = target or state.target
+    backend, confirm = state.backend, state.confirm_search
+
+    def refresh():
+        if state.study is study:
+            state.refresh_evaluations()
+
+    def work(progress, cancel):
+        def step(done, total, message):
+            progress(done, total, message)
+            if message.startswith("search: "):  # an evaluation has landed in the study: plot it now
+                state.post(refresh)
+        try:
+            return search(study, target, backend=backend, runner=state.runner_client(),
+                          max_evaluations=max_evaluations, confirm="htp" if confirm else None, progress=step,
+                          cancel=cancel)
+        finally:  # cancelled or failed too: what was evaluated stays on the plot
+            state.post(refresh)
+
+    def done(result):
+        state.refresh_evaluations()
+        state.set_plan(study.plan(result.recommended.plan_id))
+        with param.edit_constant(state):
+            state.message = result.describe()
+    return state.submit("search", f"searching for {target} on {backend}", work, done)
+
+
+def estimate_latency(state) -> Job:
+    """The HTP cost model's per-op latency of the current plan (`state.latency_ops`)."""
+    from ..latency import estimate_latency as estimate
+
+    study = state.require_study()
+    plan = state.plan
+
+    def work(progress, cancel):
+        return estimate(study.quantizer.generate(plan, progress, cancel), study.htp_arch)
+
+    def done(estimate):
+        if plan.hash != state.plan.hash:
+            return  # the plan changed meanwhile; its own estimate is on its way
+        with param.edit_constant(state):
+            state.param.update(latency_ops=estimate.ops,
+                               message=f"estimated latency {estimate.ms:.3f} ms ({estimate.latency.label})")
+        state.refresh_tensors()
+    return state.submit("latency", f"estimating the latency of {plan.name or plan.summary()}", work, done)
+
+
+def find_divergence(state, samples: int) -> Job:
+    """The current plan's HTP/CPU divergence table (`state.divergence`): the study's saved one, else a run."""
+    from ..diverge import diverge, load_report
+
+    study = state.require_study()
+    plan = state.plan
+
+    def work(progress, cancel):
+        plan_id = study.plan_id(plan)
+        saved = load_report(study, plan_id) if plan_id is not None else None
+        if saved is not None:
+            return saved
+        return diverge(study, plan, samples=samples, runner=state.runner_client(), progress=progress,
+                       cancel=cancel).frame
+
+    def done(frame):
+        if plan.hash != state.plan.hash:
+            return
+        first = frame.loc[frame["first"].astype(bool), "tensor"].tolist()
+        with param.edit_constant(state):
+            state.param.update(divergence=frame, plan_id=study.plan_id(plan),
+                               message=f"first HTP/CPU divergence: {', '.join(first[:5])}" if first else
+                               "HTP and CPU agree within quantization noise on every tensor")
+        state.refresh_tensors()
+        if first:
+            with param.edit_constant(state):
+                state.focus = first[0]
+    return state.submit("diverge", f"comparing {plan.name or plan.summary()} on HTP and CPU", work, done)

@@ -1,0 +1,46 @@
+"""Editing the current plan from the studio: the selected activation tensors promoted to 16 bits or demoted, and
+tensors found by name."""
+
+from __future__ import annotations
+
+import pandas as pd
+import param
+
+from ..plan import PrecisionPlan
+
+
+def edit_plan(state, tensors, to: str) -> PrecisionPlan:
+    """The current plan of `state` with the quantizable `tensors` at `to` ("uint16" or "uint8"), made current
+    (and, with `state.evaluate_on_edit`, previewed and evaluated)."""
+    study = state.require_study()
+    if not tensors:
+        state.show_error("select tensors first (box-select in the graph, or rows in the table)")
+        return state.plan
+    graph = study.graph
+    chosen = [t for t in tensors if graph.tensors[t].quantizable]
+    base = state.plan
+    default = base.activation_type
+    if to == default:
+        plan = base.without(chosen)
+    else:
+        plan = base.with_overrides({t: to for t in chosen}, name="")
+    plan.validate(graph, study.htp_arch)
+    if state.evaluate_on_edit and plan.hash != base.hash:
+        state.preview_plan(plan)
+    verb = "promoted" if to == "uint16" else "demoted"
+
+    def show():
+        state.set_plan(plan)
+        with param.edit_constant(state):
+            state.param.update(message=f"{verb} {len(chosen)} tensor(s); plan {plan.summary()}", error="")
+    # Served, the predicted point goes to the browser with this event's reply, and the graph's and table's
+    # larger update in the next one (at once here otherwise).
+    state.post(show)
+    return plan
+
+
+def matching_tensors(frame: pd.DataFrame, text: str) -> list[str]:
+    """Tensors of `frame` (StudioState.tensors) whose name, or whose producer's name, contains `text`
+    (lower-case)."""
+    return frame[frame["tensor"].str.lower().str.contains(text, regex=False)
+                 | frame["node"].str.lower().str.contains(text, regex=False)]["tensor"].tolist()

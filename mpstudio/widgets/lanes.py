@@ -1,0 +1,228 @@
+"""The studio's job runner: a Job per piece of long work, run in worker threads, one lane each, with its progress
+and outcome posted, in order, to the session's event loop (where Bokeh models may be touched)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+import panel as pn
+import param
+
+from ..data import Cancelled
+from ..errors import MpstudioError, brief
+
+log = logging.getLogger(__name__)
+
+# Lanes of work, one worker thread each: opening studies; long work on the open study (analysis, search); the
+# user's evaluations; quick work (predictions, latency estimates); and background work (the baselines), which
+# starts only while no evaluation of the user's runs.
+LANES = ("open", "long", "evaluate", "quick", "background")
+LANE_OF = {"open": "open", "evaluate": "evaluate", "predict": "quick", "latency": "quick", "baselines": "background"}
+
+
+def session_document():
+    """The document of the `panel serve` session running this code, or None (notebook, script, tests).
+
+    Only the document Panel sets for the running session counts: `pn.state.curdoc` falls back to Bokeh's
+    process-wide current document, which a server run in a thread of the same process leaves behind.
+    """
+    from panel.io.state import state
+
+    current = getattr(state, "_curdoc", None)
+    doc = current.get() if current is not None else pn.state.curdoc
+    return doc if doc is not None and doc.session_context is not None else None
+
+
+class Job(param.Parameterized):
+    """One piece of long work: its progress, its outcome, and a cancel event the core checks."""
+
+    kind = param.String(constant=True)
+    title = param.String(constant=True)
+    status = param.Selector(objects=["queued", "running", "done", "failed", "cancelled"], default="queued",
+                            constant=True)
+    done = param.Integer(0, constant=True)
+    total = param.Integer(0, constant=True, doc="0 while the amount of work is unknown")
+    message = param.String("", constant=True)
+    error = param.String("", constant=True)
+    seconds = param.Number(0.0, constant=True)
+    eta = param.Number(None, allow_None=True, constant=True, doc="Seconds left in the current step, if known")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self.cancel_event = threading.Event()
+        self.finished = threading.Event()
+        self.result = None
+        self.edit = ""  # the plan hash of an evaluation a promote/demote started (the next edit supersedes it)
+        self._started = time.perf_counter()
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("queued", "running")
+
+    @property
+    def percent(self) -> int:
+        """0-100, or -1 (indeterminate) while the total is unknown."""
+        return int(100 * self.done / self.total) if self.total else (-1 if self.status == "running" else 0)
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the job has finished and its result is applied to the state (tests, scripts)."""
+        return self.finished.wait(timeout)
+
+    def _set(self, **values) -> None:
+        with param.edit_constant(self):
+            self.param.update(**values)
+
+
+class _Progress:
+    """A job's `progress(done, total, message)` callback: at most ten updates a second, with the ETA of the
+    current step (a new total, or a count going back, starts a new step)."""
+
+    def __init__(self, job: Job, post: Callable[[Callable[[], None]], None]):
+        self.job, self.post = job, post
+        self.last = 0.0
+        self.total, self.start, self.done, self.first = None, time.perf_counter(), 0, 0
+
+    def __call__(self, done, total, message) -> None:
+        now = time.perf_counter()
+        if total != self.total or done < self.done:
+            self.total, self.start, self.done, self.first = total, now, done, done
+        self.done = done
+        if now - self.last < 0.1 and done < total:
+            return  # at most ten updates a second reach the browser
+        self.last = now
+        ran = done - self.first
+        eta = (now - self.start) / ran * (total - done) if ran > 0 and total else None
+        job = self.job
+        self.post(lambda: job._set(done=int(done), total=int(total), message=str(message), eta=eta))
+
+
+class Lanes:
+    """Worker threads, one per lane, started on first use, and the ordered posting of what they report.
+
+    `on_finished(job)` runs (where Bokeh models may be touched) after a job's status is final and before its
+    `finished` event is set, so that a caller waiting on the job sees the state it left.
+    """
+
+    def __init__(self, on_finished: Callable[[Job], None]):
+        self.on_finished = on_finished
+        self.lock = threading.RLock()
+        self._doc = session_document()
+        # One queue and worker thread per lane, so opening a model (and its errors) never waits behind an
+        # analysis or a search: "open" for opening studies, "long" for work on the open study.
+        self._queues: dict[str, queue.Queue] = {lane: queue.Queue() for lane in LANES}
+        self._idle = {lane: threading.Event() for lane in LANES}  # set while the lane's worker waits for work
+        for event in self._idle.values():
+            event.set()
+        self._workers: dict[str, threading.Thread] = {}
+        self._posted: list[Callable[[], None]] = []  # updates waiting for the session's event loop, in order
+        self._draining = False
+
+    def submit(self, job: Job, work: Callable, on_done: Callable | None = None) -> None:
+        """Queue `work(progress, cancel_event)` in the lane of `job.kind`; `on_done(result)` is posted."""
+        lane = LANE_OF.get(job.kind, "long")
+        with self.lock:
+            worker = self._workers.get(lane)
+            if worker is None or not worker.is_alive():
+                self._doc = session_document() or self._doc
+                worker = threading.Thread(target=self._work, args=(lane,), name=f"mpstudio-studio-{lane}",
+                                          daemon=True)
+                self._workers[lane] = worker
+                worker.start()
+        self._queues[lane].put((job, work, on_done))
+
+    def close(self) -> None:
+        """Stop every lane's worker once its current job ends."""
+        for lane in self._queues.values():
+            lane.put(None)
+
+    def _work(self, lane: str) -> None:
+        jobs = self._queues[lane]
+        while True:
+            self._idle[lane].set()
+            item = jobs.get()
+            self._idle[lane].clear()
+            if item is None:
+                return
+            job, work, on_done = item
+            if lane == "background":  # the user's evaluations go first
+                while not (self._idle["evaluate"].is_set() and self._queues["evaluate"].empty()):
+                    if job.cancel_event.wait(0.2):
+                        break
+            if job.cancel_event.is_set():
+                self.post(lambda job=job: self._finish(job, "cancelled", "cancelled before it started"))
+                continue
+            self.post(lambda job=job: job._set(status="running", message="starting"))
+            self._run(job, work, on_done)
+
+    def _run(self, job: Job, work: Callable, on_done: Callable | None) -> None:
+        try:
+            result = work(_Progress(job, self.post), job.cancel_event)
+        except Cancelled:
+            self.post(lambda: self._finish(job, "cancelled", "cancelled"))
+        except MpstudioError as exc:
+            self.post(lambda text=str(exc): self._finish(job, "failed", text))
+        except Exception as exc:  # a bug or an ORT failure: a readable line here, the traceback in the log
+            log.exception("%s failed", job.title)
+            text = f"{job.title} failed: {type(exc).__name__}: {brief(exc)}"
+            self.post(lambda: self._finish(job, "failed", text))
+        else:
+            def apply():
+                job.result = result
+                try:
+                    if on_done is not None:
+                        on_done(result)
+                except MpstudioError as exc:
+                    self._finish(job, "failed", str(exc))
+                    return
+                self._finish(job, "done", "done")
+            self.post(apply)
+
+    def _finish(self, job: Job, status: str, message: str) -> None:
+        job._set(status=status, message=message if status != "failed" else "failed",
+                 error=message if status == "failed" else "", seconds=time.perf_counter() - job._started,
+                 done=job.total if status == "done" else job.done)
+        self.on_finished(job)
+        job.finished.set()
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run `fn` where Bokeh models may be touched: the session's event loop when served, else here."""
+        doc = self._doc
+        if doc is None or doc.session_context is None:
+            with self.lock:
+                fn()
+            return
+        # Next-tick callbacks each wait for the document's lock and may run out of order; one drain at a time
+        # runs the posted functions in the order they were posted (a job's "running" never lands after its
+        # "done", a partial value never after the full result).
+        with self.lock:
+            self._posted.append(fn)
+            if self._draining:
+                return
+            self._draining = True
+        doc.add_next_tick_callback(lambda: self._drain(doc))
+
+    def _drain(self, doc) -> None:
+        from panel.io.state import set_curdoc
+
+        with self.lock:  # what was posted until now goes to the browser as one batch; later posts next
+            batch, self._posted = self._posted, []
+        try:
+            with set_curdoc(doc), pn.io.hold(doc):
+                for next_fn in batch:
+                    try:
+                        next_fn()
+                    except Exception:  # one failing update must not stop the ones after it
+                        log.exception("a studio update failed")
+        finally:
+            with self.lock:
+                if self._posted:
+                    doc.add_next_tick_callback(lambda: self._drain(doc))
+                else:
+                    self._draining = False

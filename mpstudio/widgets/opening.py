@@ -1,0 +1,62 @@
+"""What a studio session opens: the study of a model and its data folder (made on first use), the demo, or
+what `panel serve app.py --args ...` names."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+from ..cache import cache_root
+from ..data import NpzFolder
+from ..errors import MpstudioError
+from ..model import parse_shape_args
+from ..study import Study
+
+_CREATING = threading.Lock()  # studies are created one at a time in this process
+
+
+def demo_study(study_folder: Path | None, progress=None) -> Study:
+    """The demo study (created on first use)."""
+    with _CREATING:  # two sessions opening the demo at once must not both create it
+        return Study.demo(study_folder, progress=progress)
+
+
+def model_study(model, data, shapes: str, fallback: bool, study_folder: Path | None, progress=None) -> Study:
+    """The study of `model` calibrated and evaluated on the `.npz` samples in `data`: the one already made from
+    the same files (in `study_folder`, or the cache), or a new one."""
+    if not str(model).strip() or not str(data).strip():
+        raise MpstudioError("give a model file (.onnx) and a data folder of .npz samples")
+    model_path, data_path = Path(str(model).strip()).expanduser(), Path(str(data).strip()).expanduser()
+    if not model_path.is_file():
+        raise MpstudioError(f"model file not found: {model_path}")
+    input_shapes = parse_shape_args(shapes.split()) if shapes.strip() else None
+    digest = hashlib.sha256(model_path.read_bytes())
+    digest.update(str(data_path.resolve()).encode())
+    suffix = "-fallback" if fallback else ""  # a study with CPU fallback is another study
+    folder = study_folder or cache_root() / "studies" / f"{model_path.stem}-{digest.hexdigest()[:12]}{suffix}"
+    with _CREATING:
+        if (folder / "study.json").exists():
+            return Study.open(folder)
+        from ..model import prepare_model
+
+        prepared = prepare_model(model_path, input_shapes)
+        if not prepared.qnn_ready and not fallback:
+            raise MpstudioError(prepared.fallback_refusal() + " In the studio: tick \"Allow CPU fallback\" "
+                                "and open the model again.")
+        calibration = NpzFolder(data_path, [spec.name for spec in prepared.inputs])
+        return Study.create(folder, prepared, calibration, progress=progress, allow_fallback=fallback)
+
+
+def open_arguments(state, study: str | None, model: str | None, data: str | None, shapes: str) -> None:
+    """Open in `state` what the command line names: a model and its data, a study folder, or the demo."""
+    if model or data:
+        if not (model and data):
+            state.show_error("give both --model and --data (a folder of .npz samples), or --study, or "
+                             "nothing for the demo")
+        else:
+            state.open_model(model, data, shapes)
+    elif study:
+        state.open_study(study)
+    else:
+        state.open_demo()

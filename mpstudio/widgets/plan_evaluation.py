@@ -1,0 +1,131 @@
+"""Evaluating plans from the studio: a plan's predicted point at once, values on more and more samples as its
+evaluation streams, its stored result at the end; and the baselines, in the background."""
+
+from __future__ import annotations
+
+import numpy as np
+import param
+
+from ..plan import PrecisionPlan
+from ..preview import basis_ready
+from ..study import Study
+from .lanes import Job
+from .provisional import ProvisionalPoints
+
+
+def has_baselines(study: Study, backend: str, runner) -> bool:
+    """Whether `study` holds the a8w8 and a16w8 evaluations of `backend` on `runner`'s accuracy source."""
+    source = study.accuracy_source(backend, runner)
+    ids = [study.plan_id(PrecisionPlan.a8w8()), study.plan_id(PrecisionPlan.a16w8())]
+    return all(pid is not None and study.store.evaluation(pid, source) is not None for pid in ids)
+
+
+class PlanEvaluations:
+    """The evaluation verbs of a StudioState (see its evaluate_plan, preview_plan and evaluate_baselines)."""
+
+    def __init__(self, state):
+        self._state = state
+        self.points = ProvisionalPoints(state)
+
+    def evaluate(self, plan: PrecisionPlan | None, streamed: bool, edit: bool, after: Job | None) -> Job:
+        state, points = self._state, self.points
+        study = state.require_study()
+        plan = plan or state.plan
+        backend = state.backend
+        if edit:
+            for job in state.jobs:  # the plan it evaluates is no longer the one being edited
+                if job.active and job.edit:
+                    job.cancel()
+                    if job.edit != plan.hash:
+                        points.drop(job.edit)  # it may never start, and never clear its point
+
+        def shown(point):
+            def apply():
+                if state.study is study and points.tracked(plan.hash):
+                    points.set(plan.hash, plan_name, "partial", point.value, point.low, point.high,
+                               point.latency.ms if point.latency is not None else np.nan, point.samples,
+                               point.total, point.accuracy_source,
+                               f"measured on {point.samples} of {point.total} samples; interval "
+                               f"{point.low:.4f}-{point.high:.4f}")
+            state.post(apply)
+
+        def work(progress, cancel):
+            if after is not None:
+                after.wait(5.0)  # quick: its predicted point shows before any measured one
+            runner = state.runner_client()
+            try:
+                evaluation = study.evaluate(plan, backend, runner, progress=progress, cancel=cancel,
+                                            partial=shown if streamed else None, first_samples=state.first_samples)
+            except BaseException:
+                def drop():  # unless a newer evaluation of the same plan draws it now
+                    if not any(other.active and other.edit == plan.hash and other is not job for other in state.jobs):
+                        points.drop(plan.hash)
+                state.post(drop)
+                raise
+            if not has_baselines(study, backend, runner):
+                state.post(lambda: state.evaluate_baselines(backend))
+            return evaluation
+
+        def done(evaluation):
+            points.drop(plan.hash)
+            if evaluation.plan_hash == state.plan.hash:
+                with param.edit_constant(state):
+                    state.plan_id = evaluation.plan_id
+            state.refresh_evaluations()
+            with param.edit_constant(state):
+                state.message = evaluation.describe()
+        plan_name = plan.name or plan.summary()
+        points.track(plan.hash)
+        job = state.submit("evaluate", f"evaluating {plan_name} on {backend}", work, done)
+        job.edit = plan.hash if edit else ""
+        return job
+
+    def preview(self, plan: PrecisionPlan | None) -> tuple[Job | None, Job | None]:
+        state, points = self._state, self.points
+        study = state.require_study()
+        plan = plan or state.plan
+        report = state.report
+        frame = state.evaluations
+        accuracy_source = frame["accuracy_source"].iloc[0] if len(frame) else None
+        plan_name = plan.name or plan.summary()
+
+        # The plotted estimate-axis front has every column a prediction reads: no need to read the store.
+        evaluated = frame if state.latency_source == "estimate" and len(frame) else None
+
+        def work(progress, cancel):
+            return study.predict(plan, report, accuracy_source, evaluated)
+
+        def done(prediction):
+            if not prediction.placed:
+                with param.edit_constant(state):
+                    state.message = prediction.describe()
+                return
+            known = state.provisional
+            if not points.tracked(plan.hash) or (known["plan_hash"] == plan.hash).any():
+                return  # measured already (or its evaluation ended): a prediction has nothing to add
+            points.set(plan.hash, plan_name, "predicted", prediction.value, np.nan, np.nan, prediction.latency.ms,
+                       0, len(study.evaluation_data), "prediction", prediction.basis)
+        points.track(plan.hash)
+        if basis_ready(study):  # milliseconds: drawn in this very update
+            done(work(None, None))
+            predicting = None
+        else:
+            predicting = state.submit("predict", f"predicting {plan_name}", work, done)
+        # Served, the evaluation (and its job's rows) start in the next update, so that this one, with the
+        # predicted point, reaches the browser first.
+        evaluating: list[Job] = []
+        state.post(lambda: evaluating.append(state.evaluate_plan(plan, edit=True, after=predicting)))
+        return predicting, (evaluating[0] if evaluating else None)
+
+    def baselines(self, backend: str | None) -> Job:
+        state = self._state
+        study = state.require_study()
+        backend = backend or state.backend
+
+        def work(progress, cancel):
+            runner = state.runner_client()
+            return study.baselines(backend, runner, progress=progress, cancel=cancel)
+
+        def done(result):
+            state.refresh_evaluations()
+        return state.submit("baselines", f"evaluating the baselines (a8w8, a16w8) on {backend}", work, done)
