@@ -20,13 +20,12 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .data import DataSource, NpzFolder, Progress, TaskMetric
+from .data import DataSource, Progress, TaskMetric
 from .errors import MpstudioError
 from .loop import front as fronts
 from .loop.cost_model import CALIBRATION_FILE, CostModel
 from .loop.evaluation import PlanEvaluation, Scoring
-from .loop.folder import (RESULTS_FILE, STUDY_FILE, STUDY_FORMAT, ResultCount, create_folder, metric_parts,
-                          read_config, study_config, study_data)
+from .loop.folder import RESULTS_FILE, STUDY_FILE, STUDY_FORMAT, ResultCount, create_study, open_study
 from .loop.front import pareto_mask
 from .loop.jobs import JobQueue
 from .loop.recalibration import PROFILES_DIR, keep_profile, read_profiles, recalibrate
@@ -35,7 +34,7 @@ from .loop.runners import Target, runner_for
 from .loop.sensitivity_cache import SensitivityCache
 from .loop.summary import summary_text
 from .metrics import OUTPUT_SNR, MetricSpec
-from .model import PreparedModel, prepare_model
+from .model import PreparedModel
 from .plan import PrecisionPlan
 from .quantize import Quantizer
 from .runtime import BACKENDS
@@ -63,7 +62,6 @@ class Study:
         self.float_reference = FloatReference(folder, self.quantizer, evaluation)
         self.sensitivity_reports = SensitivityCache(folder, self.quantizer, calibration, self.htp_arch)
         self.cost_model = CostModel(folder, self.htp_arch, len(self.cpu_fallback_nodes))
-        self.job_queue = JobQueue(self.store, self.add_plan, self.plan, self.evaluate)
 
     # ---- creating and opening ----
     @classmethod
@@ -74,48 +72,26 @@ class Study:
                progress: Progress | None = None, allow_fallback: bool = False) -> "Study":
         """A new study in `folder` (which must not hold one already): prepares the model and copies the data in.
 
-        `model` is a path or a PreparedModel; `evaluation` defaults to `calibration`. `metric` is a
-        TaskMetric (kept for this process; reopen with `Study.open(folder, metric=...)`), a MetricSpec, or
-        None for output SNR and cosine against the float model (`mpstudio.metrics.metric_spec` names one by
-        `module:function` or a built-in name, stored so that any process can evaluate it). Two processes
-        creating the same study make one: the second waits and opens it.
-
-        `calibration_samples` / `evaluation_samples` keep only the first N samples of each: every plan of a
-        study is scored on the same data, so these counts belong to the study, not to a search.
-
-        A model with nodes QNN HTP cannot run (after preparation's rewrites) is refused, naming them, unless
-        `allow_fallback`: then HTP evaluations run those nodes on ORT's CPU EP, and every HTP accuracy and
-        latency of the study says "HTP + N nodes on CPU".
+        `model` is a path or a PreparedModel; `evaluation` defaults to `calibration`. `metric` is a TaskMetric
+        (kept for this process; reopen with `Study.open(folder, metric=...)`), a MetricSpec (stored, so any process
+        can evaluate it; `metrics.metric_spec`), or None for output SNR and cosine against the float model. Two
+        processes creating the same study make one: the second waits and opens it. `calibration_samples` /
+        `evaluation_samples` keep the first N samples of each (every plan of a study is scored on the same data).
+        A model with nodes QNN HTP cannot run is refused, naming them, unless `allow_fallback`: then HTP runs put
+        them on ORT's CPU EP, and every HTP accuracy and latency of the study says "HTP + N nodes on CPU".
         """
         folder = Path(folder)
-        if (folder / STUDY_FILE).exists():
-            raise MpstudioError(f"{folder} already holds a study; open it with Study.open (mpstudio study show)")
-        prepared = model if isinstance(model, PreparedModel) else prepare_model(model, input_shapes)
-        if not prepared.qnn_ready and not allow_fallback:
-            raise MpstudioError(prepared.fallback_refusal())
-        calibration, evaluation = study_data(prepared, calibration, evaluation, calibration_samples,
-                                             evaluation_samples)
-        spec, task_metric = metric_parts(metric)
-        config = study_config(prepared, spec, calibration, evaluation, name=name, htp_arch=htp_arch,
-                              calibration_method=calibration_method, allow_fallback=allow_fallback)
-        create_folder(folder, prepared, calibration, evaluation, config, progress)
+        task_metric = create_study(folder, model, calibration, evaluation, metric, input_shapes=input_shapes,
+                                   htp_arch=htp_arch, calibration_method=calibration_method, name=name,
+                                   calibration_samples=calibration_samples, evaluation_samples=evaluation_samples,
+                                   progress=progress, allow_fallback=allow_fallback)
         return cls.open(folder, metric=task_metric)
 
     @classmethod
     def open(cls, folder: str | Path, *, metric: TaskMetric | None = None) -> "Study":
         """Reopen a study from its folder: data, metric, every stored result and any pending work."""
         folder = Path(folder)
-        config = read_config(folder)
-        prepared = prepare_model(folder / "model.onnx", optimize=False, rewrite=False)
-        inputs = config["inputs"]
-        calibration = NpzFolder(folder / "data" / "calibration", inputs)
-        evaluation = NpzFolder(folder / "data" / "evaluation", inputs)
-        # A metric stored by reference is imported when a plan is evaluated, so a study whose metric module is
-        # not on this process's path still opens and shows its results.
-        spec = MetricSpec.from_json(config["metric"])
-        if metric is None and spec.kind not in ("python", "reference"):
-            metric = spec.build(prepared)
-        return cls(folder, config, prepared, calibration, evaluation, metric)
+        return cls(folder, *open_study(folder, metric))
 
     @classmethod
     def demo(cls, folder: str | Path | None = None, *, calibration_lines: int = 100, evaluation_lines: int = 100,
@@ -237,18 +213,15 @@ class Study:
         """Accuracy of `plan` on the evaluation data, with its latency; stored in the study at once.
 
         `runner` is None (this process: ORT's CPU QDQ run, or the local HTP backend), an AgentClient or an
-        AgentPool (the samples spread over its agents). With an agent on `htp`, the latency of one sample
-        is measured there too (`measured` on a device, `emulator` on an x86_64 host). The cost model's
-        estimate is always stored. A plan already evaluated from the same source is not run again.
+        AgentPool (the samples spread over its agents). With an agent on `htp`, one sample's latency is measured
+        there too (`measured` on a device, `emulator` on an x86_64 host); the cost model's estimate is always
+        stored. A plan already evaluated from the same source is not run again. On a device the run is also
+        profiled per op (`profile` None: on a device only; True: on the emulator too), the profile kept and the
+        cost model recalibrated on that device's profiles (`recalibrate`).
 
-        On a device (an agent whose HTP is a real NPU) the run is also profiled per op (`profile` None: on a
-        device only; True: on the emulator too), the profile kept in the study, and the cost model recalibrated
-        on that device's profiles (`recalibrate`).
-
-        With `partial`, the evaluation streams: it runs a seeded random `first_samples` (default
-        `preview.FIRST_SAMPLES`) first, then chunks that double what has run, and calls `partial` with a
-        `preview.PartialAccuracy` (value and interval so far) after each chunk but the last. Partial values are
-        not stored; the stored result is always the one on every sample.
+        With `partial`, the evaluation streams: a seeded random `first_samples` (default
+        `preview.FIRST_SAMPLES`) first, then chunks doubling what has run, with a `preview.PartialAccuracy` passed
+        to `partial` after each chunk but the last. Only the result on every sample is stored.
         """
         if backend not in BACKENDS:
             raise MpstudioError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -277,10 +250,8 @@ class Study:
     def baselines(self, backend: str = "cpu", runner=None, progress: Progress | None = None,
                   cancel: threading.Event | None = None) -> dict[str, Evaluation]:
         """The all-8-bit (a8w8) and all-16-bit-activation (a16w8) plans, evaluated."""
-        out = {}
-        for plan in (PrecisionPlan.a8w8(name="a8w8"), PrecisionPlan.a16w8(name="a16w8")):
-            out[plan.name] = self.evaluate(plan, backend, runner, origin="baseline", progress=progress, cancel=cancel)
-        return out
+        return {plan.name: self.evaluate(plan, backend, runner, origin="baseline", progress=progress, cancel=cancel)
+                for plan in (PrecisionPlan.a8w8(name="a8w8"), PrecisionPlan.a16w8(name="a16w8"))}
 
     def estimate(self, plan: PrecisionPlan):
         """The cost model's latency of `plan` (generates its QDQ model; stores the estimate when the plan is stored)."""
@@ -291,6 +262,10 @@ class Study:
         return latency
 
     # ---- jobs and searches: pending work that survives a kill (`loop.jobs`) ----
+    @property
+    def job_queue(self) -> JobQueue:  # made per use: a queue held here would tie the study into a reference cycle
+        return JobQueue(self.store, self.add_plan, self.plan, self.evaluate)
+
     def submit(self, plan: PrecisionPlan, backend: str = "cpu", *, origin: str = "user",
                search_id: int | None = None) -> int:
         """Queue an evaluation of `plan`; `run_pending` (or `mpstudio.search.resume`) runs it. Returns the job id."""
@@ -333,31 +308,26 @@ class Study:
         return fronts.front(self.evaluations(), latency_source, accuracy_source, self.higher_is_better)
 
     def cross_checks(self, latency_source: str = "estimate", front: pd.DataFrame | None = None) -> pd.DataFrame:
-        """Plans of `front(latency_source)` (pass it when you have it) that another accuracy source scored too
-        (e.g. a search's HTP confirmation of plans the front has from the CPU). Columns: plan_id, name,
-        latency_ms, value (the front's source), other_value, other_source."""
+        """Plans of `front(latency_source)` (pass it when you have it) another accuracy source scored too, e.g. a
+        search's HTP check of CPU front plans (`loop.front.cross_checks`, `loop.front.CROSS_CHECK_COLUMNS`)."""
         front = self.front(latency_source) if front is None else front
         return fronts.cross_checks(front, self.evaluations() if len(front) else front, latency_source)
 
     def summary(self, latency_source: str = "estimate") -> str:
         """A plain-text table of every evaluation and the front, for `mpstudio study show`."""
-        header = [f"study {self.name} ({self.folder})",
-                  f"metric: {self.metric_spec.describe()} ({'higher' if self.higher_is_better else 'lower'} is "
-                  f"better); evaluation samples: {len(self.evaluation_data)}; target HTP v{self.htp_arch}"]
         front = self.front(latency_source)
-        return summary_text(header, front, self.cross_checks(latency_source, front), self.metric_name,
-                            self.stored_float_value() if len(front) else None, latency_source)
+        return summary_text(self.name, self.folder, self.metric_spec, len(self.evaluation_data), self.htp_arch, front,
+                            self.cross_checks(latency_source, front), self.stored_float_value() if len(front) else None,
+                            latency_source)
 
     # ---- the study's caches: sensitivity reports, the float model's outputs ----
     def sensitivity(self, *, samples: int = 32, isolation_samples: int = 8, progress: Progress | None = None,
                     cancel: threading.Event | None = None, exhaustive: bool = False, on_partial=None,
                     workers: int | None = None, plan: PrecisionPlan | None = None):
-        """The sensitivity report of `plan` (default the all-8-bit plan) on the calibration data (computed once,
-        then loaded): each tensor scored and isolated against that plan, e.g. a8w8 with per-channel weights.
-
-        Progressive (`sensitivity.analyze_progressive`): partial reports reach `on_partial` as they come, in
-        worker processes (`workers`, default one per core), isolating only the tensors that can change a
-        decision; `exhaustive=True` isolates every tensor (`sensitivity.analyze`)."""
+        """The sensitivity report of `plan` (default all-8-bit) on the calibration data, computed once then loaded:
+        each tensor scored and isolated against that plan. Progressive (`sensitivity.analyze_progressive`; partial
+        reports reach `on_partial`; `workers` processes, default one per core), or `exhaustive=True`: every tensor
+        isolated (`sensitivity.analyze`)."""
         return self.sensitivity_reports.report(samples=samples, isolation_samples=isolation_samples,
                                                progress=progress, cancel=cancel, exhaustive=exhaustive,
                                                on_partial=on_partial, workers=workers, plan=plan)
@@ -378,10 +348,9 @@ class Study:
         return read_profiles(self.folder)
 
     def recalibrate(self, device: str | None = None, *, allow_emulator: bool = False):
-        """Refit the cost model to the per-op profiles this study keeps of `device` (default: the device with
-        the most), use it for every estimate from now on, and re-estimate every stored plan. Emulator
-        profiles are host time: used only with `allow_emulator`, and the label says so. Returns the
-        `latency.Calibration`."""
+        """Refit the cost model to this study's per-op profiles of `device` (default: the one with the most), use it
+        from now on and re-estimate every stored plan; returns the `latency.Calibration`. Emulator profiles are host
+        time: used only with `allow_emulator`, and the label says so."""
         return recalibrate(self.folder, self.cost_model, self.store,
                            lambda plan_id: self.quantizer.generate(self.plan(plan_id)), device,
                            allow_emulator=allow_emulator)

@@ -11,10 +11,10 @@ import uuid
 from pathlib import Path
 
 from ..cache import exclusive
-from ..data import DataSource, Progress, TaskMetric, check_feeds
+from ..data import DataSource, NpzFolder, Progress, TaskMetric, check_feeds
 from ..errors import MpstudioError
 from ..metrics import MetricSpec
-from ..model import PreparedModel
+from ..model import PreparedModel, prepare_model
 from ..store import DB_FILE, StudyStore
 
 STUDY_FORMAT = 1
@@ -78,13 +78,26 @@ def study_config(prepared: PreparedModel, spec: MetricSpec, calibration: DataSou
     }
 
 
-def create_folder(folder: Path, prepared: PreparedModel, calibration: DataSource, evaluation: DataSource,
-                  config: dict, progress: Progress | None) -> None:
-    """Make `folder` a study unless another process made it while this one waited for the lock."""
+def create_study(folder: Path, model, calibration: DataSource, evaluation: DataSource | None, metric, *,
+                 input_shapes: dict | None, htp_arch: str, calibration_method: str, name: str | None,
+                 calibration_samples: int | None, evaluation_samples: int | None, progress: Progress | None,
+                 allow_fallback: bool) -> TaskMetric | None:
+    """Make `folder` a study (see `Study.create`); returns the metric this process evaluates with (None: the one
+    the study stores). Two processes creating the same study make one: the second waits for the first."""
+    if (folder / STUDY_FILE).exists():
+        raise MpstudioError(f"{folder} already holds a study; open it with Study.open (mpstudio study show)")
+    prepared = model if isinstance(model, PreparedModel) else prepare_model(model, input_shapes)
+    if not prepared.qnn_ready and not allow_fallback:
+        raise MpstudioError(prepared.fallback_refusal())
+    calibration, evaluation = study_data(prepared, calibration, evaluation, calibration_samples, evaluation_samples)
+    spec, task_metric = metric_parts(metric)
+    config = study_config(prepared, spec, calibration, evaluation, name=name, htp_arch=htp_arch,
+                          calibration_method=calibration_method, allow_fallback=allow_fallback)
     folder.mkdir(parents=True, exist_ok=True)
     with exclusive(folder / ".create.lock"):
-        if not (folder / STUDY_FILE).exists():
+        if not (folder / STUDY_FILE).exists():  # else another process made it while this one waited
             _write_study(folder, prepared, calibration, evaluation, config, progress)
+    return task_metric
 
 
 def _write_study(folder: Path, prepared: PreparedModel, calibration: DataSource, evaluation: DataSource,
@@ -135,6 +148,22 @@ def read_config(folder: Path) -> dict:
     if not (folder / "model.onnx").exists():
         raise MpstudioError(f"{folder} has no model.onnx; the study is incomplete")
     return config
+
+
+def open_study(folder: Path, metric: TaskMetric | None):
+    """(config, prepared model, calibration data, evaluation data, metric) of the study in `folder`; `metric` is
+    built from the stored spec unless given or stored by reference (see `Study.open`)."""
+    config = read_config(folder)
+    prepared = prepare_model(folder / "model.onnx", optimize=False, rewrite=False)
+    inputs = config["inputs"]
+    calibration = NpzFolder(folder / "data" / "calibration", inputs)
+    evaluation = NpzFolder(folder / "data" / "evaluation", inputs)
+    # A metric stored by reference is imported when a plan is evaluated, so a study whose metric module is
+    # not on this process's path still opens and shows its results.
+    spec = MetricSpec.from_json(config["metric"])
+    if metric is None and spec.kind not in ("python", "reference"):
+        metric = spec.build(prepared)
+    return config, prepared, calibration, evaluation, metric
 
 
 class ResultCount:

@@ -3,14 +3,22 @@ front marked, and the plans another accuracy source scored too."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
+from ..metrics import MetricSpec
 
-def summary_text(header: list[str], front: pd.DataFrame, checks: pd.DataFrame | None, metric_name: str,
-                 float_value: float | None, latency_source: str) -> str:
-    """`header` lines, then `front` (`front.front`) as a table, then `checks` (`front.cross_checks`).
-    `float_value`: the float model's metric when it is known."""
-    lines = list(header)
+
+def summary_text(name: str, folder: Path, spec: MetricSpec, samples: int, htp_arch: str, front: pd.DataFrame,
+                 checks: pd.DataFrame, float_value: float | None, latency_source: str) -> str:
+    """Study `name` in `folder` (metric `spec`, `samples` evaluation samples, target `htp_arch`), then `front`
+    (`front.front` of `latency_source`) as a table, then `checks` (`front.cross_checks`). `float_value`: the
+    float model's metric when it is known."""
+    metric_name = spec.name
+    lines = [f"study {name} ({folder})",
+             f"metric: {spec.describe()} ({'higher' if spec.higher_is_better else 'lower'} is better); "
+             f"evaluation samples: {samples}; target HTP v{htp_arch}"]
     if front.empty:
         lines.append(f"no evaluations with {latency_source} latency yet")
         return "\n".join(lines)
