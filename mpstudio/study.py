@@ -311,7 +311,9 @@ class Study:
         """Plans of `front(latency_source)` (pass it when you have it) another accuracy source scored too, e.g. a
         search's HTP check of CPU front plans (`loop.front.cross_checks`, `loop.front.CROSS_CHECK_COLUMNS`)."""
         front = self.front(latency_source) if front is None else front
-        return fronts.cross_checks(front, self.evaluations() if len(front) else front, latency_source)
+        if front.empty:  # nothing to check: the store is not read again
+            return pd.DataFrame(columns=fronts.CROSS_CHECK_COLUMNS)
+        return fronts.cross_checks(front, self.evaluations(), latency_source)
 
     def summary(self, latency_source: str = "estimate") -> str:
         """A plain-text table of every evaluation and the front, for `mpstudio study show`."""
