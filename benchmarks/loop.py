@@ -102,7 +102,7 @@ def warm_demo():
 def fresh_copy(study, target: Path) -> Path:
     """`study`'s folder copied to `target` with only the baselines' results and generated models kept."""
     from mpstudio.plan import PrecisionPlan
-    from mpstudio.study import RESULTS_FILE
+    from mpstudio.loop.folder import RESULTS_FILE
 
     keep = {PrecisionPlan.a8w8().hash, PrecisionPlan.a16w8().hash}
     study.store.close()

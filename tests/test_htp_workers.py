@@ -10,7 +10,7 @@ import pytest
 from conftest import chain_feeds, make_chain_model, qnn_available
 from mpstudio.data import Cancelled, FeedList
 from mpstudio.errors import MpstudioError
-from mpstudio.evaluate import WORKERS_ENV, htp_workers, run_outputs
+from mpstudio.loop.inprocess import WORKERS_ENV, htp_workers, run_outputs
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer

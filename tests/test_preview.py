@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from gui_support import make_small_study
+from mpstudio.loop.prediction import monotone_fit
+from mpstudio.loop.streaming import SampleTerms, cer_terms, snr_terms, stream_order
 from mpstudio.metrics import character_error_rate, output_agreement
 from mpstudio.plan import PrecisionPlan
-from mpstudio.preview import SampleTerms, cer_terms, monotone_fit, snr_terms, stream_order
 
 pytestmark = pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
 
@@ -39,7 +40,7 @@ def test_stream_order_runs_every_sample_once_first_chunk_first():
 def test_sample_terms_on_every_sample_give_the_metric_and_no_interval(study):
     references = study.float_outputs()
     path = study.quantizer.generate(PrecisionPlan.a8w8())
-    from mpstudio.evaluate import run_outputs
+    from mpstudio.loop.inprocess import run_outputs
 
     outputs = run_outputs(path, study.evaluation_data)
     terms = snr_terms(references)

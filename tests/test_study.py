@@ -13,10 +13,11 @@ import pytest
 from conftest import chain_feeds, make_chain_model, requires_qnn
 from mpstudio.data import FeedList, TaskMetric
 from mpstudio.errors import MpstudioError
+from mpstudio.loop.front import pareto_mask
+from mpstudio.loop.runners import CPU_SOURCE
 from mpstudio.plan import PrecisionPlan
-from mpstudio.runners import CPU_SOURCE
 from mpstudio.store import STALE_AFTER_S
-from mpstudio.study import Study, pareto_mask
+from mpstudio.study import Study
 
 
 @pytest.fixture
@@ -54,7 +55,7 @@ def test_create_evaluate_reopen(chain_study, tmp_path):
 
 
 def test_output_agreement_matches_a_direct_computation(chain_study):
-    from mpstudio.evaluate import run_outputs
+    from mpstudio.loop.inprocess import run_outputs
 
     evaluation = chain_study.evaluate(PrecisionPlan.a8w8())
     quant = run_outputs(chain_study.quantizer.generate(PrecisionPlan.a8w8()), chain_study.evaluation_data)

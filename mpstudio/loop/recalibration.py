@@ -1,0 +1,66 @@
+"""The per-op profiles a study keeps of its device runs, and the cost model refitted to them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from ..errors import MpstudioError
+from ..store import StudyStore
+from .cost_model import CostModel
+from .folder import atomic_write
+
+PROFILES_DIR = "profiles"  # per-op profiles of device runs, one folder per device
+
+
+def keep_profile(folder: Path, plan_id: int, measured, profile) -> None:
+    """Keep `profile` (an `agent.protocol.OpProfile`) of plan `plan_id`'s `measured` run in the study `folder`."""
+    where = folder / PROFILES_DIR / _slug(measured.where)
+    where.mkdir(parents=True, exist_ok=True)
+    atomic_write(where / f"{plan_id}.json", json.dumps(
+        {"plan_id": plan_id, "device": measured.where, "source": measured.source, "total_ms": measured.ms,
+         "profile": profile.to_dict()}) + "\n")
+
+
+def read_profiles(folder: Path) -> pd.DataFrame:
+    """Per-op profiles kept in the study `folder`. Columns: plan_id, device, total_ms, path."""
+    rows = []
+    for path in sorted((folder / PROFILES_DIR).glob("*/*.json")):
+        saved = json.loads(path.read_text())
+        rows.append({"plan_id": saved["plan_id"], "device": saved["device"], "total_ms": saved["total_ms"],
+                     "path": path})
+    return pd.DataFrame(rows, columns=["plan_id", "device", "total_ms", "path"])
+
+
+def recalibrate(folder: Path, cost_model: CostModel, store: StudyStore, model_of: Callable[[int], Path],
+                device: str | None = None, *, allow_emulator: bool = False):
+    """Refit `cost_model` to the profiles the study keeps of `device` (default: the device with the most), adopt
+    it, and re-estimate every stored plan (`model_of(plan_id)`: its QDQ model). See `Study.recalibrate`."""
+    from ..agent.protocol import OpProfile
+    from ..latency import calibrate, htp_arch
+
+    kept = read_profiles(folder)
+    if kept.empty:
+        raise MpstudioError("this study keeps no per-op profiles yet: evaluate plans on a device's agent "
+                            "(backend htp) first")
+    device = device or kept["device"].value_counts().index[0]
+    chosen = kept[kept["device"] == device]
+    if chosen.empty:
+        raise MpstudioError(f"no profiles of {device!r}; this study has profiles of: "
+                            f"{', '.join(sorted(kept['device'].unique()))}")
+    runs = [(model_of(int(row.plan_id)), OpProfile.from_dict(json.loads(Path(row.path).read_text())["profile"]),
+             float(row.total_ms)) for row in chosen.itertuples()]
+    calibration = calibrate(runs, htp_arch(cost_model.htp_arch), allow_emulator=allow_emulator)
+    cost_model.adopt(calibration, device)
+    for plan_id in store.plans()["plan_id"]:
+        latency = cost_model.estimate(model_of(int(plan_id)))
+        if latency is not None:
+            store.record_latency(int(plan_id), latency)
+    return calibration
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:80] or "device"

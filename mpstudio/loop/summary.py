@@ -1,0 +1,40 @@
+"""A study as plain text (`mpstudio study show`): what it is, every evaluation of one latency source with the
+front marked, and the plans another accuracy source scored too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ..metrics import MetricSpec
+
+
+def summary_text(name: str, folder: Path, spec: MetricSpec, samples: int, htp_arch: str, front: pd.DataFrame,
+                 checks: pd.DataFrame, float_value: float | None, latency_source: str) -> str:
+    """Study `name` in `folder` (metric `spec`, `samples` evaluation samples, target `htp_arch`), then `front`
+    (`front.front` of `latency_source`) as a table, then `checks` (`front.cross_checks`). `float_value`: the
+    float model's metric when it is known."""
+    metric_name = spec.name
+    lines = [f"study {name} ({folder})",
+             f"metric: {spec.describe()} ({'higher' if spec.higher_is_better else 'lower'} is better); "
+             f"evaluation samples: {samples}; target HTP v{htp_arch}"]
+    if front.empty:
+        lines.append(f"no evaluations with {latency_source} latency yet")
+        return "\n".join(lines)
+    lines.append(f"accuracy from {front['accuracy_source'].iloc[0]}; latency: {front['latency_label'].iloc[0]}")
+    if float_value is not None:
+        lines.append(f"float model (ORT CPU): {metric_name} {float_value:.4f}")
+    show = front[["plan_id", "name", "origin", "sixteen_bit", "value", "latency_ms", "pareto"]].copy()
+    if front["latency_low_ms"].notna().any():  # an estimate's interval, beside it
+        show.insert(6, "interval (ms)", [f"{lo:.3f}-{hi:.3f}" if lo == lo else "-"
+                                         for lo, hi in zip(front["latency_low_ms"], front["latency_high_ms"])])
+    show["pareto"] = show["pareto"].map({True: "*", False: ""})
+    show = show.rename(columns={"value": metric_name, "latency_ms": "latency (ms)", "pareto": "front",
+                                "sixteen_bit": "16-bit"})
+    lines.append(show.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    lines.append(f"{int(front['pareto'].sum())} plan(s) on the front; * marks them")
+    for source, rows in checks.groupby("other_source", sort=False):
+        lines.append(f"also scored on {source}: " + "; ".join(
+            f"plan {r.plan_id} {r.name} {r.other_value:.4f} ({r.value:.4f} above)" for r in rows.itertuples()))
+    return "\n".join(lines)
