@@ -19,9 +19,9 @@ def is_output_snr(metric: str) -> bool:
     return metric == OUTPUT_SNR
 
 
-def noise_power(snr_db):
-    """The noise power (relative to the signal's) of an SNR in dB."""
-    return 10 ** (-snr_db / 10)
+def noise_power(db):
+    """The noise power (relative to the signal's) of an SNR of `db` dB."""
+    return 10 ** (-db / 10)
 
 
 def snr_db(noise: float) -> float:
