@@ -24,11 +24,7 @@ exhaustive analysis after a progressive one runs only what is missing.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import pickle
-import random
 import threading
 import time
 from pathlib import Path
@@ -37,10 +33,13 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from ..data import Cancelled, DataSource, Progress, TaskMetric
+from ..noise import added_noise, removed_noise
 from ..plan import PrecisionPlan
 from ..quantize import Quantizer
 from .. import qdq
 from .analysis import SensitivityReport
+from .isolation_cache import append_values, cache_path, read_values
+from .isolation_order import cannot_enter_top, cost_floor, interleaved_order
 from .isolation import ISOLATION_COLUMNS, IsolationResult, Region, float_references, own_params, plan_ends
 from .ranking import namespace_regions, rank_tensors, selection_region
 from .scores import ScoreSums, score_frame, weight_scores
@@ -50,11 +49,9 @@ ENGINE_VERSION = 3  # names the on-disk cache of isolation values; bump when the
 # 2: local errors read the model the ranges were calibrated on (`Quantizer.calibration_model`)
 _ALL_8: Config = ("promote", ())
 _ALL_16: Config = ("demote", ())
-_EXPLORE = 4  # every 4th tensor isolated is a random one
 _WORKERS_FROM = 400  # activation tensors x isolation samples below which everything runs in this process
 _SCREEN_ESTIMATE = True  # screen with ("screen", t): no QNN configuration resolved per tensor
 _FIRST_CHUNK = 2  # samples in the first chunk of tensor scores
-_WITNESSES = 5  # isolated tensors screened at most as high as the best remaining one, before stopping
 
 
 def analyze_progressive(
@@ -191,7 +188,7 @@ class _Analysis:
             for task_id, sums in finished:
                 self._check_cancel()
                 done[ids[task_id]] = sums
-                merged = self._merge([done[k] for k in sorted(done)])
+                merged = ScoreSums.merged([done[k] for k in sorted(done)])
                 self.tensors_frame = score_frame(graph, self.counterparts, merged)
                 self.meta.update(stage="scores", scored_samples=merged.samples)
                 self._tick(merged.samples, n, "scoring tensors")
@@ -239,9 +236,8 @@ class _Analysis:
         self.meta.update(stage="screening", screened=len(self.screened), tensors=len(self.tensors))
 
     def _candidates(self) -> list[str]:
-        """Every tensor in the order to isolate: the decision orders by screened values, interleaved, and
-        every `_EXPLORE`-th a tensor drawn at random from the rest (seeded), so that how far a full value lies
-        from its screened one is also measured away from the top of the screening."""
+        """Every tensor in the order to isolate (`isolation_order.interleaved_order`), from the decision orders
+        by screened value: the promotion gain and what a promotion removes per estimated latency cost."""
         screen = self.screen_samples
         base_8 = self.values[(_ALL_8, screen)]
         hib = self._scorer_like().higher_is_better
@@ -249,20 +245,7 @@ class _Analysis:
                           for t in self.tensors}, dtype=float)
         per_cost = pd.Series(self.screened, dtype=float).reindex(self.tensors) / self._cost_floor()
         self._screen_orders = {"gain": gain, "per_cost": per_cost}
-        orders = [list(s.sort_values(ascending=False, kind="stable").index) for s in (gain, per_cost)]
-        interleaved = list(dict.fromkeys(t for rank in range(len(self.tensors)) for t in (o[rank] for o in orders)))
-        rng = random.Random(0)
-        merged: list[str] = []
-        placed: set[str] = set()
-        ahead = iter(interleaved)
-        while len(merged) < len(interleaved):
-            if len(merged) % _EXPLORE == _EXPLORE - 1:
-                t = rng.choice([t for t in interleaved if t not in placed])
-            else:
-                t = next(t for t in ahead if t not in placed)
-            placed.add(t)
-            merged.append(t)
-        return merged
+        return interleaved_order(self.tensors, self._screen_orders)
 
     def _refine(self, order: list[str], full: int, screen: int) -> None:
         """Isolate tensors of `order` on all samples, in order, until none left can change a decision."""
@@ -310,33 +293,11 @@ class _Analysis:
                                      f"(screened on {screen} of {full} samples)")
 
     def _decided(self, remaining: Sequence[str], full: int) -> bool:
-        """Whether no tensor of `remaining` (not isolated yet) can enter the top `keep` of a decision order.
-
-        An order's threshold is its `keep`-th best full value among the isolated tensors. Let v be the best
-        screened value among the remaining tensors: one of them could pass the threshold if v plus the most
-        that the full value of an isolated tensor screened no higher than v lay above its screened value
-        exceeds it (the random picks among the isolated tensors are what measures this low in the screening).
-        Nothing is decided before twice `keep` tensors are isolated, nor on fewer than `_WITNESSES` such
-        isolated tensors."""
+        """Whether no tensor of `remaining` can enter the top `keep` of a decision order
+        (`isolation_order.cannot_enter_top`); nothing is decided before twice `keep` tensors are isolated."""
         if len(self.isolated) < 2 * self.keep:
             return False
-        full_values = self._full_orders(full)
-        for name, screened in self._screen_orders.items():
-            known = full_values[name].dropna()
-            if len(known) < self.keep:
-                return False
-            threshold = float(known.nlargest(self.keep).iloc[-1])
-            best = float(screened.reindex(list(remaining)).max())
-            if not math.isfinite(best):
-                return False
-            known_screened = screened.reindex(known.index)
-            below = known_screened <= best
-            if int(below.sum()) < _WITNESSES:
-                return False
-            reach = max(0.0, float((known[below] - known_screened[below]).max()))
-            if best + reach > threshold:
-                return False
-        return True
+        return cannot_enter_top(self._screen_orders, self._full_orders(full), remaining, self.keep)
 
     def _full_orders(self, full: int) -> dict[str, pd.Series]:
         """The isolated tensors' values on the full samples, in the screening's terms (promotion only)."""
@@ -352,11 +313,7 @@ class _Analysis:
         return {"gain": pd.Series(gain, dtype=float), "per_cost": removed / self._cost_floor().reindex(removed.index)}
 
     def _cost_floor(self) -> pd.Series:
-        costs = self.costs.reindex(self.tensors)
-        costs = costs.fillna(costs.median() if costs.notna().any() else 1.0)
-        positive = costs[costs > 0]
-        floor = max(float(positive.min()) if len(positive) else 1e-6, 1e-6)
-        return costs.clip(lower=floor)
+        return cost_floor(self.costs, self.tensors)
 
     # ---- running configurations ---------------------------------------------------------------------------
     def _evaluate(self, items: list[tuple[Config, int]], message: str, batch: int,
@@ -389,37 +346,21 @@ class _Analysis:
 
     def _store(self, items: list[tuple[Config, int]], values: list[float]) -> None:
         self.meta["evaluated"] = self.meta.get("evaluated", 0) + len(items)
-        lines = []
         for (config, samples), value in zip(items, values):
             self.values[(config, samples)] = float(value)
-            lines.append(json.dumps({"config": [config[0], list(config[1])], "samples": samples,
-                                     "value": float(value)}))
-        if self.cache_path is not None and lines:
-            with open(self.cache_path, "a") as handle:
-                handle.write("\n".join(lines) + "\n")
+        if self.cache_path is not None:
+            append_values(self.cache_path, items, values)
 
     def _load_cache(self, model_8, model_16) -> None:
         """Isolation values of an earlier run on the same models, samples and metric."""
         self.cache_path = None
         if self.cache_dir is None:
             return
-        digest = hashlib.sha256()
-        for part in (model_8.SerializeToString(), model_16.SerializeToString(),
-                     self.iso_data.fingerprint().encode(),
-                     (self.metric.name if self.metric else "output SNR").encode(), f"v{ENGINE_VERSION}".encode()):
-            digest.update(hashlib.sha256(part).digest())
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.cache_path = self.cache_dir / f"isolation-{digest.hexdigest()[:16]}.jsonl"
+        self.cache_path = cache_path(self.cache_dir, model_8, model_16, self.iso_data, self.metric, ENGINE_VERSION)
         self.meta["cached"] = 0
         if not self.cache_path.exists():
             return
-        for line in self.cache_path.read_text().splitlines():
-            try:
-                item = json.loads(line)
-                config = (str(item["config"][0]), tuple(item["config"][1]))
-                self.values[(config, int(item["samples"]))] = float(item["value"])
-            except (ValueError, KeyError, IndexError, TypeError):
-                continue  # a line cut short by a killed process
+        self.values.update(read_values(self.cache_path))
         self.meta["cached"] = len(self.values)
 
     # ---- reports --------------------------------------------------------------------------------------------
@@ -478,24 +419,16 @@ class _Analysis:
         if self.progress:
             self.progress(done, total, message)
 
-    @staticmethod
-    def _merge(parts: list[ScoreSums]) -> ScoreSums:
-        merged = ScoreSums({t: type(a)() for t, a in parts[0].accumulated.items()},
-                           {t: {b: type(a)() for b, a in w.items()} for t, w in parts[0].local.items()})
-        for part in parts:
-            merged.merge(part)
-        return merged
-
 
 def _contribution(scorer, promoted: float, demoted: float | None, base_8: float, base_16: float | None) -> float:
     """What a tensor's 8 bits cost, seen from both ends (as the search orders tensors): for output SNR the
     noise power promoting it alone removes or demoting it alone adds, whichever is larger; for a task metric
     the larger of the two gains. Without `demoted`, what the promotion removes."""
     if scorer.metric is None:
-        removed = 10 ** (-base_8 / 10) - 10 ** (-promoted / 10)
+        removed = removed_noise(base_8, promoted)
         if demoted is None:
             return removed
-        return max(removed, 10 ** (-demoted / 10) - 10 ** (-base_16 / 10))
+        return max(removed, added_noise(demoted, base_16))
     gain = scorer.gain(promoted, base_8)
     return gain if demoted is None else max(gain, scorer.gain(base_16, demoted))
 

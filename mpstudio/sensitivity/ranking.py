@@ -3,7 +3,6 @@ what promoting a set of tensors will give before anything is run."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -12,6 +11,7 @@ import pandas as pd
 
 from ..errors import MpstudioError
 from ..graph import ModelGraph
+from ..noise import is_output_snr, noise_power, remaining_noise, snr_db
 from ..plan import PrecisionPlan
 from ..quantize import qnn_config
 from ..quantize import SIXTEEN_BIT
@@ -121,14 +121,14 @@ def predict(isolation: IsolationResult, tensors: Sequence[str]) -> Prediction:
             "with exhaustive=True, `mpstudio analyze --exhaustive`, to isolate every activation tensor)"
         )
     promoted = per_tensor.loc[list(tensors), "promoted"].astype(float).to_numpy()
-    if isolation.metric.startswith("output SNR"):
-        noise_8 = 10 ** (-isolation.all_8 / 10)
-        noise_promoted = 10 ** (-promoted / 10)
+    if is_output_snr(isolation.metric):
+        noise_8 = noise_power(isolation.all_8)
+        noise_promoted = noise_power(promoted)
         # The floor: all-16-bit noise, or less if one promotion alone measured lower (sampling noise).
-        floor = min(10 ** (-isolation.all_16 / 10), float(noise_promoted.min()) if len(promoted) else np.inf)
+        floor = min(noise_power(isolation.all_16), float(noise_promoted.min()) if len(promoted) else np.inf)
         removed = float(np.sum(noise_8 - noise_promoted))
-        noise = max(noise_8 - removed, floor, 1e-30)
-        value, method = -10 * math.log10(noise), "additive noise power"
+        noise = remaining_noise(noise_8, removed, floor, 1e-30)
+        value, method = snr_db(noise), "additive noise power"
     else:
         sign = 1.0 if isolation.higher_is_better else -1.0
         gains = sign * (promoted - isolation.all_8)

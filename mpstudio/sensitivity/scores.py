@@ -76,6 +76,15 @@ class ScoreSums:
                 self.local[t][bits].merge(acc)
         self.samples += other.samples
 
+    @classmethod
+    def merged(cls, parts: list["ScoreSums"]) -> "ScoreSums":
+        """The sums of `parts` (disjoint samples, at least one) merged in their order, into new accumulators."""
+        merged = cls({t: type(a)() for t, a in parts[0].accumulated.items()},
+                     {t: {b: type(a)() for b, a in w.items()} for t, w in parts[0].local.items()})
+        for part in parts:
+            merged.merge(part)
+        return merged
+
 
 class TensorScorer:
     """The two sessions (float and QDQ model, every intermediate tensor exposed) that `tensor_scores` streams

@@ -1,0 +1,200 @@
+"""What a search found (`SearchResult`), the plans it confirmed on a second backend (`Confirmation`) and where
+the two backends disagree, in words and as a table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..study import Evaluation
+from .recommend import LITTLE_MORE, MUCH_BETTER, estimate_ms
+from .targets import meets
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What a search found. `path` is every evaluation it used, in order (baselines first).
+
+    When the target is missed, `recommended` is the closest plan (`closest_plan`: no evaluated plan is more
+    accurate). `alternatives` are plans of the search's front that are much better for little more latency
+    than the recommended one (`better_for_little_more`). `float_value` is the float model's own value of the
+    metric (None for output SNR).
+    """
+
+    search_id: int
+    target: str
+    threshold: float
+    metric: str
+    higher_is_better: bool
+    reached: bool
+    stop_reason: str
+    recommended: Evaluation
+    baselines: dict
+    path: tuple
+    new_evaluations: int
+    order: tuple = ()  # the promotion order the walk used
+    promoted: int = 0  # how many tensors of the order the recommended plan promotes
+    float_value: float | None = None
+    alternatives: tuple = ()  # of Evaluation, by estimated latency
+    confirmations: tuple = ()  # of Confirmation, in the order they ran
+    confirm_note: str = ""  # why the front was not confirmed (empty when it was, or was not asked for)
+    walk_pick: Evaluation | None = None  # the walk's own pick, when the confirmation changed the recommendation
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self.confirmations)
+
+    @property
+    def disagreements(self) -> list[str]:
+        """Where the walk's backend and the confirming one disagree, in words (see `disagreements`)."""
+        return disagreements(self.confirmations, self.threshold, self.higher_is_better)
+
+    @property
+    def evaluations(self) -> int:
+        return len(self.path)
+
+    @property
+    def gap(self) -> float:
+        """How far the recommended plan is from the threshold (positive = better than needed)."""
+        sign = 1.0 if self.higher_is_better else -1.0
+        return sign * (self.recommended.value - self.threshold)
+
+    @property
+    def misses_by(self) -> float | None:
+        """How much worse than the threshold the recommended plan is (None when it reaches it)."""
+        return None if self.gap >= 0 else -self.gap
+
+    def latency_ratio(self, baseline: str = "a16w8", source: str = "estimate") -> float | None:
+        mine, theirs = self.recommended.latency(source), self.baselines[baseline].latency(source)
+        return mine.ms / theirs.ms if mine and theirs and theirs.ms > 0 else None
+
+    def to_json(self) -> dict:
+        base_ms = estimate_ms(self.recommended)
+        return {"search_id": self.search_id, "target": self.target, "threshold": self.threshold,
+                "metric": self.metric, "reached": self.reached, "stop_reason": self.stop_reason,
+                "recommended_plan_id": self.recommended.plan_id, "recommended_name": self.recommended.name,
+                "recommended_value": self.recommended.value, "misses_by": self.misses_by,
+                "float_value": self.float_value,
+                "promoted": self.promoted, "evaluations": self.evaluations, "new_evaluations": self.new_evaluations,
+                "path": [e.plan_id for e in self.path],
+                "alternatives": [{"plan_id": e.plan_id, "name": e.name, "value": e.value,
+                                  "estimate_ms": estimate_ms(e), "more_ms": estimate_ms(e) - base_ms}
+                                 for e in self.alternatives],
+                "confirmations": [c.to_json(self.threshold, self.higher_is_better) for c in self.confirmations],
+                "confirm_note": self.confirm_note, "disagreements": self.disagreements,
+                "walk_pick_plan_id": self.walk_pick.plan_id if self.walk_pick is not None else None}
+
+    def describe(self) -> str:
+        r = self.recommended
+        est = r.latency("estimate")
+        lines = [
+            f"target: {self.metric} {'>=' if self.higher_is_better else '<='} {self.threshold:.4f} ({self.target})",
+            "baselines: " + "; ".join(f"{k} {v.value:.4f}" + (f" at {v.latency('estimate').ms:.3f} ms estimated"
+                                                             if v.latency("estimate") else "")
+                                      for k, v in self.baselines.items()),
+        ]
+        if self.float_value is not None:
+            lines.append(f"float model (ORT CPU): {self.metric} {self.float_value:.4f}")
+        where = f" on {r.accuracy_source}" if self.confirmed else ""
+        lines.append(f"{'reached' if self.reached else 'NOT reached'}{where} ({self.stop_reason}) with "
+                     f"{self.evaluations} evaluations ({self.new_evaluations} new)"
+                     + (f" and {len(self.confirmations)} confirming ones" if self.confirmed else ""))
+        if self.confirmed:
+            lines += self._describe_confirmations()
+        if self.confirm_note:
+            lines.append(self.confirm_note)
+        if self.reached:
+            lines.append(f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} [{r.accuracy_source}] "
+                         f"({'+' if self.gap >= 0 else ''}{self.gap:.4f} against the threshold)"
+                         + (f", {est}" if est else ""))
+        else:
+            relative = f", {self.misses_by / abs(self.threshold):.1%} of it" if self.threshold else ""
+            lines.append(f"recommended (the closest): plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} "
+                         f"[{r.accuracy_source}], misses the threshold by {self.misses_by:.4f}{relative}"
+                         + (f"; {est}" if est else ""))
+        if self.walk_pick is not None:
+            w = self.walk_pick
+            lines.append(f"  (the walk on {w.accuracy_source} picked plan {w.plan_id} {w.name}, {self.metric} "
+                         f"{w.value:.4f} there)")
+        ratio = self.latency_ratio()
+        if ratio is not None:
+            lines.append(f"estimated latency {ratio:.2f}x of a16w8's")
+        if self.alternatives:
+            lines.append(f"much better for little more (at most {LITTLE_MORE:.0%} more estimated latency, "
+                         + ("at least 3 dB more" if self.float_value is None else
+                            f"at most {MUCH_BETTER:.0%} of the distance from the float model's value") + "):")
+            base_ms = estimate_ms(r)
+            for e in self.alternatives:
+                more = estimate_ms(e) - base_ms
+                lines.append(f"  plan {e.plan_id} {e.name}: {self.metric} {e.value:.4f} [{e.accuracy_source}] for "
+                             f"+{more:.3f} ms (+{more / base_ms:.1%}) estimated")
+        return "\n".join(lines)
+
+    def _describe_confirmations(self) -> list[str]:
+        first = self.confirmations[0]
+        walk, confirmed = first.walk.accuracy_source, first.confirmed.accuracy_source
+        lines = [f"confirmed on {confirmed} ({len(self.confirmations)} plan(s) of the front, every evaluation "
+                 "sample):",
+                 f"  {'plan':>6} {'name':<24} {walk[:26]:>26} {confirmed[:26]:>26} {'est. ms':>8}"]
+        for c in sorted(self.confirmations, key=lambda c: estimate_ms(c.walk)):
+            cells = []
+            for e in (c.walk, c.confirmed):
+                ok = meets(e.value, self.threshold, self.higher_is_better)
+                cells.append(f"{e.value:.4f} {'reaches' if ok else 'misses'}")
+            lines.append(f"  {c.walk.plan_id:>6} {c.walk.name[:24]:<24} {cells[0]:>26} {cells[1]:>26} "
+                         f"{estimate_ms(c.walk):>8.3f}")
+        found = self.disagreements
+        lines.append("CPU and HTP disagree: " + "; ".join(found) if found else
+                     "CPU and HTP agree on these plans (the same ones reach the target, in the same order)")
+        return lines
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """One plan of a search's front as the walk scored it (`walk`) and as the confirming backend did."""
+
+    walk: Evaluation
+    confirmed: Evaluation
+
+    def to_json(self, threshold: float, higher_is_better: bool) -> dict:
+        return {"plan_id": self.walk.plan_id, "name": self.walk.name, "estimate_ms": estimate_ms(self.walk),
+                **{f"{key}_{field}": value for key, e in (("walk", self.walk), ("confirmed", self.confirmed))
+                   for field, value in (("source", e.accuracy_source), ("value", e.value),
+                                        ("reaches", meets(e.value, threshold, higher_is_better)))}}
+
+
+def disagreements(confirmations, threshold: float, higher_is_better: bool) -> list[str]:
+    """Where two backends disagree over the same plans: a plan that reaches `threshold` on one and not on the
+    other, and pairs of plans the two order differently (ties on either side are no disagreement)."""
+    found = []
+    for c in confirmations:
+        walk, confirmed = (meets(e.value, threshold, higher_is_better) for e in (c.walk, c.confirmed))
+        if walk != confirmed:
+            found.append(f"plan {c.walk.plan_id} {c.walk.name} {'reaches' if walk else 'misses'} the target on "
+                         f"{c.walk.accuracy_source} ({c.walk.value:.4f}) and {'reaches' if confirmed else 'misses'} "
+                         f"it on {c.confirmed.accuracy_source} ({c.confirmed.value:.4f})")
+    sign = 1.0 if higher_is_better else -1.0
+    items = list(confirmations)
+    for i, a in enumerate(items):
+        for b in items[i + 1:]:
+            walk = sign * (a.walk.value - b.walk.value)
+            confirmed = sign * (a.confirmed.value - b.confirmed.value)
+            if walk * confirmed < 0:
+                ahead, behind = (a, b) if walk > 0 else (b, a)
+                found.append(f"{ahead.walk.accuracy_source} ranks plan {ahead.walk.plan_id} ahead of plan "
+                             f"{behind.walk.plan_id}, {ahead.confirmed.accuracy_source} the reverse")
+    return found
+
+
+def path_frame(result: SearchResult) -> pd.DataFrame:
+    """The search's evaluations as a table: plan_id, name, value, estimate_ms, meets."""
+    rows = []
+    for e in result.path:
+        est = e.latency("estimate")
+        rows.append({"plan_id": e.plan_id, "name": e.name, "value": e.value,
+                     "estimate_ms": est.ms if est else np.nan,
+                     "meets": meets(e.value, result.threshold, result.higher_is_better)})
+    return pd.DataFrame(rows)
+
