@@ -7,7 +7,8 @@ import math
 from dataclasses import replace
 
 from ..errors import MpstudioError
-from ..study import Evaluation, pareto_mask
+from ..store import Evaluation
+from ..loop.front import pareto_mask
 from .recommend import better_for_little_more, closest_plan, estimate_ms
 from .result import Confirmation, SearchResult
 from .walk import Walk

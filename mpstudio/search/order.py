@@ -3,13 +3,18 @@ mixed weight search) activation promotions and weight steps in one order; and th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from ..errors import MpstudioError
 from ..noise import added_noise, is_output_snr, noise_power, remaining_noise, removed_noise, snr_db
 from ..plan import PrecisionPlan
-from ..study import Evaluation, Study
+from ..store import Evaluation
+
+if TYPE_CHECKING:  # the study face is only named in annotations
+    from ..study import Study
 
 
 def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[list[str], list[float]]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from ..errors import MpstudioError
-from ..study import Evaluation, pareto_mask
+from ..store import Evaluation
+from ..loop.front import pareto_mask
 
 # "Much better for little more" (see `better_for_little_more`): at most this much more estimated latency than
 # the recommended plan (relative), for at most this fraction of its distance from the float model's value.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..study import Evaluation
+from ..store import Evaluation
 from .recommend import LITTLE_MORE, MUCH_BETTER, estimate_ms
 from .targets import meets
 

@@ -3,12 +3,17 @@ searches rerun from their recorded spec (each replays against the stored results
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import threading
 
 from ..data import Progress
-from ..study import Evaluation, Study
+from ..store import Evaluation
 from .result import SearchResult
 from .run import search
+
+if TYPE_CHECKING:  # the study face is only named in annotations
+    from ..study import Study
 
 
 def resume_searches(study: Study, runner=None, *, progress: Progress | None = None,

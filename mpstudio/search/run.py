@@ -3,17 +3,21 @@ it), the walk and the HTP confirmation run, and progress reported as plain lines
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import sys
 import threading
 import time
 
 from ..data import Cancelled, Progress
 from ..errors import MpstudioError
-from ..study import Study
 from .confirmation import confirm as confirm_front
 from .result import SearchResult
 from .targets import Target
 from .walk import Walk
+
+if TYPE_CHECKING:  # the study face is only named in annotations
+    from ..study import Study
 
 WEIGHT_MODES = ("auto", "per-tensor", "per-channel", "mixed")
 CONFIRM_BACKENDS = ("htp",)

@@ -3,13 +3,17 @@ may name, and whether a value meets a threshold."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 import re
 from dataclasses import dataclass
 
 from ..errors import MpstudioError
 from ..plan import PrecisionPlan
-from ..study import Study
+
+if TYPE_CHECKING:  # the study face is only named in annotations
+    from ..study import Study
 
 # A reference name followed by a margin: "a16w8+10%", "float-1%", "a8w8+3x16 + 2 %".
 _MARGIN = re.compile(r"^(?P<base>.*?\S)\s*[+-]\s*(?P<pct>\d+(?:\.\d+)?)\s*%\s*$")

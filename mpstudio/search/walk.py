@@ -4,6 +4,8 @@ agents), within the evaluation and latency budgets; and the recommendation once 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,11 +13,14 @@ import numpy as np
 
 from ..data import Cancelled
 from ..plan import PrecisionPlan
-from ..study import Evaluation, Study
+from ..store import Evaluation
 from .order import apply_steps, mixed_base, mixed_order, promotion_order
 from .recommend import better_for_little_more, closest_plan
 from .result import SearchResult
 from .targets import Target, meets, target_plan
+
+if TYPE_CHECKING:  # the study face is only named in annotations
+    from ..study import Study
 
 # Per-channel weights are tried first when they are this much better (median over weights, dB).
 PER_CHANNEL_GAIN_DB = 6.0
