@@ -220,10 +220,10 @@ def test_the_quantizer_patch_writes_what_ort_writes(quantizer, tmp_path, monkeyp
 
 
 def test_caches_are_keyed_by_the_toolchain(quantizer, monkeypatch):
-    import mpstudio.quantize as q
+    import mpstudio.quantize.versions as versions
 
     path, key = quantizer.model_path(MIXED), quantizer.calibration_key()
-    monkeypatch.setattr(q, "toolchain", lambda: {"onnxruntime": "9.9.9", "onnx": "0"})
+    monkeypatch.setattr(versions, "toolchain", lambda: {"onnxruntime": "9.9.9", "onnx": "0"})
     assert quantizer.model_path(MIXED) != path and quantizer.calibration_key() != key
     assert not ort_patch_applies("9.9.9") and ort_patch_applies("1.32.0")
 
