@@ -24,7 +24,7 @@ from .errors import MpstudioError
 from .graph import BIAS, WEIGHT, ModelGraph
 from .plan import ACTIVATION_TYPES, WEIGHT_TYPES, PrecisionPlan, TensorOverride
 from .qdq import ACTIVATION, PARAM, Encoding
-from .quantize import _default_per_channel, weight_axis
+from .quantize import default_per_channel as _default_per_channel, weight_axis
 
 ORIGIN = "import"
 _SHOWN = 8  # names listed in one message

@@ -115,6 +115,22 @@ class Encoding:
             raise MpstudioError(f"a per-channel encoding ({len(self.scale)} channels) has no single scale")
 
 
+def dequantize(codes, scale, zero_point, axis: int | None = None) -> np.ndarray:
+    """The float32 values `codes` stand for, `(codes - zero_point) * scale`, computed as a DequantizeLinear
+    computes them: the difference in integers, then one float32 product. Per tensor (`scale` and `zero_point`
+    scalars or one-element arrays), or per channel along `axis` (one of each per channel)."""
+    codes = np.asarray(codes).astype(np.int64)
+    scale = np.asarray(scale, np.float32)
+    zero = np.asarray(zero_point).astype(np.int64)
+    if axis is None:
+        scale, zero = scale.reshape(()), zero.reshape(())
+    else:
+        shape = [1] * codes.ndim
+        shape[axis] = -1
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return np.asarray((codes - zero).astype(np.float32) * scale, np.float32)
+
+
 # ---- what a QDQ model says ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class QuantizedTensor:
@@ -240,9 +256,8 @@ class QdqModel:
         tensor = self.tensors.get(name)
         if node is None or tensor is None or tensor.encoding.per_channel:
             return None
-        q = numpy_helper.to_array(self.initializers[node.input[0]]).astype(np.int64)
-        scale = np.float32(tensor.encoding.step)
-        return np.asarray((q - tensor.encoding.zero).astype(np.float32) * scale, np.float32)
+        return dequantize(numpy_helper.to_array(self.initializers[node.input[0]]), tensor.encoding.step,
+                          tensor.encoding.zero)
 
     # ---- quantizers ----
     def _read_quantizers(self) -> None:
@@ -429,6 +444,6 @@ def with_outputs(model, names) -> bytes:
     return copy.SerializeToString()
 
 
-__all__ = ["Encoding", "QuantizedTensor", "QdqModel", "QdqOp", "OpOperand", "QdqConvert", "GraphIO", "read",
+__all__ = ["Encoding", "dequantize", "QuantizedTensor", "QdqModel", "QdqOp", "OpOperand", "QdqConvert", "GraphIO", "read",
            "load", "quantized_tensors", "with_outputs", "ACTIVATION", "PARAM", "GRAPH_OUTPUT_SUFFIX",
            "DEQUANTIZED_SUFFIX", "QUANTIZED_INITIALIZER_SUFFIX", "INTEGER_TYPES"]

@@ -219,11 +219,56 @@ def test_the_quantizer_patch_writes_what_ort_writes(quantizer, tmp_path, monkeyp
         assert again.graph.SerializeToString() == model.graph.SerializeToString(), plan.summary()
 
 
+def test_runs_of_ort_quantizer_take_turns_in_a_process():
+    """The patched quantizer holds the process's turn for its whole run: no other thread runs ORT's quantizer
+    (patched or not) meanwhile, so callers need no lock of their own."""
+    import threading
+
+    from mpstudio.quantize import fast_ort_quantizer, ort_quantizer_turn
+
+    inside, release, order = threading.Event(), threading.Event(), []
+
+    def patched_run():
+        with fast_ort_quantizer():
+            inside.set()
+            release.wait(10)
+            order.append("patched run done")
+
+    def other_run():
+        inside.wait(10)
+        with ort_quantizer_turn():
+            order.append("other run")
+
+    threads = [threading.Thread(target=patched_run), threading.Thread(target=other_run)]
+    for thread in threads:
+        thread.start()
+    inside.wait(10)
+    threading.Event().wait(0.2)  # room for the other thread to get in, were it not kept out
+    order.append("released")
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert order == ["released", "patched run done", "other run"]
+
+
+def test_threads_generating_at_once_write_what_one_thread_writes(prepared, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    plans = [MIXED, PrecisionPlan.a16w8(), PrecisionPlan(weight_type="int8", per_channel=True, name="pc"),
+             PrecisionPlan.a8w8()]
+    alone = Quantizer(prepared, FeedList(FEEDS), tmp_path / "alone")
+    expected = [onnx.load(alone.generate(plan)).SerializeToString() for plan in plans]
+    shared = [Quantizer(prepared, FeedList(FEEDS), tmp_path / f"shared{i}") for i in range(2)]
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda i: shared[i % 2].generate(plans[i]), range(len(plans))))
+    assert [onnx.load(p).SerializeToString() for p in paths] == expected
+
+
 def test_caches_are_keyed_by_the_toolchain(quantizer, monkeypatch):
-    import mpstudio.quantize as q
+    import mpstudio.quantize.versions as versions
 
     path, key = quantizer.model_path(MIXED), quantizer.calibration_key()
-    monkeypatch.setattr(q, "toolchain", lambda: {"onnxruntime": "9.9.9", "onnx": "0"})
+    monkeypatch.setattr(versions, "toolchain", lambda: {"onnxruntime": "9.9.9", "onnx": "0"})
     assert quantizer.model_path(MIXED) != path and quantizer.calibration_key() != key
     assert not ort_patch_applies("9.9.9") and ort_patch_applies("1.32.0")
 

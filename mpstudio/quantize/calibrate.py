@@ -1,0 +1,135 @@
+"""Activation ranges: ORT's calibrator run over a data source in bounded chunks, the ranges kept on disk per
+key, and the float model carrying a plan's quantized weights that the ranges are measured on."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import numpy_helper
+from onnxruntime.quantization import CalibrationMethod
+from onnxruntime.quantization.calibrate import TensorsData, create_calibrator, save_tensors_data
+
+from ..data import CalibrationReader, DataSource, Progress
+from ..errors import MpstudioError, brief
+from ..plan import PrecisionPlan
+from ..qdq import QUANTIZED_INITIALIZER_SUFFIX, dequantize, read
+
+CALIBRATION_METHODS = {
+    "minmax": CalibrationMethod.MinMax,
+    "entropy": CalibrationMethod.Entropy,
+    "percentile": CalibrationMethod.Percentile,
+}
+# Bounds calibration memory: ranges are merged every this many samples instead of at the end.
+CALIBRATION_CHUNK = 16
+# Stands for "the float model's own ranges" where a plan names the ranges to use.
+FLOAT_RANGES = object()
+
+
+@dataclass(frozen=True)
+class CalibrationCache:
+    """Where the ranges of one (model, calibration data, method) live, and how they were made."""
+
+    path: Path
+    key: str
+    method: str
+    samples: int
+    seconds: float
+
+
+def weight_form(plan: PrecisionPlan) -> str:
+    """What of `plan` its activation ranges depend on: the default weight type, per-channel and symmetry."""
+    return (f"weights {plan.weight_type} {'per-channel' if plan.per_channel else 'per-tensor'} "
+            f"{'symmetric' if plan.weight_symmetric else 'asymmetric'}")
+
+
+def weight_form_plan(plan: PrecisionPlan) -> PrecisionPlan:
+    """The plan of `plan`'s weight form alone (no overrides): the one whose weights its ranges are measured with."""
+    return PrecisionPlan(weight_type=plan.weight_type, per_channel=plan.per_channel,
+                         weight_symmetric=plan.weight_symmetric)
+
+
+def with_quantized_weights(float_model: onnx.ModelProto, qdq_path: str | Path) -> onnx.ModelProto:
+    """`float_model` with every weight the QDQ model at `qdq_path` quantizes replaced by the value it dequantizes
+    to (per tensor or per channel), so a calibration run on it sees each activation as the quantized weights
+    make it. Biases stay float: their int32 step is far below any activation's."""
+    quantized = read(qdq_path)
+    params = quantized.params()
+    out = onnx.ModelProto()
+    out.CopyFrom(float_model)
+    for init in out.graph.initializer:
+        tensor = params.get(init.name)
+        if tensor is None or tensor.encoding.bits > 16:
+            continue
+        dq = next((n for n in quantized.consumers.get(init.name + QUANTIZED_INITIALIZER_SUFFIX, ())
+                   if n.op_type == "DequantizeLinear"), None)
+        if dq is None:
+            continue
+        codes = numpy_helper.to_array(quantized.initializers[dq.input[0]])
+        encoding = tensor.encoding
+        value = dequantize(codes, encoding.scale, encoding.zero_point, encoding.axis)
+        init.CopyFrom(numpy_helper.from_array(value.reshape(tuple(init.dims)), init.name))
+    return out
+
+
+def collect_ranges(model_path: Path, calibration: DataSource, inputs, method: str, progress: Progress | None,
+                   cancel: threading.Event | None, message: str):
+    """ORT's ranges of every float tensor of the model at `model_path` over `calibration` (calibration method
+    `method`), and how many samples they were collected on."""
+    if len(calibration) == 0:
+        raise MpstudioError(f"{calibration.name} holds no samples to calibrate with")
+    reader = CalibrationReader(calibration, progress, cancel, message, inputs)
+    with tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
+        calibrator = create_calibrator(
+            model_path,
+            None,  # every float tensor: ranges must serve any plan
+            augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+            calibrate_method=CALIBRATION_METHODS[method],
+        )
+        try:
+            # Chunks bound memory: ORT's calibrator merges ranges at the end of each collect_data.
+            # (Its own max_intermediate_outputs option drops every full chunk unmerged.)
+            while not reader.exhausted:
+                reader.start_chunk(CALIBRATION_CHUNK)
+                calibrator.collect_data(reader)
+            ranges = calibrator.compute_data()
+        except MpstudioError:
+            raise
+        except Exception as exc:
+            raise MpstudioError(f"calibration failed: {brief(exc)}") from exc
+        finally:
+            del calibrator
+    return ranges, reader.count
+
+
+def cached_ranges(directory: Path, key: str, method: str) -> CalibrationCache | None:
+    """The ranges kept under `key` in `directory`, or None."""
+    path = directory / f"{key}.json"
+    meta_path = path.with_suffix(".meta.json")
+    if path.exists() and meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        return CalibrationCache(path, key, method, meta["samples"], meta["seconds"])
+    return None
+
+
+def store_ranges(directory: Path, key: str, ranges, samples: int, seconds: float, method: str) -> CalibrationCache:
+    """Keep `ranges` under `key` in `directory` (with how they were made)."""
+    path = directory / f"{key}.json"
+    meta_path = path.with_suffix(".meta.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside and renamed: another process may be calibrating the same study at the same time.
+    unique = f".{os.getpid()}.{threading.get_ident()}.tmp"
+    # ORT's calibrator lists tensors in set order, which changes from process to process: sorted, the file
+    # is the same bytes for the same ranges.
+    ranges = TensorsData(ranges.calibration_method, dict(sorted(ranges.data.items())))
+    save_tensors_data(ranges, path.with_name(path.name + unique))
+    os.replace(path.with_name(path.name + unique), path)
+    meta_path.with_name(meta_path.name + unique).write_text(
+        json.dumps({"samples": samples, "seconds": seconds, "method": method}))
+    os.replace(meta_path.with_name(meta_path.name + unique), meta_path)
+    return CalibrationCache(path, key, method, samples, seconds)
