@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mpstudio import qdq  # noqa: E402
 from mpstudio.cache import cache_root  # noqa: E402
 from mpstudio.data import DataSource, FeedList  # noqa: E402
-from mpstudio.evaluate import run_outputs  # noqa: E402
+from mpstudio.loop.inprocess import run_outputs  # noqa: E402
 from mpstudio.metrics import ErrorAccumulator, SNR_CAP_DB  # noqa: E402
 from mpstudio.plan import PrecisionPlan  # noqa: E402
 from mpstudio.quantize import Quantizer  # noqa: E402

@@ -50,7 +50,7 @@ from onnx import helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mpstudio.data import FeedList  # noqa: E402
-from mpstudio.evaluate import run_outputs  # noqa: E402
+from mpstudio.loop.inprocess import run_outputs  # noqa: E402
 from mpstudio.model import prepare_model  # noqa: E402
 from mpstudio.plan import PrecisionPlan  # noqa: E402
 from mpstudio.qdq import read  # noqa: E402

@@ -66,7 +66,7 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mpstudio.evaluate import run_outputs  # noqa: E402
+from mpstudio.loop.inprocess import run_outputs  # noqa: E402
 from mpstudio.latency import estimate_latency  # noqa: E402
 from mpstudio.search import meets, search  # noqa: E402
 from mpstudio.sensitivity import OutputScorer  # noqa: E402

@@ -231,7 +231,7 @@ def main() -> int:
         return 0
 
     from mpstudio.data import FeedList
-    from mpstudio.evaluate import evaluate
+    from mpstudio.loop.inprocess import evaluate
     from mpstudio.runtime import create_session
     from mpstudio.sensitivity import OutputScorer, SwitchableModel, isolation_scores, rank_tensors, tensor_regions
     from mpstudio.sensitivity.isolation import float_qdq_session, float_references
@@ -452,7 +452,7 @@ def _commit() -> str:
 
 
 def section_e(args, demo, quantizer) -> list[str]:
-    from mpstudio.evaluate import evaluate
+    from mpstudio.loop.inprocess import evaluate
 
     data = demo.calibration.head(32)
     new, new_seconds, first, old_order, old_seconds, commit = _timed_paths(

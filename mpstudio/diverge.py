@@ -35,7 +35,7 @@ from .errors import MpstudioError
 from .graph import ModelGraph, namespace_of
 from .metrics import SNR_CAP_DB, ErrorAccumulator
 from .plan import PrecisionPlan
-from .runners import runner_for
+from .loop.runners import runner_for
 
 DEFAULT_SAMPLES = 2
 DEFAULT_CHUNK = 64

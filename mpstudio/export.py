@@ -24,6 +24,7 @@ from onnxruntime.quantization import QuantType
 
 from .data import Cancelled, Progress
 from .errors import MpstudioError
+from .folding import FOLDED_ACTIVATIONS
 from .graph import BIAS, INPUT, OUTPUT, ACTIVATION, WEIGHT, ModelGraph, unknown_name_message
 from .plan import PrecisionPlan
 from .quantize import CALIBRATION_METHODS, QUANT_TYPES, Quantizer, qnn_config
@@ -167,7 +168,7 @@ def _pin_parameters(overrides: dict[str, list[dict]], tensors: Mapping[str, Quan
     for tensor in tensors.values():
         source = graph.tensors[tensor.name].producer if tensor.kind == qdq.ACTIVATION else None
         node = graph.nodes.get(source) if source else None
-        fused = node.inputs[0] if node is not None and node.op_type in ("Relu", "Clip") and node.inputs else None
+        fused = node.inputs[0] if node is not None and node.op_type in FOLDED_ACTIVATIONS and node.inputs else None
         if fused and fused not in tensors and fused in graph.tensors and graph.tensors[fused].is_activation:
             _set_parameters(overrides.setdefault(fused, [{}])[0], tensor.encoding)
 

@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .errors import MpstudioError
+from .folding import folded_activation
 from .graph import ModelGraph, unknown_name_message
 
 PLAN_FORMAT = 1
@@ -288,11 +289,9 @@ def _op_activations(graph: ModelGraph, node) -> list[str]:
     names = [t for t in list(node.outputs) + list(node.inputs)
              if t in graph.tensors and graph.tensors[t].is_activation]
     for out in node.outputs:
-        info = graph.tensors.get(out)
-        if info is not None and len(info.consumers) == 1:
-            after = graph.nodes[info.consumers[0]]
-            if after.op_type in ("Relu", "Clip"):
-                names += [t for t in after.outputs if t in graph.tensors]
+        after = folded_activation(graph, out)
+        if after is not None:
+            names += [t for t in after.outputs if t in graph.tensors]
     return names
 
 

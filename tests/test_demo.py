@@ -5,7 +5,7 @@ import pytest
 
 from mpstudio.demos.ocr import load_demo, preprocess_line, render_line
 from mpstudio.metrics import character_error_rate, ctc_greedy_decode, edit_distance
-from mpstudio.evaluate import evaluate
+from mpstudio.loop.inprocess import evaluate
 from mpstudio.plan import PrecisionPlan
 
 

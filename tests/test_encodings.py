@@ -23,7 +23,7 @@ from mpstudio.export import export_plan, qnn_encodings, read_quantized_tensors, 
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan, TensorOverride
 from mpstudio.quantize import Quantizer
-from mpstudio.runners import CPU_SOURCE
+from mpstudio.loop.runners import CPU_SOURCE
 from mpstudio.study import Study
 
 PER_CHANNEL_MIXED = PrecisionPlan(weight_type="int8", per_channel=True, name="pc").promote(["add_out"])

@@ -147,5 +147,58 @@ def test_the_agent_needs_only_errors_and_runtime(graph):
 
 def test_the_store_knows_nothing_of_models_or_runs(graph):
     reached = _reach(graph, "mpstudio.store")
-    assert not reached & {"mpstudio.quantize", "mpstudio.runners", "mpstudio.study", "mpstudio.search",
-                          "mpstudio.sensitivity", "mpstudio.agent"}
+    above = ("mpstudio.quantize", "mpstudio.loop", "mpstudio.study", "mpstudio.search", "mpstudio.sensitivity",
+             "mpstudio.agent")
+    assert not {m for m in reached if m.startswith(above)}
+
+
+def test_the_loop_is_built_from_collaborators(graph):
+    # One plan's evaluation, prediction, the front and the job queue take their parts explicitly: nothing in
+    # the loop reaches the study face that wires them, nor the search, the command line or the GUI above it.
+    above = ("mpstudio.study", "mpstudio.search", "mpstudio.preview", "mpstudio.cli", "mpstudio.widgets")
+    for module in (m for m in graph if m.startswith("mpstudio.loop")):
+        reached = {m for m in _reach(graph, module) if m.startswith(above)}
+        assert reached == set(), f"{module} reaches {sorted(reached)}"
+
+
+def test_the_front_is_plain_functions_over_frames(graph):
+    assert _reach(graph, "mpstudio.loop.front") == set()
+
+
+def _imports_outside_type_checking(path: Path, target: str) -> list[int]:
+    """Lines of `path` that import `target` outside an `if TYPE_CHECKING:` block."""
+    tree = ast.parse(path.read_text(), str(path))
+    guarded = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+               and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+               for n in ast.walk(block)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in guarded:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[-1] == target.split(".")[-1]:
+            found.append(node.lineno)
+        elif isinstance(node, ast.Import) and any(a.name == target for a in node.names):
+            found.append(node.lineno)
+    return found
+
+
+def test_the_search_names_the_study_face_only_in_annotations():
+    # The search drives a study it is given; the front, the mask and the evaluations it reads come from the
+    # loop and the store, so it never loads the face for them.
+    offenders = {str(p.relative_to(PACKAGE.parent)): lines for p in sorted((PACKAGE / "search").glob("*.py"))
+                 if (lines := _imports_outside_type_checking(p, "mpstudio.study"))}
+    assert offenders == {}
+
+
+def test_the_type_checking_reader_sees_a_plain_import(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("from typing import TYPE_CHECKING\nfrom ..study import Study\nif TYPE_CHECKING:\n"
+                      "    from ..study import Other\n")
+    assert _imports_outside_type_checking(sample, "mpstudio.study") == [2]
+
+
+def test_every_module_is_placed_in_the_architecture_doc():
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    missing = [name for name in _modules() if f"`{name.removeprefix('mpstudio.')}`" not in text
+               and name != "mpstudio"]
+    assert missing == []

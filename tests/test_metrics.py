@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import IR, chain_feeds, make_chain_model
 from mpstudio.data import FeedList
 from mpstudio.errors import MpstudioError
-from mpstudio.evaluate import run_outputs
+from mpstudio.loop.inprocess import run_outputs
 from mpstudio.metrics import (
     MetricSpec, ctc_cer, ctc_charset, metric_spec, output_agreement, output_cosine, recall_at_k, top1_agreement,
 )

@@ -26,7 +26,7 @@ from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
 from mpstudio.rewrites import MASK_FLOOR
-from mpstudio.runners import CPU_SOURCE
+from mpstudio.loop.runners import CPU_SOURCE
 from mpstudio.runtime import create_session
 from mpstudio.study import Study
 

@@ -9,7 +9,7 @@ from conftest import IR, requires_qnn
 from onnx import TensorProto, helper, numpy_helper
 
 from mpstudio.data import FeedList
-from mpstudio.evaluate import run_outputs
+from mpstudio.loop.inprocess import run_outputs
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer

@@ -19,7 +19,7 @@ from conftest import chain_feeds, make_chain_model, requires_qnn
 from mpstudio.data import Cancelled, FeedList
 from mpstudio.errors import MpstudioError
 from mpstudio.plan import PrecisionPlan
-from mpstudio.runners import CPU_SOURCE
+from mpstudio.loop.runners import CPU_SOURCE
 from mpstudio.search import Confirmation, Target, disagreements, meets, search
 from mpstudio.store import Evaluation
 from mpstudio.study import Study
@@ -81,7 +81,7 @@ def test_promotions_are_ranked_against_the_per_channel_base(study):
     """With per-channel weights as the base, the order comes from a sensitivity analysis of that base: its
     isolation switches between all-8 and all-16-bit activations with per-channel weights, so its all-8-bit
     value is the per-channel plan's own output SNR."""
-    from mpstudio.evaluate import run_outputs
+    from mpstudio.loop.inprocess import run_outputs
     from mpstudio.metrics import output_agreement
 
     result = search(study, "a16w8+5%", weights="per-channel", max_evaluations=6, confirm=None, quiet=True)

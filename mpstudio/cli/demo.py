@@ -11,10 +11,10 @@ from .progress import progress_bar
 def _demo(args) -> int:
     from ..cache import cache_root
     from ..demos import load_demo
-    from ..evaluate import evaluate
+    from ..loop.inprocess import evaluate
     from ..plan import PrecisionPlan
     from ..quantize import Quantizer
-    from ..runners import CPU_SOURCE
+    from ..loop.runners import CPU_SOURCE
 
     # The first N evaluation lines are the same whatever N: lines are drawn in order from one seed.
     demo = load_demo(evaluation_lines=args.samples) if args.samples else load_demo()

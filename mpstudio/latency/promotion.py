@@ -10,6 +10,7 @@ from typing import Iterable, Mapping
 
 import pandas as pd
 
+from ..folding import folded_activation
 from ..qdq import GRAPH_OUTPUT_SUFFIX
 from .arch import HtpArch
 from .arch import htp_arch as resolve_arch  # the functions below take a parameter named htp_arch
@@ -220,9 +221,9 @@ class _PromotionAnalysis:
         if node is None or not node.outputs:
             return False
         out = graph.tensors.get(node.outputs[0])
-        if out is None or self.resolve(out.name) is not None or len(out.consumers) != 1:
+        if out is None or self.resolve(out.name) is not None:
             return False
-        return graph.nodes[out.consumers[0]].op_type in ("Relu", "Clip")
+        return folded_activation(graph, out.name) is not None
 
 
 class _Overlay(Mapping):

@@ -20,8 +20,8 @@ from .ort_patch import PATCHED_ORT_VERSIONS, fast_ort_quantizer, ort_patch_appli
 from .overrides import default_per_channel, init_overrides, pin_overrides, weight_axis
 from .plain import quantize_plain
 from .quantizer import Quantizer
-from .resolution import (ELEMENTWISE, FOLDED_ACTIVATIONS, QUANT_TYPES, SIXTEEN_BIT, ResolvedTypes,
-                         folded_activation_input)
+from ..folding import FOLDED_ACTIVATIONS, folded_activation_input
+from .resolution import ELEMENTWISE, QUANT_TYPES, SIXTEEN_BIT, ResolvedTypes
 from .tensor_params import TensorParams, ort_tensor_params
 from .versions import GENERATOR_VERSION, toolchain, toolchain_key
 

@@ -9,7 +9,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..graph import producers_and_consumers
-from .resolution import FOLDED_ACTIVATIONS
+from ..folding import FOLDED_ACTIVATIONS
 
 # Ops HTP fuses a following Relu/Clip into (AIMET's supergroups): no quantizer belongs between them.
 FUSING_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}

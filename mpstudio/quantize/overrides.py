@@ -13,7 +13,8 @@ from ..errors import MpstudioError
 from ..graph import ModelGraph
 from ..plan import PrecisionPlan
 from ..qdq import Encoding
-from .resolution import QUANT_TYPES, folded_activation_input
+from ..folding import folded_activation_input
+from .resolution import QUANT_TYPES
 
 RANGE_OPTIONS = ("symmetric", "reduce_range", "rmin", "rmax")  # ORT refuses them next to scale and zero_point
 

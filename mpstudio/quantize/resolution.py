@@ -1,12 +1,13 @@
 """Which type each node reads each tensor in once ORT's QNN configuration has resolved a plan: the one
 place that shadows ORT's type resolution (its converts at 8/16-bit boundaries, the Relu/Clip it folds into
-the op before them, and the element-wise constants HTP wants at the width their op computes in)."""
+the op before them, as `folding` says which, and the element-wise constants HTP wants at the width their op
+computes in)."""
 
 from __future__ import annotations
 
 from onnxruntime.quantization import QuantType
 
-from ..graph import ACTIVATION, WEIGHT, ModelGraph
+from ..graph import WEIGHT, ModelGraph
 from ..plan import PrecisionPlan
 
 QUANT_TYPES = {
@@ -21,7 +22,6 @@ SIXTEEN_BIT = (QuantType.QUInt16, QuantType.QInt16)  # the quant types of a 16-b
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "PRelu", "Where", "Equal", "Greater", "Less",
                "GreaterOrEqual", "LessOrEqual", "Concat"}
 # Activations ORT's QDQ quantizer folds into the op before them (the op then writes their output directly).
-FOLDED_ACTIVATIONS = ("Relu", "Clip")
 
 
 def activation_bits(quant_type: QuantType) -> int:
@@ -64,23 +64,6 @@ class ResolvedTypes:
         """Whether a Relu/Clip that ORT folds into the op before it stays in the graph under this resolution:
         ORT folds it only while no convert touches its input or output."""
         return self.has_convert(activation_input) or self.has_convert(activation_output)
-
-
-def folded_activation_input(graph: ModelGraph, tensor: str) -> str | None:
-    """The input of the Relu/Clip that produces `tensor`, when ORT folds that activation into its producer.
-
-    ORT removes such an activation only when its input and output share their quantization, so an override
-    on the output alone would leave the producer's output at the default type behind a convert: the
-    promotion would change almost nothing. The override has to cover both.
-    """
-    producer = graph.tensors[tensor].producer
-    node = graph.nodes.get(producer) if producer else None
-    if node is None or node.op_type not in FOLDED_ACTIVATIONS or not node.inputs:
-        return None
-    upstream = graph.tensors.get(node.inputs[0])
-    if upstream is None or upstream.kind != ACTIVATION or len(upstream.consumers) != 1:
-        return None
-    return upstream.name
 
 
 def sixteen_bit_constants(graph: ModelGraph, plan: PrecisionPlan, resolved: dict) -> dict[str, list[dict]]:

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import MpstudioError
+from ..folding import folded_activation
 from ..noise import added_noise, is_output_snr, noise_power, remaining_noise, removed_noise, snr_db
 from ..plan import PrecisionPlan
 from ..store import Evaluation
@@ -204,8 +205,8 @@ def _op_output(graph, weight: str) -> str | None:
     out = graph.tensors.get(node.outputs[0]) if node.outputs else None
     if out is None:
         return None
-    if len(out.consumers) == 1 and graph.nodes[out.consumers[0]].op_type in ("Relu", "Clip"):
-        after = graph.nodes[out.consumers[0]]
+    after = folded_activation(graph, out.name)
+    if after is not None:
         if after.outputs and after.outputs[0] in graph.tensors:
             return after.outputs[0]
     return out.name if out.is_activation and out.quantizable else None

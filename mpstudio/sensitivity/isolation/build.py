@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 from ... import qdq
 from ...errors import MpstudioError
 from ...graph import node_display_name, producers_and_consumers
-from ...quantize.resolution import FOLDED_ACTIVATIONS
+from ...folding import FOLDED_ACTIVATIONS
 from .edges import GRAPH_OUTPUT, Bias, Edge, EdgeQuant, bias_value, constant_input, edge_feed, switch_names
 
 MS_DOMAIN = "com.microsoft"  # ORT's contrib QuantizeLinear takes uint16 at any opset

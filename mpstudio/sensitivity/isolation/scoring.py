@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ...data import Cancelled, DataSource, Progress, TaskMetric
-from ...evaluate import run_outputs
+from ...loop.inprocess import run_outputs
 from ...metrics import OUTPUT_SNR, ErrorAccumulator
 
 
