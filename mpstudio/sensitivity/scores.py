@@ -24,7 +24,7 @@ from ..graph import ModelGraph
 from ..quantize import weight_axis
 from ..runtime import create_session
 from .. import qdq
-from ..qdq import Encoding
+from ..qdq import Encoding, dequantize
 from ..metrics import ErrorAccumulator
 from .stats import COSINE_THRESHOLD, SNR_THRESHOLD_DB, local_error
 
@@ -230,8 +230,7 @@ def quantized_weight(w: np.ndarray, qtype, symmetric: bool, axis: int | None) ->
 
 def _qdq(w: np.ndarray, qtype, symmetric: bool) -> np.ndarray:
     zero_point, scale, quantized = quantize_data(w.ravel(), qtype.tensor_type, symmetric)
-    deq = (quantized.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)
-    return deq.reshape(w.shape)
+    return dequantize(quantized, scale, zero_point).reshape(w.shape)
 
 
 def _weight_snr(w: np.ndarray, qtype, symmetric: bool, axis: int | None) -> float:
