@@ -38,8 +38,8 @@ class JobRow(View):
                 max=100, active=pn.bind(lambda status: status == "running", job.param.status),
                 sizing_mode="stretch_width", height=14, bar_color="primary")
             text = pn.bind(lambda title, status, message, done, total: (
-                f"<b>{title}</b> <span class='job-status'>{status}</span><br>"
-                f"<span style='font-size:12px;color:#555'>{message}"
+                f"<b>{html.escape(title)}</b> <span class='job-status'>{status}</span><br>"
+                f"<span style='font-size:12px;color:#555'>{html.escape(message)}"
                 f"{f' ({done}/{total})' if total and status == 'running' else ''}</span>"),
                 job.param.title, job.param.status, job.param.message, job.param.done, job.param.total)
             self._view = pn.Column(pn.Row(pn.pane.HTML(text, sizing_mode="stretch_width"), self._cancel), progress,

@@ -5,6 +5,7 @@ full result is stored. The figure is built once; a refresh patches and streams i
 
 from __future__ import annotations
 
+import html
 import math
 
 import pandas as pd
@@ -124,7 +125,7 @@ class ParetoPlot(View):
             data, front, labels = _points(frame), _front(frame), _baseline_labels(frame)
             self._note.object = (f"<span style='color:#666;font-size:12px'>{len(frame)} plan(s), "
                                  f"{int(frame['pareto'].astype(bool).sum())} on the front; accuracy from "
-                                 f"{frame['accuracy_source'].iloc[0]}</span>")
+                                 f"{html.escape(str(frame['accuracy_source'].iloc[0]))}</span>")
         checks = self.state.cross_checks
         if checks is None or checks.empty or study is None or frame is None or frame.empty:
             checks_data = _empty(_CHECKS)
@@ -158,7 +159,8 @@ class ParetoPlot(View):
         # so the axis says what kind of number it is and the note above the plot says the rest.
         self.figure.xaxis.axis_label = full if len(full) <= 60 else _SHORT_AXIS[self.state.latency_source]
         if len(full) > 60:
-            self._note.object += f"<br><span style='color:#666;font-size:12px'>{full}</span>"
+            # A device's name and a calibration's come from agents and files: text, never markup.
+            self._note.object += f"<br><span style='color:#666;font-size:12px'>{html.escape(full)}</span>"
 
     def _update_provisional(self, *_):
         """Predicted and partial points of plans being evaluated, on the estimate axis (the cost model is their

@@ -23,10 +23,20 @@ class RunPanel(View):
         state = self.state
         self._runner = pn.widgets.RadioButtonGroup.from_param(state.param.runner, button_type="light",
                                                               sizing_mode="stretch_width")
-        self._url = pn.widgets.TextInput.from_param(state.param.agent_url, name="Agent URL",
-                                                    placeholder="http://device:8765", sizing_mode="stretch_width")
-        self._token = pn.widgets.PasswordInput.from_param(state.param.agent_token, name="Agent token",
-                                                          sizing_mode="stretch_width")
+        agents = state.policy.agents
+        if agents is None:  # a notebook: any agent, by URL and token
+            self._agent = [pn.widgets.TextInput.from_param(state.param.agent_url, name="Agent URL",
+                                                           placeholder="http://device:8765", sizing_mode="stretch_width"),
+                           pn.widgets.PasswordInput.from_param(state.param.agent_token, name="Agent token",
+                                                               sizing_mode="stretch_width")]
+        elif agents:  # a served studio: one of the agents its server names (their token is the server's)
+            choice = pn.widgets.Select(name="Agent", options=list(agents), value=state.agent_url,
+                                       sizing_mode="stretch_width")
+            choice.param.watch(self._on_agent, "value")
+            self._agent = [choice]
+        else:
+            self._agent = [pn.pane.HTML("<span style='font-size:12px;color:#666'>this studio names no remote agent "
+                                        "(start it with --agent URL)</span>", sizing_mode="stretch_width")]
         self._backend = pn.widgets.RadioButtonGroup.from_param(state.param.backend, button_type="light")
         self._evaluate = pn.widgets.Button(name="Evaluate current plan", button_type="primary",
                                            sizing_mode="stretch_width")
@@ -44,7 +54,7 @@ class RunPanel(View):
 
     @laid_out_once
     def __panel__(self):
-        remote = pn.Column(self._url, self._token, visible=self.state.param.runner.rx() == "remote",
+        remote = pn.Column(*self._agent, visible=self.state.param.runner.rx() == "remote",
                            sizing_mode="stretch_width")
         plan = pn.bind(self._plan_text, self.state.param.plan, self.state.param.plan_id)
         return pn.Column(
@@ -63,6 +73,9 @@ class RunPanel(View):
         else:
             text = f"{html.escape(plan.summary())} (not evaluated yet)"
         return f"<div style='font-size:12px'>current plan: <b>{text}</b></div>"
+
+    def _on_agent(self, event):
+        self.state.agent_url = event.new
 
     @shows_errors
     def _on_evaluate(self, event):

@@ -24,6 +24,7 @@ from .lanes import Job, Lanes, session_document
 from .opening import demo_study, model_study, open_arguments
 from .plan_evaluation import PlanEvaluations
 from .provisional import PROVISIONAL_COLUMNS
+from .serving import ServerPolicy
 from .tensor_frame import SCORE_ATTENTION, SCORES, TENSOR_COLUMNS, tensor_frame
 
 __all__ = ["Job", "PROVISIONAL_COLUMNS", "RUNNERS", "SCORES", "SCORE_ATTENTION", "StudioState", "TENSOR_COLUMNS",
@@ -80,9 +81,14 @@ class StudioState(param.Parameterized):
                                   doc="Predicted and partially measured points (PROVISIONAL_COLUMNS)")
 
     def __init__(self, study: Study | None = None, *, study_folder: str | Path | None = None,
-                 auto_analyze: bool = True, **params):
+                 auto_analyze: bool = True, policy: ServerPolicy | None = None, **params):
         super().__init__(**params)
         self.study_folder = Path(study_folder) if study_folder else None
+        # What a visitor may open and where it may send work: a served studio's roots and agents (any path and
+        # agent in a notebook, whose user owns the process).
+        self.policy = policy or ServerPolicy()
+        if self.policy.agents and self.agent_url not in self.policy.agents:
+            self.agent_url = self.policy.agents[0]
         self.auto_analyze = auto_analyze
         self._lanes = Lanes(self._on_job_finished)
         self.agents = AgentClients(self._lanes.lock)
@@ -128,7 +134,9 @@ class StudioState(param.Parameterized):
             self.analyze()
 
     def open_study(self, folder: str | Path | None = None) -> Job:
-        folder = Path(str(folder or self.study_path).strip()).expanduser()
+        """Open a study folder: `folder` (the caller's own), else the study_path a visitor typed (confined to
+        the server's roots)."""
+        folder = Path(str(folder or self.policy.confine(self.study_path, "study folder")).strip()).expanduser()
         return self.submit("open", f"opening the study in {folder}", lambda progress, cancel: Study.open(folder),
                            self.set_study)
 
@@ -140,9 +148,9 @@ class StudioState(param.Parameterized):
                    shapes: str | None = None, allow_fallback: bool | None = None) -> Job:
         """A new study of `model` calibrated and evaluated on the `.npz` samples in `data` (or the study
         already made from the same files). Arguments default to the model_path, data_path, input_shapes and
-        allow_fallback parameters."""
-        model = model or self.model_path
-        data = data or self.data_path
+        allow_fallback parameters, which a visitor types: those must lie under the server's roots."""
+        model = model or self.policy.confine(self.model_path, "model file (.onnx)")
+        data = data or self.policy.confine(self.data_path, "data folder")
         shapes = self.input_shapes if shapes is None else shapes
         fallback = self.allow_fallback if allow_fallback is None else allow_fallback
         return self.submit("open", f"opening {Path(str(model)).name}", lambda progress, cancel: model_study(
@@ -273,7 +281,7 @@ class StudioState(param.Parameterized):
         from ..export import export_plan
 
         study = self.require_study()
-        out_dir = Path(out_dir) if out_dir else study.folder / "exports"
+        out_dir = self.policy.confine(out_dir, "export folder") if out_dir else study.folder / "exports"
         return export_plan(study.quantizer, self.plan, out_dir, formats)
 
     def close(self) -> None:
@@ -321,7 +329,10 @@ class StudioState(param.Parameterized):
 
     def runner_client(self):
         """None (ORT in this process), the local agent (started on first use) or the remote agent."""
-        return self.agents.client(self.runner, self.agent_url, self.agent_token)
+        if self.runner != "remote" or self.policy.agents is None:
+            return self.agents.client(self.runner, self.agent_url, self.agent_token)
+        # A served studio's agents are the server's: a visitor picks one of them, never a URL of its own.
+        return self.agents.client(self.runner, self.policy.agent(self.agent_url), self.policy.agent_token)
 
     def refresh_tensors(self) -> None:
         """Rebuild `tensors` for the current plan, report, latency estimate and divergence."""

@@ -104,4 +104,6 @@ def served() -> bool:
 
 
 def _text(message: str) -> str:
-    return message
+    """An error message as the alert's Markdown shows it: its text, never markup (messages quote paths, files and
+    what agents answered)."""
+    return html.escape(message)
