@@ -2,7 +2,7 @@
 `--args --study DIR` opens a study; `--args --model M.onnx --data DIR` a model and data. `--args --root DIR` names
 the folders visitors may open files in (default: the working directory), `--args --agent URL` the remote agents
 they may run plans on. Sessions are served to other machines only with `--args --share` and Panel's authentication
-(docs/security.md)."""
+(docs/security.md). `mpstudio studio` starts the same studio without Panel's command."""
 
 import sys
 
@@ -10,6 +10,7 @@ import panel as pn
 
 from mpstudio.errors import MpstudioError
 from mpstudio.widgets.serving import policy_from, studio_parser, studio_session
+from mpstudio.widgets.studio import TITLE
 
 args = studio_parser().parse_args(sys.argv[1:])
 try:
@@ -18,4 +19,4 @@ except MpstudioError as exc:
     sys.exit(f"mpstudio: error: {exc}")
 
 pn.extension("tabulator")
-studio_session(args, policy)
+studio_session(args, policy).servable(title=TITLE)

@@ -161,16 +161,18 @@ def policy_from(args) -> ServerPolicy:
 
 
 def studio_session(args, policy: ServerPolicy):
-    """One session's page: the studio opened on what `args` names, or a refusal when the client may not have one."""
+    """One session's page: the studio opened on what `args` names (its jobs stopped when the session ends), or a
+    refusal when the client may not have one."""
     from .state import StudioState
     from .studio import Studio
 
     address = session_address()
-    refusal = client_refusal(address, policy.share, authentication()) if address is not None else ""
+    refusal = client_refusal(address, policy.share, authentication())
     if refusal:
         log.warning("refused a studio session to %s: %s", address, refusal)
-        return pn.pane.HTML(f"<p class='mpstudio-refused'>{html.escape(refusal)}</p>").servable(title="mpstudio")
+        return pn.pane.HTML(f"<p class='mpstudio-refused'>{html.escape(refusal)}</p>")
     state = StudioState.from_arguments(study=args.study, model=args.model, data=args.data,
                                        shapes=" ".join(args.shape), allow_fallback=args.allow_fallback,
                                        policy=policy)
-    return Studio(state).servable()
+    pn.state.on_session_destroyed(lambda context: state.close())
+    return Studio(state).template()
