@@ -2,7 +2,7 @@
 `--args --study DIR` opens a study; `--args --model M.onnx --data DIR` a model and data. `--args --root DIR` names
 the folders visitors may open files in (default: the working directory), `--args --agent URL` the remote agents
 they may run plans on. Sessions are served to other machines only with `--args --share` and Panel's authentication
-(docs/security.md). `mpstudio studio` starts the same studio without Panel's command."""
+(docs/security.md)."""
 
 import sys
 

@@ -19,7 +19,7 @@ def readme_commands() -> list[str]:
 
 def test_ci_runs_the_readme_test_command_and_the_first_command_serves_the_studio():
     commands = readme_commands()
-    assert commands[0] == 'pip install -e ".[demo]" && panel serve app.py'
+    assert commands[0] == 'pip install -e ".[demo]" && panel serve app.py --address localhost'
     test_command = next(c for c in commands if "pytest" in c)
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
     assert ci == [test_command]

@@ -9,7 +9,6 @@ from ..errors import MpstudioError
 from .demo import add_demo_parser
 from .model import add_analyze_parser, add_prepare_parser, add_quantize_parser, open_model_data_plan
 from .progress import progress_bar
-from .studio_server import add_studio_parser
 from .study import add_diverge_parser, add_export_parser, add_import_parser, add_search_parser, add_study_parser
 
 __all__ = ["build_parser", "main", "open_model_data_plan", "progress_bar"]
@@ -24,7 +23,7 @@ def _add_agent_parser(sub) -> None:
 
 
 _COMMANDS = (add_prepare_parser, add_quantize_parser, add_analyze_parser, add_demo_parser, add_search_parser,
-             add_study_parser, add_export_parser, add_import_parser, _add_agent_parser, add_diverge_parser, add_studio_parser)
+             add_study_parser, add_export_parser, add_import_parser, _add_agent_parser, add_diverge_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ from .lanes import Job, Lanes, session_document
 from .opening import demo_study, model_study, open_arguments
 from .plan_evaluation import PlanEvaluations
 from .provisional import PROVISIONAL_COLUMNS
-from .serving import ServerPolicy
+from .policy import ServerPolicy
 from .tensor_frame import SCORE_ATTENTION, SCORES, TENSOR_COLUMNS, tensor_frame
 
 __all__ = ["Job", "PROVISIONAL_COLUMNS", "RUNNERS", "SCORES", "SCORE_ATTENTION", "StudioState", "TENSOR_COLUMNS",
