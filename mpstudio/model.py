@@ -20,6 +20,7 @@ from onnx import helper
 
 from .errors import MpstudioError, brief
 from .graph import ModelGraph, node_display_name
+from .qnn_probe import verify_support
 from .qnn_support import FALLBACK, SupportIssue, check_qnn_support, summarize
 from .rewrites import RewriteResult, rewrite_for_htp
 
@@ -150,6 +151,7 @@ def prepare_model(
     *,
     optimize: bool = True,
     rewrite: bool = True,
+    verify: bool | None = None,
 ) -> PreparedModel:
     """Validate and prepare a float model for QDQ quantization on the QNN EP.
 
@@ -158,7 +160,9 @@ def prepare_model(
     subgraphs into initializers (ORT's basic graph optimizations, as ORT's own pre-processing does);
     name unnamed nodes; with `rewrite`, rewrite exporter patterns QNN HTP does not run or quantizes badly
     (`mpstudio.rewrites`: exact Erf-GELU to Gelu, attention-mask sentinels such as -3.4e38 to -1e4), each
-    named among the steps; infer shapes; report nodes QNN's HTP backend would not take.
+    named among the steps; infer shapes; report nodes QNN's HTP backend would not take. Nodes the documentation
+    does not settle are probed on the HTP backend (`mpstudio.qnn_probe`, verdicts cached per toolchain) unless
+    `verify` is False; without the backend they are reported as unverified.
     """
     model = onnx.ModelProto()
     model.CopyFrom(load_model(source))
@@ -194,7 +198,7 @@ def prepare_model(
 
     model, inferred = _infer_shapes(model)
     steps += inferred
-    return _prepared(model, name, steps, rewrites)
+    return _prepared(model, name, steps, rewrites, verify)
 
 
 def _lower_ir_version(model: onnx.ModelProto) -> list[str]:
@@ -250,11 +254,11 @@ def _infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
 
 
 def _prepared(model: onnx.ModelProto, name: str, steps: list[str],
-              rewrites: tuple[RewriteResult, ...]) -> PreparedModel:
+              rewrites: tuple[RewriteResult, ...], verify: bool | None = None) -> PreparedModel:
     """Mark the model prepared (its metadata keeps the steps) and describe it: specs, QNN support, sha256."""
     _set_metadata(model, _PREPROCESSED_KEY, "1")
     _set_metadata(model, _STEPS_KEY, json.dumps([s.removeprefix("earlier: ") for s in steps]))
-    issues = tuple(check_qnn_support(model))
+    issues = tuple(verify_support(model, check_qnn_support(model), verify=verify))
     serialized = model.SerializeToString()
     return PreparedModel(
         model=model,

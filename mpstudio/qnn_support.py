@@ -19,6 +19,7 @@ from .graph import producers_and_consumers
 
 FALLBACK = "fallback"  # the node would run on CPU, or session creation fails with CPU fallback disabled
 WARNING = "warning"  # the node probably runs on HTP, but outside what the documentation promises
+VERIFIED = "verified"  # outside what the documentation promises, but the HTP built it when probed (qnn_probe)
 
 # Reason categories; a reason reads "<category>: <detail>" and `summarize` groups by category.
 UNSUPPORTED_OP = "operator not supported by the QNN EP"
@@ -130,8 +131,9 @@ SUPPORTED_OPS: frozenset[str] = frozenset(
 )
 
 # Standard ops absent from the documented list that onnxruntime-qnn 2.7 nevertheless assigned to QNN on
-# HTP with CPU fallback disabled. The list is older than the EP, and calling these CPU fallbacks would
-# make nearly every model (Reshape) look unsupported; they are reported as warnings instead.
+# HTP with CPU fallback disabled, for some types and shapes (GatherND on a bool tensor is rejected). The list
+# is older than the EP, and calling these CPU fallbacks would make nearly every model (Reshape) look
+# unsupported; they are warnings here, and `qnn_probe` settles each node on the HTP when it is available.
 UNLISTED_ACCEPTED_OPS: frozenset[str] = frozenset({
     "Ceil", "CumSum", "GatherElements", "GatherND", "GlobalMaxPool", "HardSigmoid", "Identity", "IsNaN",
     "Mish", "Reciprocal", "ReduceL2", "Reshape", "ScatterND", "Selu", "Softplus", "ThresholdedRelu",
@@ -315,8 +317,8 @@ def _check_node(node: onnx.NodeProto, facts: _GraphFacts) -> list[tuple[str, str
 
     found: list[tuple[str, str]] = []
     if domain in _STANDARD_DOMAINS and op in UNLISTED_ACCEPTED_OPS:
-        found.append((f"{UNLISTED_OP}: {op} is not in the documented list, though onnxruntime-qnn 2.7 "
-                      "accepts it on HTP", WARNING))
+        found.append((f"{UNLISTED_OP}: {op} is not in the documented list; the QNN EP has a builder for it, "
+                      "but whether the HTP takes it depends on its types and shapes", WARNING))
 
     tensors = [t for t in (*node.input, *node.output) if t]
 
@@ -415,15 +417,19 @@ def summarize(issues: list[SupportIssue]) -> str:
     if not issues:
         return "QNN HTP support: no issues found; every node is expected to run on the HTP backend."
     fallback_nodes = {i.node for i in issues if i.severity == FALLBACK}
-    warning_nodes = {i.node for i in issues if i.severity != FALLBACK} - fallback_nodes
+    warning_nodes = {i.node for i in issues if i.severity == WARNING} - fallback_nodes
+    verified_nodes = {i.node for i in issues if i.severity == VERIFIED} - fallback_nodes - warning_nodes
     lines = [
         f"QNN HTP support: {len(fallback_nodes)} node(s) would fall back to CPU, "
-        f"{len(warning_nodes)} more with warnings."
+        f"{len(warning_nodes)} more with warnings"
+        + (f", {len(verified_nodes)} outside the documented list but built by the HTP when probed." if verified_nodes
+           else ".")
     ]
     groups: dict[tuple[str, str], list[SupportIssue]] = defaultdict(list)
     for issue in issues:
         groups[(issue.severity, _category(issue.reason))].append(issue)
-    order = sorted(groups, key=lambda key: (key[0] != FALLBACK, -len(groups[key]), key[1]))
+    rank = {FALLBACK: 0, WARNING: 1, VERIFIED: 2}
+    order = sorted(groups, key=lambda key: (rank.get(key[0], 1), -len(groups[key]), key[1]))
     for severity, category in order:
         members = groups[(severity, category)]
         lines.append(f"{severity} - {category} ({len(members)}):")

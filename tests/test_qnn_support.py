@@ -282,3 +282,97 @@ def test_passing_model_runs_on_htp(case, in_tmp_dir):
         x = np.random.default_rng(1).normal(size=(1, 3, 8, 8)).astype(np.float32)
         (y,) = session.run(None, {"x": x})
         assert y.shape == (1, 4, 8, 8) and (y >= 0).all()
+
+
+# --- Probing what the documentation does not settle (mpstudio.qnn_probe) -----------------------------------
+
+def gathernd_mask_model() -> onnx.ModelProto:
+    """The exporter pattern QNN HTP rejects: Cast(float mask -> bool) -> GatherND(int64 indices [4, 2]) -> Cast
+    -> Reshape -> Mul with the activations."""
+    nodes = [helper.make_node("Cast", ["mask"], ["mask_bool"], to=TensorProto.BOOL, name="cast_bool"),
+             helper.make_node("GatherND", ["mask_bool", "idx"], ["picked"], name="gathernd"),
+             helper.make_node("Cast", ["picked"], ["picked_f"], to=TensorProto.FLOAT, name="cast_float"),
+             helper.make_node("Reshape", ["picked_f", "shape"], ["row"], name="reshape"),
+             helper.make_node("Mul", ["x", "row"], ["y"], name="mul")]
+    inits = [numpy_helper.from_array(np.array([[0, 1], [1, 2], [2, 3], [3, 0]], np.int64), "idx"),
+             numpy_helper.from_array(np.array([1, 4], np.int64), "shape")]
+    return _model(nodes, [_vi("mask", F, [4, 8]), _vi("x", F, [3, 4])], [_vi("y", F, [3, 4])], inits)
+
+
+def gathernd_feeds(n: int) -> list[dict]:
+    rng = np.random.default_rng(5)
+    return [{"mask": (rng.random((4, 8)) > 0.3).astype(np.float32), "x": rng.normal(0, 1, (3, 4)).astype(np.float32)}
+            for _ in range(n)]
+
+
+@pytest.fixture
+def probe_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPSTUDIO_CACHE_DIR", str(tmp_path / "cache"))  # every probe really runs
+    return tmp_path / "cache" / "qnn-probe"
+
+
+def test_unprobed_nodes_are_reported_unverified(probe_cache):
+    from mpstudio.model import prepare_model
+
+    prepared = prepare_model(gathernd_mask_model(), verify=False)
+    assert prepared.qnn_ready  # nothing is called a fallback on the documentation's word alone
+    reasons = {i.node: i.reason for i in prepared.support_issues}
+    assert reasons["gathernd"].startswith("unverified: ") and reasons["reshape"].startswith("unverified: ")
+    assert "unverified" in prepared.report() and not probe_cache.exists()
+
+
+def test_probe_cache_is_keyed_by_the_onnxruntime_qnn_version():
+    from mpstudio.qnn_probe import Toolchain, node_probes
+
+    model = onnx.shape_inference.infer_shapes(gathernd_mask_model())
+    node = next(n for n in model.graph.node if n.op_type == "GatherND")
+    keys = {version: [p.key for p in node_probes(model, node, Toolchain("1.32.0", version, "75"))]
+            for version in ("2.7.0", "2.8.0")}
+    assert len(keys["2.7.0"]) == 1 and keys["2.7.0"] != keys["2.8.0"]  # bool data: one probe, the node as it is
+    assert node_probes(model, node, Toolchain("1.32.0", "2.7.0", "79"))[0].key not in keys["2.7.0"]
+
+
+@htp
+@pytest.mark.htp
+def test_gathernd_on_a_bool_mask_is_probed_and_falls_back_with_qnns_reason(probe_cache):
+    from mpstudio.model import prepare_model
+    from mpstudio.qnn_probe import REJECTED, Toolchain, store_verdict, Verdict, node_probes
+
+    prepared = prepare_model(gathernd_mask_model())
+    assert prepared.fallback_nodes == ("gathernd",)
+    issue = next(i for i in prepared.support_issues if i.node == "gathernd")
+    assert issue.reason.startswith(REJECTED) and "3110" in issue.reason and "GatherNd" in issue.reason
+    reshape = next(i for i in prepared.support_issues if i.node == "reshape")
+    assert reshape.severity == qnn_support.VERIFIED and "8-bit, 16-bit" in reshape.reason
+    assert "1 node(s) would fall back to CPU" in prepared.report()
+    cached = sorted(probe_cache.glob("*.json"))
+    assert len(cached) == 3  # GatherND as it is; Reshape at 8 and 16 bit
+
+    # The next prepare reads the verdicts; one cached for another onnxruntime-qnn is not used.
+    model = onnx.shape_inference.infer_shapes(prepare_model(gathernd_mask_model(), verify=False).model)
+    node = next(n for n in model.graph.node if n.op_type == "GatherND")
+    installed = Toolchain.installed()
+    for toolchain, words in ((installed, "cached words"), (Toolchain(installed.onnxruntime, "0.0.1", "75"), "old")):
+        store_verdict(node_probes(model, node, toolchain)[0], Verdict(False, words), toolchain)
+    again = next(i for i in prepare_model(gathernd_mask_model()).support_issues if i.node == "gathernd")
+    assert again.reason.endswith("cached words")
+
+
+@htp
+@pytest.mark.htp
+def test_a_study_refuses_the_probed_fallback_and_evaluates_it_with_allow_fallback(tmp_path, probe_cache):
+    from mpstudio.data import FeedList
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.study import Study
+
+    with pytest.raises(MpstudioError) as refused:
+        Study.create(tmp_path / "refused", gathernd_mask_model(), FeedList(gathernd_feeds(4)))
+    assert "gathernd [GatherND]" in str(refused.value) and "3110" in str(refused.value)
+    assert "--allow-fallback" in str(refused.value)
+
+    study = Study.create(tmp_path / "s", gathernd_mask_model(), FeedList(gathernd_feeds(4)), allow_fallback=True)
+    assert study.config["cpu_fallback_nodes"] == ["gathernd"] and study.cpu_fallback_nodes == ("gathernd",)
+    htp_result = study.evaluate(PrecisionPlan.a8w8(), "htp")
+    assert htp_result.accuracy_source.endswith(" + 1 nodes on CPU")
+    assert htp_result.snr_db > 20
+    study.close()
