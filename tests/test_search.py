@@ -233,7 +233,7 @@ def test_a_killed_search_process_resumes_with_nothing_lost(tmp_path):
     FeedList(chain_feeds(24, size=48)).save_npz(data)
     folder = tmp_path / "study"
     command = [sys.executable, "-m", "mpstudio", "search", str(model), "--data", str(data), "--study", str(folder),
-               "--target", "a16w8+2%", "--max-evaluations", "14", "--weights", "per-tensor", "--quiet"]
+               "--target", "a16w8+2%", "--max-evaluations", "14", "--weights", "per-channel", "--quiet"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     db_path = folder / "study.sqlite"
