@@ -20,8 +20,8 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
     From the walk's pick along the front of the walk's evaluations (value against estimated latency):
     when the pick reaches the target on `backend`, the next cheaper plans while they reach it too (the
     walk's backend may have been pessimistic); when it misses, the next dearer ones until one reaches it;
-    at most `max_plans` evaluations. The recommendation is then the cheapest confirmed plan that reaches
-    the target on `backend` (fewer 16-bit tensors, then the better value, on a tie), else the closest.
+    at most `max_plans` evaluations. The recommendation is then chosen over every plan the study holds from
+    `backend` (`choice.choose`): the cheapest that reaches the target, else the most accurate, never dominated.
     """
     if walk.runner is None and backend == "htp":
         from ..runtime import register_qnn
