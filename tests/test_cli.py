@@ -93,3 +93,29 @@ def test_search_help_names_the_metric_and_target_forms():
     for words in ("--metric NAME|MODULE:FUNCTION", "fn(outputs, reference, **args)", "recall@K", "--charset FILE",
                   "'float-1%'", "'a16w8-pc+5%'", "--isolation-samples", "--eval-samples"):
         assert words in text, words
+
+
+def test_evaluate_scores_one_plan_of_a_study(tmp_path):
+    """`mpstudio evaluate`: a baseline a search may skip (a16w8-pc), a hand-written plan file and a stored id,
+    each with its value, latency and their sources; a bad plan is one clear error."""
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.study import Study
+
+    model = tmp_path / "m.onnx"
+    onnx.save(make_conv_model(), model)
+    with Study.create(tmp_path / "s", model, FeedList(conv_feeds(4)), FeedList(conv_feeds(3, seed=7))) as study:
+        pass
+    pc = run("evaluate", str(tmp_path / "s"), "--plan", "a16w8-pc", "--quiet")
+    assert pc.returncode == 0, pc.stderr
+    assert "a16w8-pc" in pc.stdout and "ORT CPU" in pc.stdout and "estimate" in pc.stdout and "latency:" in pc.stdout
+    PrecisionPlan.a8w8(name="mine").promote(["conv1_out"], name="mine").save(tmp_path / "plan.json")
+    mine = run("evaluate", str(tmp_path / "s"), "--plan", str(tmp_path / "plan.json"), "--json", "--quiet")
+    assert mine.returncode == 0, mine.stderr
+    record = json.loads(mine.stdout)
+    assert record["name"] == "mine" and record["latencies"][0]["source"] == "estimate" and not record["cached"]
+    again = run("evaluate", str(tmp_path / "s"), "--plan", str(record["plan_id"]), "--quiet")
+    assert again.returncode == 0 and "already in the study" in again.stdout and f"{record['value']:.4f}" in again.stdout
+    with Study.open(tmp_path / "s") as study:
+        assert set(study.evaluations()["name"]) == {"a16w8-pc", "mine"}
+    bad = run("evaluate", str(tmp_path / "s"), "--plan", "nonesuch", "--quiet")
+    assert bad.returncode == 2 and "unknown plan" in bad.stderr and "Traceback" not in bad.stderr

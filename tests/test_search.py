@@ -54,27 +54,130 @@ def test_targets_parse_and_resolve_in_both_directions():
     assert Target.parse("fast please").baseline == "fast please"  # a plan's name, checked against the study
 
 
-def test_search_reaches_a_relative_target_with_few_evaluations(study):
+def _sigmoid_study(tmp_path, samples=4):
+    """The chain model with Sigmoid in place of Relu: 16-bit Sigmoids cost the HTP much more than 8-bit ones (no
+    LUT), so the cost model prices a few promoted tensors well below all-16-bit and the walk has room to walk."""
+    model = make_chain_model(blocks=6, channels=16, size=32)
+    for node in model.graph.node:
+        if node.op_type == "Relu":
+            node.op_type = "Sigmoid"
+    path = tmp_path / "sigmoid.onnx"
+    onnx.save(model, path)
+    return Study.create(tmp_path / "study", path, FeedList(chain_feeds(8, size=32)),
+                        FeedList(chain_feeds(samples, size=32, seed=5)))
+
+
+def _est(e):
+    return e.latency("estimate").ms
+
+
+def test_search_reaches_a_relative_target_with_few_evaluations(tmp_path):
+    from mpstudio.search import dominates
+
+    study = _sigmoid_study(tmp_path)
     seen = []
-    result = search(study, "a16w8+10%", max_evaluations=12, weights="per-tensor",
+    result = search(study, "a16w8+10%", max_evaluations=12, weights="per-tensor", confirm=None,
                     progress=lambda done, total, message: seen.append(message))
     a16 = result.baselines["a16w8"]
     assert result.threshold == pytest.approx(a16.value - 0.1 * abs(a16.value))
     assert result.reached and meets(result.recommended.value, result.threshold, True)
     assert result.evaluations <= 12 and result.gap >= 0
     assert 0 < result.promoted < len(result.order)  # fewer tensors than all: the point of the search
-    # No dearer than a16w8 by the cost model, and every evaluation is in the study.
-    assert result.recommended.latency("estimate").ms <= a16.latency("estimate").ms
+    assert _est(result.recommended) < _est(a16)
+    # No plan dearer than a stored plan that reaches the target (a16w8 does) was evaluated.
+    for e in result.path[2:]:
+        assert _est(e) < _est(a16)
     stored = set(study.evaluations()["plan_id"])
     assert {e.plan_id for e in result.path} <= stored
     assert any(m.startswith("search:") for m in seen)
     searches = study.searches()
     assert searches["status"].tolist() == ["done"] and searches["result"].iloc[0]["reached"]
-    # The smallest prefix one step below the recommended one misses the target, when it was evaluated.
-    below = [e for e in result.path if e.name.endswith(f"+{result.promoted - 1}x16")]
-    for e in below:
-        assert not meets(e.value, result.threshold, True)
-    assert "recommended" in result.describe()
+    # The pick is the cheapest stored plan that reaches the target, and no stored plan dominates it.
+    considered = searches["result"].iloc[0]["considered"]
+    assert {c["plan_id"] for c in considered} == stored
+    picked = [c for c in considered if c["verdict"] == "picked"]
+    assert [c["plan_id"] for c in picked] == [result.recommended.plan_id]
+    assert all(c["estimate_ms"] >= picked[0]["estimate_ms"] for c in considered if c["reaches"])
+    assert not any(dominates(e, result.recommended, True) for e in result.path if e.plan_id != result.recommended.plan_id)
+    text = result.describe()
+    assert "recommended" in text and "why: the cheapest" in text and "picked" in text
+    study.close()
+
+
+def test_a_plan_a_stored_plan_dominates_is_never_recommended_nor_evaluated(study):
+    """On the Relu chain the cost model prices every partial promotion above all-16-bit (its converts cost more
+    than 16-bit convolutions): a user's partial plan evaluated before the search, better than anything else but
+    a16w8, is dominated by a16w8, so the search recommends a16w8 and evaluates no partial promotion at all."""
+    a16 = study.evaluate(PrecisionPlan.a16w8())
+    users = PrecisionPlan.a8w8().promote(["y", "block5_out"], name="user's pick")
+    mine = study.evaluate(users)
+    assert _est(mine) >= _est(a16) and mine.value < a16.value  # the premise, as measured
+    result = search(study, 1000.0, max_evaluations=10, weights="per-tensor", confirm=None, quiet=True)
+    assert not result.reached and result.recommended.plan_id == a16.plan_id
+    assert [e.name for e in result.path] == ["a8w8", "a16w8"]  # nothing dearer than a16w8 evaluated
+    verdicts = {c.plan_id: c.verdict for c in result.considered}
+    assert verdicts[mine.plan_id] == f"dominated by plan {a16.plan_id}" and verdicts[a16.plan_id] == "picked"
+    assert "no stored plan reaches the target" in result.choice
+    assert f"dominated by plan {a16.plan_id}" in result.describe()
+    assert result.to_json()["considered"][0]["verdict"] in ("misses", "picked", f"dominated by plan {a16.plan_id}")
+
+
+def test_per_channel_weights_consider_a16w8_pc(study):
+    result = search(study, "a16w8-pc+5%", weights="per-channel", max_evaluations=8, confirm=None, quiet=True)
+    names = [e.name for e in result.path]
+    assert names[:4] == ["a8w8", "a16w8", "a8w8-pc", "a16w8-pc"]  # both weight forms of both baselines
+    assert {"a8w8-pc", "a16w8-pc"} <= set(result.baselines)
+    assert any(c.name == "a16w8-pc" for c in result.considered)
+    assert "per-channel int8 weights" in result.weights_note and "a16w8-pc" in result.weights_note
+    # a16w8-pc reaches its own target: the pick is it or a plan no dearer that reaches it too.
+    pc = result.baselines["a16w8-pc"]
+    assert result.reached and _est(result.recommended) <= _est(pc)
+    auto = search(study, "a16w8-pc+5%", weights="auto", max_evaluations=8, confirm=None, quiet=True)
+    assert "weights:" in auto.describe() and ("measured" in auto.weights_note or "no better" in auto.weights_note
+                                              or "decisive" in auto.weights_note)
+
+
+def test_no_sensitivity_analysis_when_a_baseline_answers(study):
+    result = search(study, 1.0, weights="per-tensor", max_evaluations=6, confirm=None, quiet=True)  # 1 dB: a8w8 does
+    assert result.reached and result.recommended.name == "a8w8"
+    assert "no sensitivity analysis" in result.stop_reason and result.evaluations == 2
+    assert not (study.folder / "sensitivity").exists() or not any((study.folder / "sensitivity").iterdir())
+
+
+def test_the_walk_does_not_assume_accuracy_rises_with_k():
+    """The prefix walk against accuracies that rise then fall with k (promoting too many tensors hurts, as on
+    the issue's encoder): "every tensor" misses, a middle k reaches; the walk finds the smallest k that does."""
+    from mpstudio.search.grid import PrefixGrid
+
+    def value(k):  # rises to k=22 then falls: k=37 is worse than k=22
+        return 0.60 + 0.004 * k if k <= 22 else 0.688 - 0.0012 * (k - 22)
+
+    class Walk:
+        workers, hib, budget = [None], True, 20
+
+        def __init__(self):
+            self.evaluated = []
+
+        def left(self):
+            return self.budget - len(self.evaluated)
+
+        def reaches(self, e):
+            return e.value >= 0.686
+
+        def pointless(self, plan):
+            return None
+
+        def evaluate(self, plans):
+            self.evaluated += plans
+            return [Evaluation(k, "h", f"+{k}", "cpu", "CPU", "m", value(k), True, None, None, 1, 0.0) for k in plans]
+
+    walk = Walk()
+    known = {0: Evaluation(0, "h", "base", "cpu", "CPU", "m", value(0), True, None, None, 1, 0.0)}
+    reason = PrefixGrid(walk, lambda k: k, 37, known).run(prior=None)
+    assert 37 in walk.evaluated and not walk.reaches(known[37])  # every tensor: a miss, and the walk went on
+    smallest = min(k for k in range(38) if value(k) >= 0.686)
+    assert smallest in known and walk.reaches(known[smallest]) and smallest - 1 in known
+    assert "target reached with" in reason and len(walk.evaluated) < 20
 
 
 def test_promotions_are_ranked_against_the_per_channel_base(study):
@@ -114,10 +217,10 @@ def test_cancel_keeps_what_finished_and_a_rerun_continues(study):
             cancel.set()
 
     with pytest.raises(Cancelled):
-        search(study, "a16w8+5%", max_evaluations=12, weights="per-tensor", progress=progress, cancel=cancel)
+        search(study, "a16w8+5%", max_evaluations=12, weights="per-channel", progress=progress, cancel=cancel)
     kept = len(study.evaluations())
     assert kept >= 3 and study.searches()["status"].tolist() == ["cancelled"]
-    result = search(study, "a16w8+5%", max_evaluations=12, weights="per-tensor")
+    result = search(study, "a16w8+5%", max_evaluations=12, weights="per-channel")
     assert result.new_evaluations == result.evaluations - kept  # finished evaluations are reused, not rerun
     assert study.searches()["status"].tolist() == ["done"]  # the same search record, continued
 
@@ -130,7 +233,7 @@ def test_a_killed_search_process_resumes_with_nothing_lost(tmp_path):
     FeedList(chain_feeds(24, size=48)).save_npz(data)
     folder = tmp_path / "study"
     command = [sys.executable, "-m", "mpstudio", "search", str(model), "--data", str(data), "--study", str(folder),
-               "--target", "a16w8+2%", "--max-evaluations", "14", "--weights", "per-tensor", "--quiet"]
+               "--target", "a16w8+2%", "--max-evaluations", "14", "--weights", "per-channel", "--quiet"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     db_path = folder / "study.sqlite"

@@ -7,6 +7,7 @@ import sys
 
 from ..errors import MpstudioError
 from .demo import add_demo_parser
+from .evaluate import add_evaluate_parser
 from .model import add_analyze_parser, add_prepare_parser, add_quantize_parser, open_model_data_plan
 from .progress import progress_bar
 from .study import add_diverge_parser, add_export_parser, add_import_parser, add_search_parser, add_study_parser
@@ -23,7 +24,8 @@ def _add_agent_parser(sub) -> None:
 
 
 _COMMANDS = (add_prepare_parser, add_quantize_parser, add_analyze_parser, add_demo_parser, add_search_parser,
-             add_study_parser, add_export_parser, add_import_parser, _add_agent_parser, add_diverge_parser)
+             add_study_parser, add_export_parser, add_import_parser, _add_agent_parser, add_diverge_parser,
+             add_evaluate_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

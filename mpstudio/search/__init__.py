@@ -1,19 +1,22 @@
 """Automatic mixed-precision search: the fewest 16-bit tensors that reach a target accuracy.
 
-The walk, from the sensitivity ranking:
-1. Evaluate the baselines (a8w8, a16w8); the target may be relative to them ("a16w8+10%").
-2. Weights first: when the weight scores show that per-channel int8 weights quantize much better than
-   per-tensor uint8 (free on HTP), the per-channel base is evaluated and kept if it is better.
-3. Order the activation tensors by predicted gain (the noise power their isolated promotion removes from
-   the base plan, in a sensitivity analysis of that plan) per unit of estimated latency cost (`latency.promotion_costs`). Plan k promotes the first k of that order.
-4. Find the smallest k that reaches the target: a first guess from the isolation prediction, then
-   bisection; with several agents, several k per round (multi-section). A latency budget caps k (from
-   the cost model, which needs no evaluation); an evaluation budget caps the rounds.
-5. Confirm on the HTP (by default, when the walk ran on the CPU reference): the recommended plan and its
-   neighbours on the front of the walk's evaluations are evaluated on the HTP (the local emulator, or the
-   device behind the runner), cheaper ones while the HTP still reaches the target, dearer ones until it
-   does. The recommendation follows the HTP's numbers; where CPU and HTP disagree (one reaches the target
-   and the other not, or they order two plans differently) the result says so.
+The walk:
+1. Cheap checks first: the baselines (a8w8, a16w8, and both per-channel forms a8w8-pc, a16w8-pc whenever
+   per-channel int8 weights are in play: they cost nothing on HTP latency) and the target. When an all-8-bit
+   baseline reaches the target, nothing is cheaper: no sensitivity analysis runs.
+2. Weights (`weights`): `--weights auto` keeps per-tensor weights when the weight scores show no gain, else
+   measures both forms and starts from the better; it says why.
+3. Order the activation tensors by predicted gain per unit of estimated latency cost (`order`); tensors a
+   progressive analysis did not isolate follow, by their cheap scores. Plan k promotes the first k.
+4. Walk k without assuming accuracy rises with it (`grid`): a coarse geometric grid, then refinement below the
+   smallest k that reaches the target, else around the best values, while the evaluation budget allows. A plan
+   whose estimated latency is at or above a stored plan's that reaches the target, or that is as good as the
+   best all-16-bit plan, is never evaluated.
+5. Confirm on the HTP (by default, when the walk ran on the CPU reference): the pick and its neighbours on
+   the front are evaluated on the HTP; where CPU and HTP disagree the result says so.
+6. Recommend over every plan the study holds for the confirming backend (else the walk's), not only the walk's
+   path (`choice`): the cheapest that reaches the target, else the most accurate within the latency budget,
+   never a plan another stored plan dominates; the result lists the plans considered and why the pick.
 Every evaluation lands in the study as it finishes, and a search is recorded by its spec: rerunning an
 interrupted search replays it against the stored results and continues where it stopped.
 
@@ -31,9 +34,10 @@ from .resuming import resume, resume_searches
 from .run import CONFIRM_BACKENDS, CONFIRM_PLANS, WEIGHT_MODES, LineProgress, search
 from .targets import Target, meets, named_baselines, target_plan
 from .walk import PER_CHANNEL_GAIN_DB, Walk
+from .choice import Choice, Considered, choose, dominates
 
 __all__ = ["search", "resume", "resume_searches", "Target", "SearchResult", "Confirmation", "disagreements", "meets",
            "path_frame", "closest_plan", "better_for_little_more", "named_baselines", "target_plan", "LineProgress",
            "LITTLE_MORE", "MUCH_BETTER", "apply_steps", "mixed_base", "mixed_order", "promotion_order",
            "cached_weight_isolation", "confirm", "estimate_ms", "Walk", "WEIGHT_MODES", "CONFIRM_BACKENDS",
-           "CONFIRM_PLANS", "PER_CHANNEL_GAIN_DB"]
+           "CONFIRM_PLANS", "PER_CHANNEL_GAIN_DB", "Choice", "Considered", "choose", "dominates"]

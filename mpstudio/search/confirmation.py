@@ -3,13 +3,13 @@ and the recommendation made on the HTP's numbers."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from ..errors import MpstudioError
 from ..store import Evaluation
 from ..loop.front import pareto_mask
-from .recommend import better_for_little_more, closest_plan, estimate_ms
+from .choice import choose, stored_evaluations
+from .recommend import better_for_little_more, estimate_ms
 from .result import Confirmation, SearchResult
 from .walk import Walk
 
@@ -20,8 +20,8 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
     From the walk's pick along the front of the walk's evaluations (value against estimated latency):
     when the pick reaches the target on `backend`, the next cheaper plans while they reach it too (the
     walk's backend may have been pessimistic); when it misses, the next dearer ones until one reaches it;
-    at most `max_plans` evaluations. The recommendation is then the cheapest confirmed plan that reaches
-    the target on `backend` (fewer 16-bit tensors, then the better value, on a tie), else the closest.
+    at most `max_plans` evaluations. The recommendation is then chosen over every plan the study holds from
+    `backend` (`choice.choose`): the cheapest that reaches the target, else the most accurate, never dominated.
     """
     if walk.runner is None and backend == "htp":
         from ..runtime import register_qnn
@@ -63,8 +63,9 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
 
 
 def _front(walk: Walk, recommended: Evaluation) -> list[Evaluation]:
-    """The front of the walk's evaluations (value against estimated latency) with its pick, cheapest first."""
-    unique = list({e.plan_id: e for e in walk.path}.values())
+    """The front of the study's plans on the walk's source (value against estimated latency) with its pick,
+    cheapest first."""
+    unique = list({e.plan_id: e for e in walk.stored()}.values())
     on_front = pareto_mask([e.value for e in unique], [estimate_ms(e) for e in unique], walk.hib)
     front = [e for e, keep in zip(unique, on_front) if keep]
     if all(e.plan_id != recommended.plan_id for e in front):
@@ -74,24 +75,19 @@ def _front(walk: Walk, recommended: Evaluation) -> list[Evaluation]:
 
 
 def _recommend(walk: Walk, result: SearchResult, done: list[Confirmation], failure: str) -> SearchResult:
-    """`result` recommended on the confirmed values: the cheapest confirmed plan that reaches the target, else
-    the closest."""
-    sixteen = walk.sixteen_bit()
-    sign = -1.0 if walk.hib else 1.0
-    reaching = [c for c in done if walk.reaches(c.confirmed)]
-    if reaching:
-        pick = min(reaching, key=lambda c: (estimate_ms(c.walk), sixteen.get(c.walk.plan_id, math.inf),
-                                            sign * c.confirmed.value)).confirmed
-    else:
-        pick = closest_plan([c.confirmed for c in done], walk.hib, sixteen, walk.latency_budget_ms)
+    """`result` recommended on the confirming backend's numbers: the choice (`choice.choose`) over every plan the
+    study holds from that source, the ones just confirmed included."""
+    source = done[0].confirmed.accuracy_source
+    stored = stored_evaluations(walk.study, source, [c.confirmed for c in done])
+    choice = choose(stored, walk.threshold, walk.hib, walk.latency_budget_ms)
+    pick = choice.pick
     changed = pick.plan_id != result.recommended.plan_id
     reason = result.stop_reason + ("; the HTP confirmation moved the pick" if changed else "")
-    alternatives = result.alternatives
-    if changed:  # against the new pick, on the confirming backend's numbers
-        alternatives = tuple(better_for_little_more(
-            pick, [c.confirmed for c in done], walk.hib, result.float_value,
-            snr_metric=walk.study.metric_spec.kind == "output", latency_budget_ms=walk.latency_budget_ms))
+    alternatives = tuple(better_for_little_more(
+        pick, stored, walk.hib, result.float_value, snr_metric=walk.study.metric_spec.kind == "output",
+        latency_budget_ms=walk.latency_budget_ms))
     return replace(result, recommended=pick, reached=walk.reaches(pick), stop_reason=reason,
                    alternatives=alternatives, confirm_note=failure,
                    promoted=walk.promoted(pick, result.order) if changed else result.promoted,
-                   confirmations=tuple(done), walk_pick=result.recommended if changed else None)
+                   confirmations=tuple(done), walk_pick=result.recommended if changed else None,
+                   considered=choice.considered, choice=choice.why)

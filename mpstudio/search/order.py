@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # the study face is only named in annotations
 
 
 def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[list[str], list[float]]:
-    """Tensors by predicted gain per estimated latency cost, and the predicted output SNR of each prefix."""
+    """Tensors by predicted gain per estimated latency cost, then the tensors the analysis did not isolate (by
+    their cheap scores); and the predicted output SNR of each prefix of the isolated part."""
     from ..latency import promotion_costs
 
     if report.isolation is None:
@@ -37,9 +38,12 @@ def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[lis
     else:
         noise_8 = None
         contribution = np.maximum(per["promoted_gain"].astype(float), per["demoted_loss"].astype(float))
+    # Tensors the analysis did not isolate (a progressive analysis isolates those that can change a decision)
+    # follow the isolated ones that help, in the ranking's order of their cheap scores: never left out.
+    unisolated = [t for t in report.ranking["tensor"] if t not in per.index and t not in base_plan.overrides]
     contribution = contribution[contribution > 0]
     if contribution.empty:
-        return [], []
+        return unisolated, []
     model = study.quantizer.generate(base_plan)
     costs = promotion_costs(model, list(contribution.index), study.htp_arch, graph=study.graph)
     costs = costs.reindex(contribution.index).fillna(costs.median() if len(costs) else 1.0)
@@ -53,7 +57,7 @@ def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[lis
         for t in order:
             noise = remaining_noise(noise, float(contribution[t]), noise_16)
             predicted.append(snr_db(noise))
-    return order, predicted
+    return order + unisolated, predicted
 
 
 def mixed_order(study: Study, report, base_plan: PrecisionPlan, base: Evaluation, samples: int,

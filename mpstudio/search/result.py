@@ -41,6 +41,10 @@ class SearchResult:
     confirmations: tuple = ()  # of Confirmation, in the order they ran
     confirm_note: str = ""  # why the front was not confirmed (empty when it was, or was not asked for)
     walk_pick: Evaluation | None = None  # the walk's own pick, when the confirmation changed the recommendation
+    considered: tuple = ()  # of choice.Considered: every stored plan the recommendation chose among
+    choice: str = ""  # why the recommended plan, in words
+    weights_note: str = ""  # which weight form the walk started from, and why
+    skipped: tuple = ()  # of (k, plan_id, name): prefixes not evaluated, and the stored plan that made each pointless
 
     @property
     def confirmed(self) -> bool:
@@ -84,7 +88,11 @@ class SearchResult:
                                  for e in self.alternatives],
                 "confirmations": [c.to_json(self.threshold, self.higher_is_better) for c in self.confirmations],
                 "confirm_note": self.confirm_note, "disagreements": self.disagreements,
-                "walk_pick_plan_id": self.walk_pick.plan_id if self.walk_pick is not None else None}
+                "walk_pick_plan_id": self.walk_pick.plan_id if self.walk_pick is not None else None,
+                "choice": self.choice, "considered": [c.to_json() for c in self.considered],
+                "weights": self.weights_note,
+                "skipped": [{"promoted": k, "because_plan_id": plan_id, "because_name": name}
+                            for k, plan_id, name in self.skipped]}
 
     def describe(self) -> str:
         r = self.recommended
@@ -97,6 +105,8 @@ class SearchResult:
         ]
         if self.float_value is not None:
             lines.append(f"float model (ORT CPU): {self.metric} {self.float_value:.4f}")
+        if self.weights_note:
+            lines.append(f"weights: {self.weights_note}")
         where = f" on {r.accuracy_source}" if self.confirmed else ""
         lines.append(f"{'reached' if self.reached else 'NOT reached'}{where} ({self.stop_reason}) with "
                      f"{self.evaluations} evaluations ({self.new_evaluations} new)"
@@ -118,6 +128,7 @@ class SearchResult:
             w = self.walk_pick
             lines.append(f"  (the walk on {w.accuracy_source} picked plan {w.plan_id} {w.name}, {self.metric} "
                          f"{w.value:.4f} there)")
+        lines += self._describe_choice()
         ratio = self.latency_ratio()
         if ratio is not None:
             lines.append(f"estimated latency {ratio:.2f}x of a16w8's")
@@ -131,6 +142,18 @@ class SearchResult:
                 lines.append(f"  plan {e.plan_id} {e.name}: {self.metric} {e.value:.4f} [{e.accuracy_source}] for "
                              f"+{more:.3f} ms (+{more / base_ms:.1%}) estimated")
         return "\n".join(lines)
+
+    def _describe_choice(self) -> list[str]:
+        if not self.considered:
+            return []
+        lines = [f"why: {self.choice}"]
+        for c in self.considered:
+            ms = f"{c.estimate_ms:.3f} ms" if np.isfinite(c.estimate_ms) else "no estimate"
+            lines.append(f"  plan {c.plan_id:>4} {c.name[:28]:<28} {self.metric} {c.value:.4f} {ms:>10}  {c.verdict}")
+        if self.skipped:
+            lines.append(f"not evaluated (a stored plan as good for no more estimated latency): "
+                         + ", ".join(f"{k} promoted (plan {plan_id} {name})" for k, plan_id, name in self.skipped))
+        return lines
 
     def _describe_confirmations(self) -> list[str]:
         first = self.confirmations[0]

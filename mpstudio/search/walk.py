@@ -1,6 +1,7 @@
-"""The walk of one search: the baselines, the base plan, then the smallest prefix of the promotion order that
-reaches the target (a first guess from the isolation prediction, then bisection or multi-section over the
-agents), within the evaluation and latency budgets; and the recommendation once it stops."""
+"""The walk of one search: the baselines (both weight forms when per-channel weights are in play) and the
+target first, the sensitivity analysis only when no all-8-bit baseline answers, then a walk over prefixes of the
+promotion order that does not assume accuracy rises with k (`grid`), within the evaluation and latency budgets;
+and the recommendation over every plan the study holds (`choice`)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,21 @@ from typing import TYPE_CHECKING
 import math
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
 from ..data import Cancelled
 from ..plan import PrecisionPlan
 from ..store import Evaluation
-from .order import apply_steps, mixed_base, mixed_order, promotion_order
-from .recommend import better_for_little_more, closest_plan
+from .choice import choose, pointless_because, stored_evaluations
+from .grid import PrefixGrid, largest
+from .order import apply_steps, mixed_order, promotion_order
+from .recommend import better_for_little_more
 from .result import SearchResult
 from .targets import Target, meets, target_plan
+from .weights import PER_CHANNEL_GAIN_DB, base_plan as weight_base
 
 if TYPE_CHECKING:  # the study face is only named in annotations
     from ..study import Study
 
-# Per-channel weights are tried first when they are this much better (median over weights, dB).
-PER_CHANNEL_GAIN_DB = 6.0
+__all__ = ["Walk", "PER_CHANNEL_GAIN_DB"]
 
 
 class Walk:
@@ -34,6 +35,8 @@ class Walk:
         self.budget, self.progress, self.cancel = budget, progress, cancel
         self.path: list[Evaluation] = []
         self.new = 0
+        self._stored: list[Evaluation] | None = None  # the study's evaluations of the walk's source, read once
+        self.weights_note = ""
         self.hib = study.higher_is_better
         # A pool evaluates one plan per healthy agent at a time; anything else is one worker.
         self.workers = (runner.healthy() or [runner]) if hasattr(runner, "healthy") else [runner]
@@ -61,6 +64,7 @@ class Walk:
                 results = list(pool.map(one, pairs))
         else:
             results = [one(p) for p in pairs]
+        self._stored = None
         for evaluation in results:
             self.path.append(evaluation)
             self.new += 0 if evaluation.cached else 1
@@ -77,16 +81,20 @@ class Walk:
     def run(self, goal: Target, latency_budget_ms, weights, sensitivity_samples) -> SearchResult:
         a8, a16 = self.evaluate([PrecisionPlan.a8w8(), PrecisionPlan.a16w8()])
         self.baselines = {"a8w8": a8, "a16w8": a16}
+        self.source = a8.accuracy_source
+        base_plan, base, self.weights_note = weight_base(self, weights)
         self.goal, self.threshold = goal, goal.threshold(self._target_references(goal), self.hib)
-        base_plan, base = self._base(weights)
+        # Cheap checks first: no promotion is cheaper than an all-8-bit baseline, so one that reaches the target
+        # answers the search before any sensitivity analysis.
+        if any(self.reaches(e) for name, e in self.baselines.items() if name.startswith("a8w8")) or \
+                self.reaches(base):
+            return self._result("an all-8-bit baseline already reaches the target (no sensitivity analysis needed)")
         # Promotions are ranked against the plan they start from (one analysis, of that plan): per-channel
         # weights remove most of a model's error, and what is left sits in other tensors than all-8-bit's worst.
         # The mixed walk starts from int4 weights and ranks on the all-8-bit analysis.
         analysed = None if weights == "mixed" or base_plan.hash == PrecisionPlan.a8w8().hash else base_plan
         report = self.study.sensitivity(samples=sensitivity_samples, isolation_samples=self.isolation_samples,
                                         progress=self.progress, cancel=self.cancel, plan=analysed)
-        if self.reaches(base):
-            return self._result(base, 0, "the base plan already reaches the target")
         steps = None
         if weights == "mixed":
             order, predicted, steps = mixed_order(self.study, report, base_plan, base, sensitivity_samples,
@@ -94,7 +102,7 @@ class Walk:
         else:
             order, predicted = promotion_order(self.study, report, base_plan)
         if not order:
-            return self._result(self._best_meeting() or base, 0, "no activation tensor is predicted to help")
+            return self._result("no activation tensor is predicted to help")
         plans = {0: base_plan}
 
         def plan_k(k: int) -> PrecisionPlan:
@@ -104,99 +112,63 @@ class Walk:
                             else base_plan.promote(order[:k], name=f"{base_plan.name}+{k}x16"))
             return plans[k]
 
-        hi = len(order)
-        if latency_budget_ms is not None:
-            hi = self._latency_cap(plan_k, hi, latency_budget_ms)
-            if hi == 0:
-                return self._result(base, 0, f"no promotion fits the latency budget of {latency_budget_ms} ms")
         known: dict[int, Evaluation] = {0: base}
-        if base is a8 and hi == len(order) and set(order) >= set(self.study.graph.activations()):
-            known[hi] = a16  # every activation at 16 bits is the a16w8 baseline, already evaluated
-        guess = self._guess(predicted, known, self.baselines, self.threshold, hi)
-        hi_k, reason = self._narrow(plan_k, known, guess, hi)
-        return self._conclude(known, hi_k, reason, order, base)
+        every = set(order) >= set(self.study.graph.activations())
+        top = {"a8w8": "a16w8", "a8w8-pc": "a16w8-pc"}.get(base.name if steps is None else "")
+        if every and top in self.baselines:
+            known[len(order)] = self.baselines[top]  # every activation at 16 bits: that baseline, evaluated
+        cap = len(order)
+        if latency_budget_ms is not None:
+            cap = largest(lambda k: self._fits(plan_k(k), latency_budget_ms), cap)
+            if cap == 0:
+                return self._result(f"no promotion fits the latency budget of {latency_budget_ms} ms", order)
+        # Plans dearer than a stored plan that reaches the target, or than the best all-16-bit plan, are pointless.
+        cap = largest(lambda k: k == 0 or self.pointless(plan_k(k)) is None, cap)
+        if cap == 0:
+            return self._result("every promotion costs at least as much as a stored plan that is as good", order)
+        self.grid = PrefixGrid(self, plan_k, cap, known)
+        reason = self.grid.run(self._guess(predicted, known, self.baselines, self.threshold, cap))
+        return self._result(reason, order)
 
-    def _base(self, weights: str) -> tuple[PrecisionPlan, Evaluation]:
-        """The plan promotions start from: a8w8, or per-channel int8 weights when they help (or are asked for),
-        judged by the weights' own quantization scores (no sensitivity analysis needed)."""
-        from ..sensitivity.scores import weight_scores
+    def _fits(self, plan: PrecisionPlan, budget: float) -> bool:
+        latency = self.study.estimate(plan)
+        return latency is not None and latency.ms <= budget
 
-        a8 = self.baselines["a8w8"]
-        per_channel = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc")
-        if weights == "mixed":
-            plan = mixed_base(self.study.graph, self.study.htp_arch)
-            (evaluation,) = self.evaluate([plan])
-            return plan, evaluation
-        gain_db = 0.0
-        if weights == "auto":
-            scores = weight_scores(self.study.quantizer.prepared.model, self.study.graph, cancel=self.cancel)
-            gain_db = float(np.nanmedian(scores["per_channel_gain_8"])) if len(scores) else 0.0
-        if weights == "per-channel" or (weights == "auto" and gain_db >= PER_CHANNEL_GAIN_DB):
-            (pc,) = self.evaluate([per_channel])
-            if weights == "per-channel" or self._better(pc.value, a8.value):
-                return per_channel, pc
-        return PrecisionPlan.a8w8(), a8
+    def pointless(self, plan: PrecisionPlan) -> Evaluation | None:
+        """The stored plan that makes evaluating `plan` pointless (`choice.pointless_because`), or None."""
+        latency = self.study.estimate(plan)
+        ms = latency.ms if latency is not None else math.inf
+        sign = 1.0 if self.hib else -1.0
+        ceiling = max((sign * e.value for name, e in self.baselines.items() if name.startswith("a16w8")),
+                      default=None)
+        return pointless_because(ms, self.stored(), self.threshold, self.hib,
+                                 None if ceiling is None else sign * ceiling)
 
-    def _narrow(self, plan_k, known: dict[int, Evaluation], guess: int, hi: int) -> tuple[int | None, str]:
-        """Evaluate prefixes until the smallest k that reaches the target is pinned down or the budget ends:
-        (that k or None, why it stopped)."""
-        lo_k = 0  # largest k known to miss the target
-        # The smallest k known to reach it.
-        hi_k: int | None = hi if hi in known and self.reaches(known[hi]) else None
-        candidates = ([guess] if guess < hi else []) + [hi]
-        while self.left() > 0:
-            batch = sorted({k for k in candidates if k not in known and lo_k < k and (hi_k is None or k < hi_k)})
-            batch = batch[:max(1, min(len(self.workers), self.left()))]
-            if not batch:
-                return hi_k, "target reached" if hi_k is not None else "the cheapest promotion set was narrowed down"
-            for k, evaluation in zip(batch, self.evaluate([plan_k(k) for k in batch])):
-                known[k] = evaluation
-                if self.reaches(evaluation):
-                    hi_k = k if hi_k is None else min(hi_k, k)
-                else:
-                    lo_k = max(lo_k, k)
-            if hi_k is None:
-                if hi in known and not self.reaches(known[hi]):
-                    return None, "promoting every helpful tensor does not reach the target"
-                candidates = [hi]
-            elif hi_k - lo_k <= 1:
-                return hi_k, "target reached"
-            else:
-                candidates = _sections(lo_k, hi_k, len(self.workers))
-        return hi_k, "evaluation budget"
+    def stored(self) -> list[Evaluation]:
+        """Every plan of the study evaluated on the walk's accuracy source (its own evaluations included)."""
+        if self._stored is None:
+            self._stored = stored_evaluations(self.study, self.source, self.path)
+        return self._stored
 
-    def _conclude(self, known: dict[int, Evaluation], hi_k: int | None, reason: str, order, base) -> SearchResult:
-        """The recommendation once the walk has stopped."""
-        if hi_k is not None:
-            if reason == "evaluation budget":
-                reason = "evaluation budget (target reached, not narrowed down)"
-            best = self._best_meeting()
-            if best is not None and best.plan_id != known[hi_k].plan_id:
-                # Converts can make a few 16-bit tensors cost more than all of them (small models): a
-                # cheaper plan that also reaches the target wins.
-                return self._result(best, 0 if best is base else hi_k,
-                                    reason + "; a cheaper evaluated plan also reaches it", order)
-            return self._result(known[hi_k], hi_k, reason, order)
-        best = self._best_meeting()
-        if best is not None:  # only a baseline reaches the target
-            return self._result(best, len(order) if best.name == "a16w8" else 0, reason + "; a baseline reaches it",
-                                order)
-        best_k = max(known, key=lambda k: known[k].value if self.hib else -known[k].value)
-        return self._result(known[best_k], best_k, reason, order)
-
-    def _result(self, best: Evaluation, k: int, reason: str, order=()) -> SearchResult:
-        if not self.reaches(best):
-            # Missed: the closest evaluated plan, never one another evaluated plan (e.g. a16w8) beats.
-            closest = closest_plan(self.path, self.hib, self.sixteen_bit(), self.latency_budget_ms)
-            if closest.plan_id != best.plan_id:
-                best, k = closest, self.promoted(closest, order)
+    def _result(self, reason: str, order=()) -> SearchResult:
+        """The recommendation over every stored plan of the walk's accuracy source (`choice.choose`)."""
+        choice = choose(self.stored(), self.threshold, self.hib, self.latency_budget_ms)
+        best = choice.pick
         float_value = self._float_value()
-        alternatives = better_for_little_more(best, self.path, self.hib, float_value,
+        alternatives = better_for_little_more(best, self.stored(), self.hib, float_value,
                                               snr_metric=self.study.metric_spec.kind == "output",
                                               latency_budget_ms=self.latency_budget_ms)
         return SearchResult(self.search_id, self.goal.text, self.threshold, self.study.metric_name, self.hib,
                             self.reaches(best), reason, best, self.baselines, tuple(self.path), self.new,
-                            tuple(order), k, float_value, tuple(alternatives))
+                            tuple(order), self.promoted(best, order), float_value, tuple(alternatives),
+                            considered=choice.considered, choice=choice.why, weights_note=self.weights_note,
+                            skipped=self._skipped())
+
+    def _skipped(self) -> tuple:
+        grid = getattr(self, "grid", None)
+        if grid is None:
+            return ()
+        return tuple((k, e.plan_id, e.name) for k, e in sorted(grid.skipped.items()))
 
     # ---- targets and recommendations (beside the walk) ----
     isolation_samples = 8
@@ -238,29 +210,6 @@ class Walk:
     def _better(self, a: float, b: float) -> bool:
         return a > b if self.hib else a < b
 
-    def _best_meeting(self):
-        """The evaluated plan that reaches the threshold at the lowest estimated latency (then the best value)."""
-        meeting = [e for e in self.path if self.reaches(e)]
-        sign = -1.0 if self.hib else 1.0
-        return min(meeting, key=lambda e: (e.latency("estimate").ms if e.latency("estimate") else math.inf,
-                                           sign * e.value), default=None)
-
-    def _latency_cap(self, plan_k, hi: int, budget: float) -> int:
-        """The largest k whose estimated latency fits `budget` (bisection on the cost model, no evaluation)."""
-        def fits(k):
-            latency = self.study.estimate(plan_k(k))
-            return latency is not None and latency.ms <= budget
-        if fits(hi):
-            return hi
-        lo, top = 0, hi
-        while top - lo > 1:
-            mid = (lo + top) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                top = mid
-        return lo
-
     def _guess(self, predicted: list[float], known, baselines, threshold: float, hi: int) -> int:
         """A first k from the isolation prediction: the output SNR at which the metric crosses the threshold is
         interpolated between the base and a16w8 (both measured), then the smallest prefix predicted to get there."""
@@ -276,11 +225,4 @@ class Walk:
             if snr >= needed:
                 return k
         return hi
-
-
-
-def _sections(lo: int, hi: int, parts: int) -> list[int]:
-    """`parts` points splitting (lo, hi) evenly (bisection for one part)."""
-    points = {lo + max(1, round((hi - lo) * (i + 1) / (parts + 1))) for i in range(parts)}
-    return sorted(k for k in points if lo < k < hi) or [(lo + hi) // 2]
 

@@ -1,0 +1,125 @@
+"""The recommendation chosen over every plan a study holds for one accuracy source (not only the plans a walk
+evaluated): the cheapest plan that reaches the target, else the most accurate within the latency budget, never
+a plan another stored plan dominates; and whether a plan is worth evaluating at all."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import math
+from dataclasses import dataclass
+
+from ..errors import MpstudioError
+from ..store import Evaluation
+from .recommend import estimate_ms
+from .targets import meets
+
+if TYPE_CHECKING:  # the study face is only named in annotations
+    from ..study import Study
+
+
+@dataclass(frozen=True)
+class Considered:
+    """One stored plan the recommendation looked at, and what it made of it. `verdict` is one of "picked",
+    "reaches (dearer)", "misses", "dominated by plan N", "over the latency budget"."""
+
+    plan_id: int
+    name: str
+    value: float
+    estimate_ms: float
+    reaches: bool
+    verdict: str
+
+    def to_json(self) -> dict:
+        return {"plan_id": self.plan_id, "name": self.name, "value": self.value,
+                "estimate_ms": self.estimate_ms if math.isfinite(self.estimate_ms) else None,
+                "reaches": self.reaches, "verdict": self.verdict}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The pick over a study's stored plans of one accuracy source, every plan considered, and why."""
+
+    pick: Evaluation
+    considered: tuple  # of Considered, by estimated latency
+    why: str
+    accuracy_source: str
+
+
+def stored_evaluations(study: Study, accuracy_source: str, extra=()) -> list[Evaluation]:
+    """Every plan the study holds an evaluation of from `accuracy_source` (one per plan), with `extra` (e.g. a
+    walk's evaluations not yet read back) in front."""
+    frame = study.evaluations()
+    ids = dict.fromkeys(int(i) for i in frame.loc[frame["accuracy_source"] == accuracy_source, "plan_id"])
+    found = {e.plan_id: e for e in extra if e.accuracy_source == accuracy_source}
+    for plan_id in ids:
+        if plan_id not in found:
+            e = study.store.evaluation(plan_id, accuracy_source)
+            if e is not None:
+                found[plan_id] = e
+    return list(found.values())
+
+
+def dominates(a: Evaluation, b: Evaluation, higher_is_better: bool) -> bool:
+    """True when `a` is at least as good as `b` at no more estimated latency and strictly better in one (an
+    exact tie goes to the lower plan id, so that one of two identical points is kept)."""
+    sign = 1.0 if higher_is_better else -1.0
+    va, vb, ma, mb = sign * a.value, sign * b.value, estimate_ms(a), estimate_ms(b)
+    if va < vb or ma > mb:
+        return False
+    return va > vb or ma < mb or a.plan_id < b.plan_id
+
+
+def choose(evaluations, threshold: float, higher_is_better: bool,
+           latency_budget_ms: float | None = None) -> Choice:
+    """The plan to recommend among `evaluations` (one accuracy source): the cheapest (estimated latency) of those
+    that reach `threshold` within the budget; when none does, the most accurate within the budget (any plan when
+    none fits it). A plan another one dominates (`dominates`) is never picked."""
+    unique = list({e.plan_id: e for e in evaluations}.values())
+    if not unique:
+        raise MpstudioError("no evaluated plan to recommend")
+    sign = 1.0 if higher_is_better else -1.0
+    dominated = {e.plan_id: next((o for o in unique if o.plan_id != e.plan_id and dominates(o, e, higher_is_better)),
+                                 None) for e in unique}
+    fits = {e.plan_id: latency_budget_ms is None or estimate_ms(e) <= latency_budget_ms for e in unique}
+    open_ = [e for e in unique if dominated[e.plan_id] is None]
+    reaching = [e for e in open_ if fits[e.plan_id] and meets(e.value, threshold, higher_is_better)]
+    budget = f" within the latency budget of {latency_budget_ms} ms" if latency_budget_ms is not None else ""
+    if reaching:
+        pick = min(reaching, key=lambda e: (estimate_ms(e), -sign * e.value, e.plan_id))
+        why = (f"the cheapest by estimated latency of {len(reaching)} stored plan(s) that reach the target{budget}, "
+               f"among {len(unique)} considered")
+    else:
+        pool = [e for e in open_ if fits[e.plan_id]]
+        why = f"no stored plan reaches the target{budget}; the most accurate of {len(unique)} considered"
+        if not pool:
+            pool = open_
+            why = f"no stored plan fits the latency budget of {latency_budget_ms} ms; the most accurate of all"
+        pick = max(pool, key=lambda e: (sign * e.value, -estimate_ms(e), -e.plan_id))
+    rows = []
+    for e in sorted(unique, key=lambda e: (estimate_ms(e), e.plan_id)):
+        ok = meets(e.value, threshold, higher_is_better)
+        if e.plan_id == pick.plan_id:
+            verdict = "picked"
+        elif dominated[e.plan_id] is not None:
+            verdict = f"dominated by plan {dominated[e.plan_id].plan_id}"
+        elif not fits[e.plan_id]:
+            verdict = "over the latency budget"
+        else:
+            verdict = "reaches (dearer)" if ok else "misses"
+        rows.append(Considered(e.plan_id, e.name, e.value, estimate_ms(e), ok, verdict))
+    return Choice(pick, tuple(rows), why, pick.accuracy_source)
+
+
+def pointless_because(estimate: float, stored, threshold: float, higher_is_better: bool,
+                      ceiling: float | None) -> Evaluation | None:
+    """The stored evaluation that makes a plan of estimated latency `estimate` not worth evaluating, or None: one
+    at no more estimated latency that reaches the threshold (the plan cannot be the cheapest that does), or whose
+    value is at least `ceiling` (the best all-16-bit value: a partial promotion is predicted no better)."""
+    sign = 1.0 if higher_is_better else -1.0
+    for e in sorted(stored, key=estimate_ms):
+        if estimate_ms(e) > estimate:
+            break
+        if meets(e.value, threshold, higher_is_better) or (ceiling is not None and sign * e.value >= sign * ceiling):
+            return e
+    return None

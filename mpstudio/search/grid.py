@@ -1,0 +1,116 @@
+"""The walk over k (plan k promotes the first k tensors of the order) without assuming that accuracy rises with
+k: a coarse geometric grid over [1, cap], then refinement where the evidence points (the edge below the
+smallest k that reaches the target, else around the best values), while the evaluation budget allows. It stops
+on evidence (the edge pinned to adjacent k, or the best values' neighbours evaluated), or when the budget ends.
+Plans a stored plan makes pointless (`choice.pointless_because`) are never evaluated."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..store import Evaluation
+
+# Coarse grid points at most, and how many of the best values' neighbourhoods refinement settles.
+GRID_POINTS = 5
+BEST_REGIONS = 2
+
+
+class PrefixGrid:
+    """One walk over k. `walk` supplies evaluate / left / reaches / pointless / workers (see `walk.Walk`)."""
+
+    def __init__(self, walk, plan_k: Callable[[int], object], cap: int, known: dict[int, Evaluation]):
+        self.walk, self.plan_k, self.cap, self.known = walk, plan_k, cap, known
+        self.skipped: dict[int, Evaluation] = {}  # k -> the stored plan that made it pointless
+
+    def run(self, prior: int | None = None) -> str:
+        """Walk until evidence or the budget stops it; returns why it stopped."""
+        for batch in _chunks(self.grid(prior), self._width()):
+            if self.walk.left() <= 0:
+                return "evaluation budget"
+            self._try(batch)
+        while self.walk.left() > 0:
+            candidates, reason = self._next()
+            if not candidates:
+                return reason
+            self._try(candidates)
+        return "evaluation budget"
+
+    def grid(self, prior: int | None) -> list[int]:
+        """Geometric points over [1, cap] (small k are where most of the gain per ms sits), with `prior`."""
+        n = max(1, min(GRID_POINTS, self.cap, self.walk.left() - 1))
+        points = {max(1, round(self.cap ** (i / n))) for i in range(1, n + 1)} if self.cap > 1 else {1}
+        if prior is not None and 0 < prior <= self.cap and n > 1:
+            points.add(prior)
+        return sorted(k for k in points if k not in self.known)
+
+    # ---- internals ----
+    def _width(self) -> int:
+        return max(1, len(self.walk.workers))
+
+    def _try(self, ks) -> None:
+        """Evaluate the k of `ks` not yet known and not pointless (as many as the agents and the budget allow);
+        a k no plan can be evaluated for is remembered as skipped."""
+        todo = []
+        for k in sorted(set(ks)):
+            if k in self.known or k in self.skipped or not 0 < k <= self.cap:
+                continue
+            why = self.walk.pointless(self.plan_k(k))
+            if why is not None:
+                self.skipped[k] = why
+            else:
+                todo.append(k)
+        todo = todo[:max(1, min(self._width(), self.walk.left()))]
+        if todo:
+            for k, evaluation in zip(todo, self.walk.evaluate([self.plan_k(k) for k in todo])):
+                self.known[k] = evaluation
+
+    def _next(self) -> tuple[list[int], str]:
+        """The next k to evaluate, or none and why the walk may stop."""
+        seen = sorted(set(self.known) | set(self.skipped))
+        reaching = [k for k in self.known if self.walk.reaches(self.known[k])]
+        if reaching:
+            top = min(reaching)
+            low = max(k for k in seen if k < top) if any(k < top for k in seen) else 0
+            if top - low <= 1:
+                return [], f"target reached with {top} promoted; {low} {'is the base' if low == 0 else 'misses'}"
+            return _sections(low, top, self._width()), ""
+        sign = 1.0 if self.walk.hib else -1.0
+        ranked = sorted(self.known, key=lambda k: -sign * self.known[k].value)
+        for k in ranked[:BEST_REGIONS]:
+            below = max((j for j in seen if j < k), default=None)
+            above = min((j for j in seen if j > k), default=self.cap + 1)
+            gaps = [(a, b) for a, b in ((below, k), (k, above)) if a is not None and b - a > 1]
+            if gaps:
+                return [p for a, b in gaps for p in _sections(a, b, max(1, self._width() // len(gaps)))], ""
+        best = ranked[0]
+        return [], (f"no promotion reaches the target: the best, {best} promoted, and the neighbours of the "
+                    f"{min(BEST_REGIONS, len(ranked))} best are evaluated")
+
+
+def _chunks(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def _sections(lo: int, hi: int, parts: int) -> list[int]:
+    """`parts` points splitting (lo, hi) evenly (bisection for one part)."""
+    points = {lo + max(1, round((hi - lo) * (i + 1) / (parts + 1))) for i in range(parts)}
+    return sorted(k for k in points if lo < k < hi) or [(lo + hi) // 2]
+
+
+def largest(predicate: Callable[[int], bool], hi: int) -> int:
+    """The largest k in [0, hi] for which `predicate` holds, assuming it holds below any k where it does (the
+    estimated latency grows with k); 0 when it holds for none above 0. Bisection: no evaluation."""
+    if hi <= 0 or predicate(hi):
+        return max(hi, 0)
+    lo, top = 0, hi
+    while top - lo > 1:
+        mid = (lo + top) // 2
+        if predicate(mid):
+            lo = mid
+        else:
+            top = mid
+    return lo
+
+
+__all__ = ["PrefixGrid", "largest", "GRID_POINTS", "BEST_REGIONS"]
