@@ -11,8 +11,6 @@ import json
 import math
 import os
 import re
-import secrets
-import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,8 @@ from .graph import BIAS, INPUT, OUTPUT, ACTIVATION, WEIGHT, ModelGraph, unknown_
 from .plan import PrecisionPlan
 from .quantize import CALIBRATION_METHODS, QUANT_TYPES, Quantizer, qnn_config
 from . import encodings as encodings_format
+from .export_reproduce import (copy_atomic, htp_weights, readme_text, reproduction_notes, temporary_beside,
+                               write_bytes, write_text)
 from . import qdq
 from .qdq import INTEGER_TYPES, Encoding, QuantizedTensor
 
@@ -427,12 +427,15 @@ class ExportResult:
     model: Path | None = None
     float_model: Path | None = None
     context: Path | None = None
+    htp_model: Path | None = None  # the QDQ model with the weights the HTP computes with, when they differ
+    readme: Path | None = None  # the notes below, as <name>.README.md
     tensors: int = 0  # quantized tensors of the QDQ model, every one covered by the encodings
+    notes: tuple[str, ...] = ()  # which file reproduces what, and what to pass for it
 
     def paths(self) -> list[Path]:
         """The written files, in the order above."""
-        return [p for p in (self.plan, self.overrides, self.encodings, self.model, self.float_model, self.context)
-                if p is not None]
+        return [p for p in (self.plan, self.overrides, self.encodings, self.model, self.float_model, self.context,
+                            self.htp_model, self.readme) if p is not None]
 
 
 def export_name(plan: PrecisionPlan) -> str:
@@ -449,7 +452,7 @@ def export_plan(
     *,
     agent=None,
     provider_options: Mapping[str, object] | None = None,
-    with_parameters: bool = False,
+    with_parameters: bool = True,
     encodings_version: str = encodings_format.DEFAULT_VERSION,
     name: str | None = None,
     progress: Progress | None = None,
@@ -461,6 +464,9 @@ def export_plan(
     `<name>.qdq.onnx` ("model"), `<name>.float.onnx` ("float": the prepared float model whose tensor names
     the overrides and encodings use, the input for qnn-onnx-converter), and `<name>.ctx.onnx` ("context",
     built on `agent`, an AgentClient, with `provider_options`). Files are written whole or not at all.
+    With "model", `<name>.htp.qdq.onnx` too when the HTP requantizes some weights (the model the study scored),
+    and `<name>.README.md` says which file reproduces what (`ExportResult.notes`). `with_parameters` pins every
+    activation's scale and zero point in the overrides, so ORT's quantizer reproduces the model on any data.
     `encodings_version` is AIMET's "1.0.0" (the default) or "0.6.1" (the older dict form).
     """
     formats = _checked_formats(formats, encodings_version, agent)
@@ -475,13 +481,28 @@ def export_plan(
     tensors = read_quantized_tensors(qdq_model)
     paths: dict[str, Path] = {"plan": out / f"{stem}.plan.json"}
     steps.advance("writing the plan")
-    _write_text(paths["plan"], plan.dumps() + "\n")
+    write_text(paths["plan"], plan.dumps() + "\n")
     paths.update(_write_formats(formats, quantizer, plan, qdq_path, qdq_model, out, stem, steps, agent=agent,
                                 provider_options=provider_options, with_parameters=with_parameters,
                                 encodings_version=encodings_version))
+    notes = _write_reproduction(plan, out, stem, paths, qdq_path, pinned=with_parameters)
     if progress:
         progress(steps.total, steps.total, f"exported {plan.summary()} to {out}")
-    return ExportResult(directory=out, tensors=len(tensors), **paths)
+    return ExportResult(directory=out, tensors=len(tensors), notes=tuple(notes), **paths)
+
+
+def _write_reproduction(plan: PrecisionPlan, out: Path, stem: str, paths: dict[str, Path], qdq_path: Path, *,
+                        pinned: bool) -> list[str]:
+    """Beside the QDQ model, the one with the HTP's weights when they differ; `<name>.README.md` with the notes."""
+    weights = htp_weights(qdq_path) if "model" in paths else None
+    if weights is not None:
+        paths["htp_model"] = out / f"{stem}.htp.qdq.onnx"
+        write_bytes(paths["htp_model"], weights.model)
+    notes = reproduction_notes(plan, stem, paths, pinned=pinned, weights=weights)
+    if notes:
+        paths["readme"] = out / f"{stem}.README.md"
+        write_text(paths["readme"], readme_text(plan, notes))
+    return notes
 
 
 def _checked_formats(formats: Iterable[str], encodings_version: str, agent) -> tuple[str, ...]:
@@ -524,21 +545,21 @@ def _write_formats(formats: tuple[str, ...], quantizer: Quantizer, plan: Precisi
         text = json.dumps(ort_overrides(quantizer, plan, with_parameters=with_parameters), indent=2) + "\n"
         validate_ort_overrides(json.loads(text), quantizer.graph, qdq_model, pinned=with_parameters)
         paths["overrides"] = out / f"{stem}.overrides.json"
-        _write_text(paths["overrides"], text)
+        write_text(paths["overrides"], text)
     if "qnn" in formats:
         steps.advance("writing the QNN encodings")
         text = json.dumps(qnn_encodings(qdq_model, encodings_version), indent=2) + "\n"
         validate_encodings(json.loads(text), qdq_model)
         paths["encodings"] = out / f"{stem}.encodings.json"
-        _write_text(paths["encodings"], text)
+        write_text(paths["encodings"], text)
     if "model" in formats:
         steps.advance("copying the QDQ model")
         paths["model"] = out / f"{stem}.qdq.onnx"
-        _copy_atomic(qdq_path, paths["model"])
+        copy_atomic(qdq_path, paths["model"])
     if "float" in formats:
         steps.advance("copying the float model")
         paths["float_model"] = out / f"{stem}.float.onnx"
-        _copy_atomic(quantizer.float_path, paths["float_model"])
+        copy_atomic(quantizer.float_path, paths["float_model"])
     if "context" in formats:
         steps.advance("building the context binary on the agent")
         paths["context"] = out / f"{stem}.ctx.onnx"
@@ -548,7 +569,7 @@ def _write_formats(formats: tuple[str, ...], quantizer: Quantizer, plan: Precisi
 
 def _build_context(agent, model: Path, destination: Path, provider_options) -> None:
     context = agent.build_context(model, provider_options)
-    tmp = _temporary_beside(destination)
+    tmp = temporary_beside(destination)
     try:
         agent.download(context.model_id, tmp)
         check_context_model(tmp)
@@ -568,27 +589,3 @@ def check_context_model(path: str | os.PathLike) -> None:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         if attrs.get("embed_mode", 1) != 1 or not attrs.get("ep_cache_context"):
             raise MpstudioError(f"EPContext node {node.name!r} of {path} does not embed its context binary")
-
-
-def _temporary_beside(path: Path) -> Path:
-    # A fresh name, not a mkstemp file: the final file gets the usual permissions (mkstemp's are 0600).
-    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = _temporary_beside(path)
-    try:
-        with open(tmp, "x") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _copy_atomic(source: Path, destination: Path) -> None:
-    tmp = _temporary_beside(destination)
-    try:
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, destination)
-    finally:
-        tmp.unlink(missing_ok=True)

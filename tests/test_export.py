@@ -301,8 +301,9 @@ def test_export_plan_writes_validated_files(conv, tmp_path):
     seen = []
     result = export_plan(conv, MIXED, tmp_path / "out", progress=lambda d, t, m: seen.append((d, t, m)))
     assert isinstance(result, ExportResult)
+    # MIXED's 16-bit Conv takes uint8 per-tensor weights the HTP requantizes: the HTP's model is written too.
     assert [p.name for p in result.paths()] == ["mixed.plan.json", "mixed.overrides.json", "mixed.encodings.json",
-                                              "mixed.qdq.onnx"]
+                                              "mixed.qdq.onnx", "mixed.htp.qdq.onnx", "mixed.README.md"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in result.paths())  # no leftovers
     umask = os.umask(0)
     os.umask(umask)
