@@ -18,6 +18,9 @@ from pathlib import Path
 
 import onnx
 
+from . import qdq
+from .errors import MpstudioError
+
 from .plan import PrecisionPlan
 from .quantize import QUANT_TYPES
 from .runtime import htp_weight_grid
@@ -50,7 +53,7 @@ def htp_weights(qdq_path: str | os.PathLike) -> HtpWeights | None:
 
 
 def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *, pinned: bool,
-                       weights: HtpWeights | None) -> list[str]:
+                       weights: HtpWeights | None, encodings_gaps: list[str] = ()) -> list[str]:
     """What each written file reproduces and what the user must pass for it, one paragraph per note."""
     notes = []
     if "overrides" in files:
@@ -70,9 +73,11 @@ def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *
                 f"export with pinned parameters (the default), or call quantize_static with "
                 f"calibration_cache_path=<mpstudio's range file, Quantizer.calibrate(plan=plan).path> and {arguments}.")
     if "encodings" in files:
-        notes.append(f"{stem}.encodings.json covers every quantized tensor with the QDQ model's values; a tensor that "
-                     "ORT converts between widths carries the encoding its producer writes (the format has one "
-                     "encoding per tensor; QNN inserts its own converts).")
+        notes.append(f"{stem}.encodings.json has every quantized tensor's encoding with the QDQ model's values. "
+                     f"AIMET loads it with load_encodings_to_sim(sim, path, strict=True) into a QuantizationSimModel "
+                     f"of {stem}.float.onnx once the sim's quantizers have the plan's widths and weight settings: "
+                     f"mpstudio.export_aimet.configure_aimet_sim(sim, path) sets them. What the format cannot carry: "
+                     + ("; ".join(encodings_gaps) if encodings_gaps else "nothing in this plan") + ".")
     if "model" in files:
         if weights is None:
             notes.append(f"{stem}.qdq.onnx is the model the study scored; the HTP takes its weights as stored.")
@@ -128,3 +133,29 @@ def copy_atomic(source: Path, destination: Path) -> None:
         os.replace(tmp, destination)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+# ---- the context binary ----------------------------------------------------------------------------------------
+def build_context(agent, model: Path, destination: Path, provider_options) -> None:
+    """Compile `model` on `agent` and write the EPContext model it sends back to `destination`, checked."""
+    context = agent.build_context(model, provider_options)
+    tmp = temporary_beside(destination)
+    try:
+        agent.download(context.model_id, tmp)
+        check_context_model(tmp)
+        os.replace(tmp, destination)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_context_model(path: str | os.PathLike) -> None:
+    """Raise unless `path` is an ONNX model made of EPContext nodes with an embedded QNN context binary."""
+    model = qdq.load(path)
+    nodes = list(model.graph.node)
+    contexts = [n for n in nodes if n.op_type == "EPContext"]
+    if not contexts:
+        raise MpstudioError(f"{path} has no EPContext node: it is not a context-binary model")
+    for node in contexts:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("embed_mode", 1) != 1 or not attrs.get("ep_cache_context"):
+            raise MpstudioError(f"EPContext node {node.name!r} of {path} does not embed its context binary")
