@@ -33,6 +33,9 @@ def _why_not_applied(name: str, imported: Encoding, model: Mapping[str, Quantize
                      graph: ModelGraph) -> str | None:
     found = model.get(name)
     if found is None:
+        info = graph.tensors.get(name)
+        if info is not None and not info.is_activation:
+            return "a constant the plan's model leaves in float (ORT does not quantize it as an operand of this op)"
         fused = _fused_activation(name, graph)
         if fused is not None:
             return (f"fused with the {fused} after it: the plan's model quantizes only the {fused}'s output, "

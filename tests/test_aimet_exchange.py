@@ -73,3 +73,40 @@ def test_aimets_own_export_imports_with_constants_placed_and_unapplied_encodings
     text = imported.describe()
     assert f"{len(imported.unapplied)} imported encoding(s) the plan's model does not apply" in text
     assert "add_out: fused with the Clip" in text
+    assert "leaves in float" in unapplied["clip.min"]
+
+
+# ---- AIMET loading mpstudio's export under its strict check ----------------------------------------------------
+STRICT_LOAD = """
+import sys, onnx
+from aimet_onnx.quantsim import QuantizationSimModel, load_encodings_to_sim
+from mpstudio.export_aimet import configure_aimet_sim
+model, encodings = sys.argv[1:3]
+sim = QuantizationSimModel(onnx.load(model), param_type="int8", activation_type="int8", config_file="htp_v75")
+assert configure_aimet_sim(sim, encodings) == []
+load_encodings_to_sim(sim, encodings, strict=True)
+print("loaded strictly")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("MPSTUDIO_AIMET_PYTHON"),
+                    reason="set MPSTUDIO_AIMET_PYTHON to a Python with aimet-onnx (pip install mpstudio[aimet])")
+@pytest.mark.parametrize("version", ["1.0.0", "0.6.1"])
+@pytest.mark.parametrize("which", ["a8w8", "mixed", "per-channel-int8"])
+def test_aimet_loads_exported_encodings_with_strict_true(which, version, tmp_path):
+    from conftest import conv_feeds, make_conv_model
+    from mpstudio.data import FeedList
+    from mpstudio.export import export_plan
+    from mpstudio.model import prepare_model
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.quantize import Quantizer
+
+    plan = {"a8w8": PrecisionPlan.a8w8(), "mixed": PrecisionPlan.a8w8().promote(["conv1_out", "relu1_out"]),
+            "per-channel-int8": PrecisionPlan(weight_type="int8", per_channel=True).promote(["add_out"])}[which]
+    quantizer = Quantizer(prepare_model(make_conv_model()), FeedList(conv_feeds(4)), tmp_path / "q")
+    result = export_plan(quantizer, plan, tmp_path, formats=("qnn", "float"), encodings_version=version, name="p")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    run = subprocess.run([os.environ["MPSTUDIO_AIMET_PYTHON"], "-c", STRICT_LOAD, str(result.float_model),
+                          str(result.encodings)], capture_output=True, text=True, env=env, timeout=600)
+    assert "loaded strictly" in run.stdout, run.stderr[-3000:]
