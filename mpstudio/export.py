@@ -11,8 +11,6 @@ import json
 import math
 import os
 import re
-import secrets
-import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,9 @@ from .graph import BIAS, INPUT, OUTPUT, ACTIVATION, WEIGHT, ModelGraph, unknown_
 from .plan import PrecisionPlan
 from .quantize import CALIBRATION_METHODS, QUANT_TYPES, Quantizer, qnn_config
 from . import encodings as encodings_format
+from .export_aimet import encodings_cannot_carry
+from .export_reproduce import (build_context, check_context_model, copy_atomic, htp_weights, readme_text,
+                               reproduction_notes, write_bytes, write_text)
 from . import qdq
 from .qdq import INTEGER_TYPES, Encoding, QuantizedTensor
 
@@ -49,23 +50,25 @@ def read_quantized_tensors(qdq_model) -> dict[str, QuantizedTensor]:
 
 
 # ---- QNN/AIMET encodings JSON ----------------------------------------------------------------------------
-def qnn_encodings(qdq_model, version: str = encodings_format.DEFAULT_VERSION) -> dict[str, Any]:
+def qnn_encodings(qdq_model, version: str = encodings_format.DEFAULT_VERSION, *, biases: bool = True) -> dict[str, Any]:
     """The QNN/AIMET encodings (the format of `qnn-onnx-converter --quantization_overrides`) of a QDQ model, in
     AIMET's `version` "1.0.0" (lists of `{name, dtype, enc_type, bw, is_sym, scale[], offset[]}`) or "0.6.1"
     (the older dict form).
 
     Every quantized tensor is covered, under the float model's name, with the values stored in the model.
     A converted activation carries the encoding its producer writes; the converter inserts its own converts
-    where consumers differ (see docs/export.md).
+    where consumers differ (see docs/export.md). Without `biases`, the int32 biases are left out, as AIMET's
+    HTP configurations write them: QNN derives them from the input and weight scales, as ORT did.
     """
-    tensors = read_quantized_tensors(qdq_model).values()
+    tensors = [t for t in read_quantized_tensors(qdq_model).values() if biases or t.encoding.dtype != "int32"]
     return encodings_format.write(((t.name, t.kind, t.encoding) for t in tensors), version)
 
 
-def validate_encodings(encodings: Any, qdq_model) -> None:
+def validate_encodings(encodings: Any, qdq_model, *, require_biases: bool = False) -> None:
     """Raise MpstudioError listing every problem of an encodings file in either version (1.0.0 or the dict form):
     schema (keys, types, scale > 0, offsets in range, bit widths, min/max of the dict form) and coverage (every
-    quantized tensor of `qdq_model` in the right section, with its bit width, channel count and values)."""
+    quantized tensor of `qdq_model` in the right section, with its bit width, channel count and values; the int32
+    biases may be left out, since QNN derives them from the input and weight scales, unless `require_biases`)."""
     parsed, problems = encodings_format.parse(encodings)
     if not isinstance(encodings, Mapping):
         raise MpstudioError(problems[0])
@@ -88,7 +91,8 @@ def validate_encodings(encodings: Any, qdq_model) -> None:
             if entry is not None and entry.kind == kind:
                 problems += _entry_against_model(where, entry, tensor)
         for tensor in tensors.values():
-            if tensor.kind == kind and tensor.name not in listed[section]:
+            optional = not require_biases and tensor.encoding.dtype == "int32"
+            if tensor.kind == kind and tensor.name not in listed[section] and not optional:
                 problems.append(f"{section} lacks {tensor.name!r}, a tensor the model quantizes to "
                                 f"{tensor.encoding.dtype} (QNN would recalibrate it)")
     _raise_if(problems, "the encodings do not match the model")
@@ -427,12 +431,15 @@ class ExportResult:
     model: Path | None = None
     float_model: Path | None = None
     context: Path | None = None
+    htp_model: Path | None = None  # the QDQ model with the weights the HTP computes with, when they differ
+    readme: Path | None = None  # the notes below, as <name>.README.md
     tensors: int = 0  # quantized tensors of the QDQ model, every one covered by the encodings
+    notes: tuple[str, ...] = ()  # which file reproduces what, and what to pass for it
 
     def paths(self) -> list[Path]:
         """The written files, in the order above."""
-        return [p for p in (self.plan, self.overrides, self.encodings, self.model, self.float_model, self.context)
-                if p is not None]
+        return [p for p in (self.plan, self.overrides, self.encodings, self.model, self.float_model, self.context,
+                            self.htp_model, self.readme) if p is not None]
 
 
 def export_name(plan: PrecisionPlan) -> str:
@@ -449,7 +456,8 @@ def export_plan(
     *,
     agent=None,
     provider_options: Mapping[str, object] | None = None,
-    with_parameters: bool = False,
+    with_parameters: bool = True,
+    encodings_biases: bool = False,
     encodings_version: str = encodings_format.DEFAULT_VERSION,
     name: str | None = None,
     progress: Progress | None = None,
@@ -461,7 +469,11 @@ def export_plan(
     `<name>.qdq.onnx` ("model"), `<name>.float.onnx` ("float": the prepared float model whose tensor names
     the overrides and encodings use, the input for qnn-onnx-converter), and `<name>.ctx.onnx` ("context",
     built on `agent`, an AgentClient, with `provider_options`). Files are written whole or not at all.
-    `encodings_version` is AIMET's "1.0.0" (the default) or "0.6.1" (the older dict form).
+    With "model", `<name>.htp.qdq.onnx` too when the HTP requantizes some weights (the model the study scored),
+    and `<name>.README.md` says which file reproduces what (`ExportResult.notes`). `with_parameters` pins every
+    activation's scale and zero point in the overrides, so ORT's quantizer reproduces the model on any data.
+    `encodings_version` is AIMET's "1.0.0" (the default) or "0.6.1" (the older dict form); `encodings_biases`
+    writes the int32 biases too (AIMET's HTP configurations refuse them under strict loading).
     """
     formats = _checked_formats(formats, encodings_version, agent)
     plan.validate(quantizer.graph)
@@ -475,13 +487,29 @@ def export_plan(
     tensors = read_quantized_tensors(qdq_model)
     paths: dict[str, Path] = {"plan": out / f"{stem}.plan.json"}
     steps.advance("writing the plan")
-    _write_text(paths["plan"], plan.dumps() + "\n")
+    write_text(paths["plan"], plan.dumps() + "\n")
     paths.update(_write_formats(formats, quantizer, plan, qdq_path, qdq_model, out, stem, steps, agent=agent,
                                 provider_options=provider_options, with_parameters=with_parameters,
-                                encodings_version=encodings_version))
+                                encodings_version=encodings_version, encodings_biases=encodings_biases))
+    notes = _write_reproduction(plan, out, stem, paths, qdq_path, pinned=with_parameters, biases=encodings_biases)
     if progress:
         progress(steps.total, steps.total, f"exported {plan.summary()} to {out}")
-    return ExportResult(directory=out, tensors=len(tensors), **paths)
+    return ExportResult(directory=out, tensors=len(tensors), notes=tuple(notes), **paths)
+
+
+def _write_reproduction(plan: PrecisionPlan, out: Path, stem: str, paths: dict[str, Path], qdq_path: Path, *,
+                        pinned: bool, biases: bool) -> list[str]:
+    """Beside the QDQ model, the one with the HTP's weights when they differ; `<name>.README.md` with the notes."""
+    weights = htp_weights(qdq_path) if "model" in paths else None
+    if weights is not None:
+        paths["htp_model"] = out / f"{stem}.htp.qdq.onnx"
+        write_bytes(paths["htp_model"], weights.model)
+    gaps = encodings_cannot_carry(qdq_path, biases=biases) if "encodings" in paths else []
+    notes = reproduction_notes(plan, stem, paths, pinned=pinned, weights=weights, encodings_gaps=gaps)
+    if notes:
+        paths["readme"] = out / f"{stem}.README.md"
+        write_text(paths["readme"], readme_text(plan, notes))
+    return notes
 
 
 def _checked_formats(formats: Iterable[str], encodings_version: str, agent) -> tuple[str, ...]:
@@ -516,7 +544,7 @@ class _ExportSteps:
 
 def _write_formats(formats: tuple[str, ...], quantizer: Quantizer, plan: PrecisionPlan, qdq_path: Path, qdq_model,
                    out: Path, stem: str, steps: _ExportSteps, *, agent, provider_options, with_parameters: bool,
-                   encodings_version: str) -> dict[str, Path]:
+                   encodings_version: str, encodings_biases: bool) -> dict[str, Path]:
     """Write each asked-for format but the plan; their paths by `ExportResult` field."""
     paths: dict[str, Path] = {}
     if "ort" in formats:
@@ -524,71 +552,23 @@ def _write_formats(formats: tuple[str, ...], quantizer: Quantizer, plan: Precisi
         text = json.dumps(ort_overrides(quantizer, plan, with_parameters=with_parameters), indent=2) + "\n"
         validate_ort_overrides(json.loads(text), quantizer.graph, qdq_model, pinned=with_parameters)
         paths["overrides"] = out / f"{stem}.overrides.json"
-        _write_text(paths["overrides"], text)
+        write_text(paths["overrides"], text)
     if "qnn" in formats:
         steps.advance("writing the QNN encodings")
-        text = json.dumps(qnn_encodings(qdq_model, encodings_version), indent=2) + "\n"
-        validate_encodings(json.loads(text), qdq_model)
+        text = json.dumps(qnn_encodings(qdq_model, encodings_version, biases=encodings_biases), indent=2) + "\n"
+        validate_encodings(json.loads(text), qdq_model, require_biases=encodings_biases)
         paths["encodings"] = out / f"{stem}.encodings.json"
-        _write_text(paths["encodings"], text)
+        write_text(paths["encodings"], text)
     if "model" in formats:
         steps.advance("copying the QDQ model")
         paths["model"] = out / f"{stem}.qdq.onnx"
-        _copy_atomic(qdq_path, paths["model"])
+        copy_atomic(qdq_path, paths["model"])
     if "float" in formats:
         steps.advance("copying the float model")
         paths["float_model"] = out / f"{stem}.float.onnx"
-        _copy_atomic(quantizer.float_path, paths["float_model"])
+        copy_atomic(quantizer.float_path, paths["float_model"])
     if "context" in formats:
         steps.advance("building the context binary on the agent")
         paths["context"] = out / f"{stem}.ctx.onnx"
-        _build_context(agent, qdq_path, paths["context"], provider_options)
+        build_context(agent, qdq_path, paths["context"], provider_options)
     return paths
-
-
-def _build_context(agent, model: Path, destination: Path, provider_options) -> None:
-    context = agent.build_context(model, provider_options)
-    tmp = _temporary_beside(destination)
-    try:
-        agent.download(context.model_id, tmp)
-        check_context_model(tmp)
-        os.replace(tmp, destination)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def check_context_model(path: str | os.PathLike) -> None:
-    """Raise unless `path` is an ONNX model made of EPContext nodes with an embedded QNN context binary."""
-    model = qdq.load(path)
-    nodes = list(model.graph.node)
-    contexts = [n for n in nodes if n.op_type == "EPContext"]
-    if not contexts:
-        raise MpstudioError(f"{path} has no EPContext node: it is not a context-binary model")
-    for node in contexts:
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        if attrs.get("embed_mode", 1) != 1 or not attrs.get("ep_cache_context"):
-            raise MpstudioError(f"EPContext node {node.name!r} of {path} does not embed its context binary")
-
-
-def _temporary_beside(path: Path) -> Path:
-    # A fresh name, not a mkstemp file: the final file gets the usual permissions (mkstemp's are 0600).
-    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = _temporary_beside(path)
-    try:
-        with open(tmp, "x") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _copy_atomic(source: Path, destination: Path) -> None:
-    tmp = _temporary_beside(destination)
-    try:
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, destination)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ import onnx
 from . import encodings as encodings_format
 from . import qdq
 from .errors import MpstudioError
+from .import_check import unapplied_encodings
 from .graph import BIAS, WEIGHT, ModelGraph
 from .plan import ACTIVATION_TYPES, WEIGHT_TYPES, PrecisionPlan, TensorOverride
 from .qdq import ACTIVATION, PARAM, Encoding
@@ -43,9 +44,11 @@ class ImportedTensor:
 class ImportedPlan:
     """A plan imported into a study.
 
-    `pinned` are the tensors whose scale and zero point the plan keeps; `skipped` the imported entries it does
-    not pin, as (name, why) pairs (biases: ORT derives them); `calibrated` the quantizable tensors of the model the import
-    does not mention (calibrated by the study wherever ORT quantizes them).
+    `pinned` are the tensors whose scale and zero point the plan's model applies; `skipped` the imported entries
+    it does not pin, as (name, why) pairs (biases: ORT derives them); `unapplied` the pinned encodings the plan's
+    model does not apply (not quantized there, e.g. an op fused with its Clip, or written with other parameters),
+    with why; `calibrated` the quantizable tensors of the model the import does not mention (calibrated by the
+    study wherever ORT quantizes them).
     """
 
     plan: PrecisionPlan
@@ -54,10 +57,15 @@ class ImportedPlan:
     pinned: tuple[str, ...]
     skipped: tuple[tuple[str, str], ...]
     calibrated: tuple[str, ...]
+    unapplied: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> str:
         lines = [f"imported {self.source} as plan {self.plan_id} ({self.plan.summary()})",
-                 f"  {len(self.pinned)} tensor(s) keep the imported scale and zero point"]
+                 f"  {len(self.pinned)} tensor(s) keep the imported scale and zero point in the plan's model"]
+        if self.unapplied:
+            lines.append(f"  {len(self.unapplied)} imported encoding(s) the plan's model does not apply (its numbers "
+                         "can differ from the source's there):")
+            lines += [f"    {name}: {why}" for name, why in self.unapplied]
         if self.skipped:
             reasons = Counter(why for _, why in self.skipped)
             for why, count in reasons.items():
@@ -81,10 +89,13 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     stem = Path(source).stem if isinstance(source, (str, os.PathLike)) else "plan"
     plan = replace(plan, encodings=key, name=name or f"imported {stem}")
     plan_id = study.add_plan(plan, origin=ORIGIN)
+    unapplied = unapplied_encodings(study.quantizer.generate(plan), graph, tensors)
+    left_out = {name for name, _ in unapplied}
     mentioned = {t.name for t in tensors} | {name for name, _ in skipped}
     calibrated = tuple(n for n in graph.activations() + graph.weights()
                        if n not in mentioned and graph.tensors[n].quantizable)
-    return ImportedPlan(plan, plan_id, kind, tuple(t.name for t in tensors), tuple(skipped), calibrated)
+    return ImportedPlan(plan, plan_id, kind, tuple(t.name for t in tensors if t.name not in left_out), tuple(skipped),
+                        calibrated, tuple(unapplied))
 
 
 def read_import(source, graph: ModelGraph) -> tuple[str, list[ImportedTensor], list[tuple[str, str]]]:
@@ -178,6 +189,8 @@ def _checked(entries, graph: ModelGraph, origin: str) -> tuple[list[ImportedTens
             problems.append(f"{where} is a {info.kind} of type {info.dtype}, which mpstudio does not quantize")
             continue
         actual = PARAM if info.kind == WEIGHT else ACTIVATION
+        if kind == ACTIVATION and actual == PARAM and _constant_operand(graph, name):
+            kind = PARAM  # AIMET lists an element-wise op's or a Clip's constant operand as an activation
         if kind != actual:
             problems.append(f"{where} is listed as a{'n' if kind == ACTIVATION else ''} {kind}, but the model has it as "
                             f"a {info.kind}; it belongs in {encodings_format.SECTIONS[actual]}")
@@ -221,6 +234,15 @@ def _checked(entries, graph: ModelGraph, origin: str) -> tuple[list[ImportedTens
         problems.append(f"{origin} holds no tensor to import")
     encodings_format.raise_if(problems, f"{origin} cannot be imported as a plan of this study")
     return tensors, skipped
+
+
+_WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def _constant_operand(graph: ModelGraph, name: str) -> bool:
+    """A constant read by element-wise ops or Clip only, not the weight of a Conv, Gemm or MatMul."""
+    consumers = [graph.nodes[c] for c in graph.tensors[name].consumers if c in graph.nodes]
+    return bool(consumers) and all(node.op_type not in _WEIGHT_OPS for node in consumers)
 
 
 def _unsigned(encoding: Encoding) -> Encoding:

@@ -89,6 +89,9 @@ def check_covers_model(encodings, path):
     first_q, params, inits = qdq_nodes(path)
     encodings = dict_form(encodings)
     activations, weights = encodings["activation_encodings"], encodings["param_encodings"]
+    if not any(e["bitwidth"] == 32 for entries in weights.values() for e in entries):
+        # An export leaves the int32 biases out (QNN derives them); every other parameter is there.
+        params = [n for n in params if inits[n.input[2]].data_type != TensorProto.INT32]
     assert len(activations) == len(first_q) and len(weights) == len(params)
     for name, item in qdq.read(path).activations().items():
         (entry,) = activations[name]
@@ -301,8 +304,9 @@ def test_export_plan_writes_validated_files(conv, tmp_path):
     seen = []
     result = export_plan(conv, MIXED, tmp_path / "out", progress=lambda d, t, m: seen.append((d, t, m)))
     assert isinstance(result, ExportResult)
+    # MIXED's 16-bit Conv takes uint8 per-tensor weights the HTP requantizes: the HTP's model is written too.
     assert [p.name for p in result.paths()] == ["mixed.plan.json", "mixed.overrides.json", "mixed.encodings.json",
-                                              "mixed.qdq.onnx"]
+                                              "mixed.qdq.onnx", "mixed.htp.qdq.onnx", "mixed.README.md"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in result.paths())  # no leftovers
     umask = os.umask(0)
     os.umask(umask)
@@ -374,7 +378,8 @@ def test_demo_exports_cover_the_model_and_requantize_to_it(demo, demo_quantizer,
     check_covers_model(encodings, result.model)
     float_tensors = ModelGraph(onnx.load(str(result.float_model))).tensors
     assert set(encodings["activation_encodings"]) | set(encodings["param_encodings"]) <= set(float_tensors)
-    assert result.tensors == len(encodings["activation_encodings"]) + len(encodings["param_encodings"])
+    biases = [t for t in read_quantized_tensors(result.model).values() if t.encoding.dtype == "int32"]
+    assert result.tensors == len(encodings["activation_encodings"]) + len(encodings["param_encodings"]) + len(biases)
     assert requantize(demo_quantizer, plan, result.overrides, tmp_path / "r.onnx") == \
         read_quantized_tensors(result.model)
 

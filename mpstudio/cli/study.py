@@ -205,6 +205,8 @@ def _export(args) -> int:
     print(f"plan {args.plan} ({plan.summary()}) exported:")
     for path in result.paths():
         print(f"  {path}")
+    for note in result.notes:
+        print(f"\n{note}")
     return 0
 
 
@@ -312,9 +314,10 @@ def add_export_parser(sub) -> None:
                    help="ort: TensorQuantOverrides JSON; qnn: QNN/AIMET encodings JSON; model: the QDQ model; "
                         "float: the prepared float model the encodings name; context: the QNN context binary "
                         "(needs an agent); all: ort, qnn, model and float (and context with an agent)")
-    e.add_argument("--pin-parameters", action="store_true",
-                   help="pin each activation's scale and zero point in the ORT overrides (reproduces the model "
-                        "exactly without the same calibration data)")
+    e.add_argument("--pin-parameters", action=argparse.BooleanOptionalAction, default=True,
+                   help="pin each activation's scale and zero point in the ORT overrides (the default: ORT's "
+                        "quantizer then reproduces the model on any calibration data; without, it calibrates "
+                        "on its own and the model differs)")
     e.add_argument("--encodings-version", default="1.0.0", choices=["1.0.0", "0.6.1"],
                    help="AIMET encodings format of the qnn file: 1.0.0 (default; what aimet-onnx 2.x writes and "
                         "reads) or 0.6.1 (the older dict form, for tools that predate 1.0.0)")

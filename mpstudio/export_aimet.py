@@ -1,0 +1,58 @@
+"""The exported encodings in AIMET's hands: a QuantizationSimModel set up to agree with the file, so that
+`load_encodings_to_sim(sim, path, strict=True)` (AIMET's default) loads it, and what the format cannot carry.
+
+aimet-onnx is never imported here: `configure_aimet_sim` works on the sim the caller built (the optional extra
+`mpstudio[aimet]` installs aimet-onnx). AIMET's strict check compares each quantizer's settings (enabled,
+bit width, symmetry, per-channel) with the file's; a sim built with one `param_type`/`activation_type` and a
+hardware config (e.g. "htp_v75") has per-channel symmetric weights, one activation width and no bias
+quantizers, so a plan with 16-bit tensors or uint8 per-tensor weights needs those quantizers set as the plan has
+them before loading, as AIMET's own mixed-precision flow does.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from . import encodings as encodings_format
+from . import qdq
+
+
+def configure_aimet_sim(sim: Any, encodings: str | os.PathLike | Mapping) -> list[str]:
+    """Set the quantizers of `sim` (an aimet_onnx QuantizationSimModel of the exported float model) to the
+    bit width, per-tensor or per-channel granularity and symmetry of each entry of `encodings` (either version);
+    returns the names the sim has no quantizer for (AIMET's strict loading refuses those)."""
+    parsed = encodings_format.load(encodings)
+    missing = []
+    for name, entry in parsed.entries.items():
+        quantizer = sim.qc_quantize_op_dict.get(name)
+        if quantizer is None or entry.encoding is None:
+            missing.append(name)
+            continue
+        if quantizer.bitwidth != entry.encoding.bits:
+            quantizer.set_bitwidth(entry.encoding.bits)
+        if entry.kind == qdq.PARAM:
+            if bool(quantizer.quant_info.usePerChannelMode) != entry.per_channel:
+                quantizer.enable_per_channel_quantization(entry.per_channel)
+            signed = entry.encoding.dtype.startswith("int")
+            if quantizer.use_symmetric_encodings != signed:
+                quantizer.use_symmetric_encodings = signed
+    return missing
+
+
+def encodings_cannot_carry(qdq_model, *, biases: bool) -> list[str]:
+    """What the encodings of `qdq_model` leave out, one line each: converts (one encoding per tensor) and, when
+    left out, the int32 biases."""
+    tensors = qdq.quantized_tensors(qdq_model).values()
+    lines = []
+    for tensor in tensors:
+        for convert in tensor.converts:
+            lines.append(f"{tensor.name}: written as {tensor.encoding.dtype}, converted to {convert.dtype} "
+                         f"(scale {convert.scale[0]:.6g}, zero point {convert.zero_point[0]}) for some consumers; "
+                         "the file has the producer's encoding, QNN inserts its own convert")
+    if not biases:
+        count = sum(1 for t in tensors if t.encoding.dtype == "int32")
+        if count:
+            lines.append(f"{count} int32 bias(es): left out, as AIMET's HTP configurations write them; QNN derives "
+                         "each from its input and weight scales, as ORT did")
+    return lines

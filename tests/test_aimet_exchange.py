@@ -1,0 +1,112 @@
+"""Encodings exchanged with AIMET: a real aimet-onnx 2.42 export (kept as test data) imports as a plan, with every
+encoding the plan's model does not apply listed; and, where an interpreter with aimet-onnx is given
+(MPSTUDIO_AIMET_PYTHON), AIMET loads mpstudio's exported encodings under its default strict check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import IR
+
+DATA = Path(__file__).parent / "data" / "aimet"
+
+
+def make_eltwise_model() -> onnx.ModelProto:
+    """x[1,3,8,8] -> /conv/Conv -> /relu/Relu -> /scale/Mul(constant) -> /add/Add(+relu) -> /clip/Clip(0, 6) -> y.
+
+    The Mul's constant operand is what AIMET lists under activation_encodings; the Add feeds only the Clip, so
+    ORT's QDQ model quantizes the Clip's output only, where AIMET gives the Add's output an encoding of its own.
+    """
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "conv.weight"),
+             numpy_helper.from_array(rng.normal(0, 0.1, (8,)).astype(np.float32), "conv.bias"),
+             numpy_helper.from_array(rng.uniform(0.5, 2.0, (1, 8, 1, 1)).astype(np.float32), "scale.k"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "clip.min"),
+             numpy_helper.from_array(np.array(6.0, np.float32), "clip.max")]
+    nodes = [helper.make_node("Conv", ["x", "conv.weight", "conv.bias"], ["conv_out"], name="/conv/Conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["conv_out"], ["relu_out"], name="/relu/Relu"),
+             helper.make_node("Mul", ["relu_out", "scale.k"], ["mul_out"], name="/scale/Mul"),
+             helper.make_node("Add", ["mul_out", "relu_out"], ["add_out"], name="/add/Add"),
+             helper.make_node("Clip", ["add_out", "clip.min", "clip.max"], ["y"], name="/clip/Clip")]
+    graph = helper.make_graph(nodes, "eltwise_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def eltwise_feeds(n: int, seed: int = 1) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(n)]
+
+
+# ---- importing AIMET's own export ------------------------------------------------------------------------------
+# tests/data/aimet/eltwise.encodings: aimet-onnx 2.42.0's QuantizationSimModel(make_eltwise_model(), param_type=
+# "int8", activation_type="int8", config_file="htp_v75"), compute_encodings over eltwise_feeds(4), sim.export().
+def test_aimets_own_export_imports_with_constants_placed_and_unapplied_encodings_listed(tmp_path):
+    from mpstudio.data import FeedList
+    from mpstudio.study import Study
+
+    source = DATA / "eltwise.encodings"
+    listed = {e["name"] for e in json.loads(source.read_text())["activation_encodings"]}
+    assert {"scale.k", "clip.min", "clip.max", "add_out"} <= listed  # as AIMET writes them
+    with Study.create(tmp_path / "study", make_eltwise_model(), FeedList(eltwise_feeds(4))) as study:
+        imported = study.import_plan(source)
+        model = study.quantizer.generate(imported.plan)
+    from mpstudio.export import read_quantized_tensors
+
+    tensors = read_quantized_tensors(model)
+    # The Mul's constant is pinned where the model has it: a parameter, with AIMET's scale.
+    assert "scale.k" in imported.pinned and tensors["scale.k"].kind == "param"
+    unapplied = dict(imported.unapplied)
+    assert "add_out" in unapplied and "fused with the Clip" in unapplied["add_out"]
+    assert set(imported.pinned).isdisjoint(unapplied)
+    assert set(imported.pinned) | set(unapplied) | {n for n, _ in imported.skipped} == \
+        {e["name"] for section in ("activation_encodings", "param_encodings")
+         for e in json.loads(source.read_text())[section]}
+    text = imported.describe()
+    assert f"{len(imported.unapplied)} imported encoding(s) the plan's model does not apply" in text
+    assert "add_out: fused with the Clip" in text
+    assert "leaves in float" in unapplied["clip.min"]
+
+
+# ---- AIMET loading mpstudio's export under its strict check ----------------------------------------------------
+STRICT_LOAD = """
+import sys, onnx
+from aimet_onnx.quantsim import QuantizationSimModel, load_encodings_to_sim
+from mpstudio.export_aimet import configure_aimet_sim
+model, encodings = sys.argv[1:3]
+sim = QuantizationSimModel(onnx.load(model), param_type="int8", activation_type="int8", config_file="htp_v75")
+assert configure_aimet_sim(sim, encodings) == []
+load_encodings_to_sim(sim, encodings, strict=True)
+print("loaded strictly")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("MPSTUDIO_AIMET_PYTHON"),
+                    reason="set MPSTUDIO_AIMET_PYTHON to a Python with aimet-onnx (pip install mpstudio[aimet])")
+@pytest.mark.parametrize("version", ["1.0.0", "0.6.1"])
+@pytest.mark.parametrize("which", ["a8w8", "mixed", "per-channel-int8"])
+def test_aimet_loads_exported_encodings_with_strict_true(which, version, tmp_path):
+    from conftest import conv_feeds, make_conv_model
+    from mpstudio.data import FeedList
+    from mpstudio.export import export_plan
+    from mpstudio.model import prepare_model
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.quantize import Quantizer
+
+    plan = {"a8w8": PrecisionPlan.a8w8(), "mixed": PrecisionPlan.a8w8().promote(["conv1_out", "relu1_out"]),
+            "per-channel-int8": PrecisionPlan(weight_type="int8", per_channel=True).promote(["add_out"])}[which]
+    quantizer = Quantizer(prepare_model(make_conv_model()), FeedList(conv_feeds(4)), tmp_path / "q")
+    result = export_plan(quantizer, plan, tmp_path, formats=("qnn", "float"), encodings_version=version, name="p")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    run = subprocess.run([os.environ["MPSTUDIO_AIMET_PYTHON"], "-c", STRICT_LOAD, str(result.float_model),
+                          str(result.encodings)], capture_output=True, text=True, env=env, timeout=600)
+    assert "loaded strictly" in run.stdout, run.stderr[-3000:]
