@@ -298,7 +298,8 @@ def test_search_command_line_prints_the_front_and_how_to_export(tmp_path):
     from mpstudio.export import validate_encodings
 
     encodings = next((tmp_path / "out").glob("*.encodings.json"))
-    qdq = next((tmp_path / "out").glob("*.qdq.onnx"))
+    # The encodings describe ORT's QDQ model (`.qdq.onnx`), not the one with the HTP's weights (`.htp.qdq.onnx`).
+    qdq = next(p for p in (tmp_path / "out").glob("*.qdq.onnx") if not p.name.endswith(".htp.qdq.onnx"))
     validate_encodings(json.loads(encodings.read_text()), qdq)
     assert next((tmp_path / "out").glob("*.overrides.json")).exists()
     show = subprocess.run([sys.executable, "-m", "mpstudio", "study", "show", str(tmp_path / "s")],

@@ -15,6 +15,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationMethod
 from onnxruntime.quantization.calibrate import TensorsData, create_calibrator, save_tensors_data
 
+from ..cache import exclusive
 from ..data import CalibrationReader, DataSource, Progress
 from ..errors import MpstudioError, brief
 from ..plan import PrecisionPlan
@@ -84,7 +85,8 @@ def collect_ranges(model_path: Path, calibration: DataSource, inputs, method: st
     if len(calibration) == 0:
         raise MpstudioError(f"{calibration.name} holds no samples to calibrate with")
     reader = CalibrationReader(calibration, progress, cancel, message, inputs)
-    with tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
+    # ORT's calibrator writes and deletes "<model>-inferred.onnx" beside the model: one process at a time.
+    with exclusive(Path(f"{model_path}.calibrate.lock")), tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
         calibrator = create_calibrator(
             model_path,
             None,  # every float tensor: ranges must serve any plan

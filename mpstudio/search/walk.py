@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..data import Cancelled
 from ..plan import PrecisionPlan
+from ..quantize import weight_form
 from ..store import Evaluation
 from .choice import choose, pointless_because, stored_evaluations
 from .grid import PrefixGrid, largest
@@ -37,6 +38,7 @@ class Walk:
         self.new = 0
         self._stored: list[Evaluation] | None = None  # the study's evaluations of the walk's source, read once
         self.weights_note = ""
+        self.ceiling_form: str | None = None  # the weight form whose all-16-bit baseline bounds a promotion
         self.hib = study.higher_is_better
         # A pool evaluates one plan per healthy agent at a time; anything else is one worker.
         self.workers = (runner.healthy() or [runner]) if hasattr(runner, "healthy") else [runner]
@@ -83,6 +85,9 @@ class Walk:
         self.baselines = {"a8w8": a8, "a16w8": a16}
         self.source = a8.accuracy_source
         base_plan, base, self.weights_note = weight_base(self, weights)
+        # Promotions keep the base's weights, so its all-16-bit counterpart bounds what they can give; the mixed
+        # walk changes weights too, and no baseline bounds it.
+        self.ceiling_form = None if weights == "mixed" else weight_form(base_plan)
         self.goal, self.threshold = goal, goal.threshold(self._target_references(goal), self.hib)
         # Cheap checks first: no promotion is cheaper than an all-8-bit baseline, so one that reaches the target
         # answers the search before any sensitivity analysis.
@@ -139,8 +144,8 @@ class Walk:
         latency = self.study.estimate(plan)
         ms = latency.ms if latency is not None else math.inf
         sign = 1.0 if self.hib else -1.0
-        ceiling = max((sign * e.value for name, e in self.baselines.items() if name.startswith("a16w8")),
-                      default=None)
+        ceiling = max((sign * e.value for name, e in self.baselines.items() if name.startswith("a16w8")
+                       and weight_form(self.study.plan(e.plan_id)) == self.ceiling_form), default=None)
         return pointless_because(ms, self.stored(), self.threshold, self.hib,
                                  None if ceiling is None else sign * ceiling)
 
