@@ -521,3 +521,58 @@ def test_small_inputs_still_run_through_the_json_and_binary_forms(tight, models)
     with zipfile.ZipFile(io.BytesIO(response.content)) as archive:
         assert "y.npy" in archive.namelist()
     assert len(encode_npz(feeds)) < UPLOAD_MB * 2**20
+
+
+# ------------------------------------------------------------------------------------------- round 2
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """An agent with a 3 s run timeout."""
+    log = tmp_path_factory.mktemp("quick") / "agent.log"
+    with LocalAgent(run_timeout=3, log_path=log) as local:
+        yield local
+
+
+def test_a_worker_that_stops_reading_neither_freezes_the_agent_nor_escapes_the_run_timeout(quick, models):
+    """Inputs far larger than the pipe's buffer, sent to a worker that no longer reads (SIGSTOP)."""
+    client = quick.client
+    model_id = client.upload(models["slow"])
+    feeds = {"x": np.random.default_rng(3).standard_normal((384, 384)).astype(np.float32)}  # 590 KB
+    client.run(model_id, feeds, backend="cpu", iterations=1)
+    worker = client.health()["worker_pid"]
+    os.kill(worker, signal.SIGSTOP)
+    outcome = {}
+
+    def run_it():
+        started = time.monotonic()
+        with AgentClient(quick.url, quick.token, retries=0, timeout=30) as once:
+            try:
+                once.run(model_id, feeds, backend="cpu", iterations=1)
+                outcome["error"] = None
+            except AgentError as exc:
+                outcome["error"] = exc
+        outcome["took"] = time.monotonic() - started
+
+    runner = threading.Thread(target=run_it)
+    try:
+        runner.start()
+        health_times = []
+        while runner.is_alive() and len(health_times) < 60:
+            started = time.monotonic()
+            response = httpx.get(f"{quick.url}/health", headers=auth(quick), timeout=5)
+            health_times.append(time.monotonic() - started)
+            assert response.status_code == 200
+            time.sleep(0.1)
+        runner.join(timeout=30)
+    finally:
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert max(health_times) < 1.0, health_times
+    assert outcome["error"] is not None and outcome["error"].status == 504, outcome
+    assert outcome["took"] < 3 + 8, outcome
+    after = client.health()
+    assert after["worker_pid"] != worker
+    np.testing.assert_allclose(client.run(model_id, feeds, backend="cpu", iterations=1).outputs["y"],
+                               direct_run(models["slow"], "cpu", feeds)["y"], rtol=1e-5, atol=1e-5)
