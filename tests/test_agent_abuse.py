@@ -576,3 +576,89 @@ def test_a_worker_that_stops_reading_neither_freezes_the_agent_nor_escapes_the_r
     assert after["worker_pid"] != worker
     np.testing.assert_allclose(client.run(model_id, feeds, backend="cpu", iterations=1).outputs["y"],
                                direct_run(models["slow"], "cpu", feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def queueing(tmp_path_factory):
+    """An agent whose queued runs may hold 1 MB of requests between them, and 64 MB of inputs per run."""
+    log = tmp_path_factory.mktemp("queueing") / "agent.log"
+    with LocalAgent(run_timeout=60, log_path=log,
+                    extra_args=("--max-queued-mb", "1", "--max-inputs-mb", "64")) as local:
+        yield local
+
+
+def _keep_busy(agent, model_id: str, seconds: float) -> threading.Thread:
+    """A thread running the slow model for about `seconds`; returns once the device is busy."""
+    feeds = {"x": np.random.default_rng(5).standard_normal((384, 384)).astype(np.float32)}
+    started = time.monotonic()
+    agent.client.run(model_id, feeds, backend="cpu", iterations=3)
+    per_run = (time.monotonic() - started) / 4
+    iterations = max(int(seconds / per_run), 10)
+
+    def run():
+        with AgentClient(agent.url, agent.token, retries=0) as busy:
+            busy.run(model_id, feeds, backend="cpu", iterations=iterations)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not agent.client.health()["busy"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return thread
+
+
+def _npz_run(model_id: str, **arrays) -> bytes:
+    buffer = io.BytesIO()
+    spec = json.dumps({"model_id": model_id, "backend": "cpu"}).encode()
+    np.savez_compressed(buffer, **arrays, **{RUN_MEMBER: np.frombuffer(spec, np.uint8)})
+    return buffer.getvalue()
+
+
+def test_queued_runs_hold_their_requests_not_their_decoded_arrays(queueing, models):
+    """Six runs of 48 MB of zeros each (compressed to ~50 KB) wait behind a busy device."""
+    model_id = queueing.client.upload(models["slow"])
+    body = _npz_run(model_id, x=np.zeros(12 * 2**20, np.float32))
+    assert len(body) < 100 * 1024
+    before = memory_kb(queueing.pid)
+    busy = _keep_busy(queueing, model_id, 4.0)
+    statuses = []
+
+    def post():
+        response = httpx.post(f"{queueing.url}/v1/runs/npz", content=body, headers=auth(queueing), timeout=60)
+        statuses.append(response.status_code)
+
+    posters = [threading.Thread(target=post) for _ in range(6)]
+    for thread in posters:
+        thread.start()
+    for thread in posters:
+        thread.join(timeout=60)
+    busy.join(timeout=60)
+    after = memory_kb(queueing.pid)
+    assert statuses == [422] * 6  # each ran in turn, and the worker refused the wrong shape
+    grown_mb = (after["VmHWM"] - before["VmHWM"]) / 1024
+    assert grown_mb < 150, (before, after)  # decoded all at once they would take 288 MB
+
+
+def test_runs_past_the_queue_byte_budget_get_503(queueing, models):
+    model_id = queueing.client.upload(models["slow"])
+    body = _npz_run(model_id, x=np.random.default_rng(0).standard_normal(180_000).astype(np.float32))
+    assert 0.6 * 2**20 < len(body) < 2**20
+    busy = _keep_busy(queueing, model_id, 3.0)
+    results = []
+
+    def post():
+        response = httpx.post(f"{queueing.url}/v1/runs/npz", content=body, headers=auth(queueing), timeout=60)
+        results.append((response.status_code, response.json().get("detail", "") if response.status_code != 200
+                        else ""))
+
+    first = threading.Thread(target=post)
+    first.start()
+    deadline = time.monotonic() + 10
+    while queueing.client.health()["queued"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    post()  # the second would take the queue past 1 MB
+    first.join(timeout=60)
+    busy.join(timeout=60)
+    status, detail = results[0]
+    assert status == 503 and "--max-queued-mb" in detail, results
+    assert results[1][0] == 422  # the first waited, then ran (the shape is wrong for the model)

@@ -43,6 +43,9 @@ def add_parser(subparsers) -> None:
     limits = serve.add_argument_group("limits", "What one client may make the agent hold (docs/agent.md)")
     limits.add_argument("--max-inputs-mb", type=float, default=None,
                         help="largest total size of a run's input arrays once decompressed (default: --max-upload-mb)")
+    limits.add_argument("--max-queued-mb", type=float, default=1024.0,
+                        help="request bytes runs waiting for the device may hold between them; past it a run "
+                        "gets 503 (default 1024)")
     limits.add_argument("--max-store-mb", type=float, default=10240.0,
                         help="disk kept for uploaded models; the least recently used are evicted (default 10240)")
     limits.add_argument("--max-uploads", type=int, default=2, help="uploads in progress at once (default 2)")
@@ -66,7 +69,8 @@ def run_serve(args: argparse.Namespace) -> int:
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     config = AgentConfig(
         host=args.host, port=args.port, token=token, workdir=args.workdir, max_upload_mb=args.max_upload_mb,
-        run_timeout_s=args.run_timeout, max_queue=args.max_queue, max_sessions=args.max_sessions,
+        run_timeout_s=args.run_timeout, max_queue=args.max_queue, max_queued_mb=args.max_queued_mb,
+        max_sessions=args.max_sessions,
         device_name=args.device_name, htp_arch=args.htp_arch, soc_model=args.soc_model,
         intra_op_threads=args.threads, max_inputs_mb=args.max_inputs_mb, max_store_mb=args.max_store_mb,
         max_uploads=args.max_uploads, max_connections=args.max_connections, header_timeout_s=args.header_timeout,

@@ -87,26 +87,22 @@ def encode_npz(arrays: dict[str, np.ndarray]) -> bytes:
 MAX_NPZ_MEMBERS = 1024
 
 
-def decode_npz(data: bytes, max_bytes: int | None = None) -> dict[str, np.ndarray]:
+def decode_npz(data: bytes, max_bytes: int | None = None, members=None) -> dict[str, np.ndarray]:
     """Arrays from `.npz` bytes, read without trusting the archive.
 
     A pickled member is refused (pickles can run code when loaded), and so is any member that is not an
     `.npy` array. With `max_bytes`, the arrays' total size is bounded *before* anything is decompressed or
     allocated: the zip's declared sizes and each `.npy` header's shape and dtype are checked first, so a
     small compressed archive (a "zip bomb") or a header declaring a huge shape is refused at once.
+    `members`, when given, is a predicate on member names (without `.npy`): only those are read.
     """
-    if not bytes(data[:4]) == b"PK\x03\x04":  # np.load would take anything else for a pickle or .npy
-        raise MpstudioError("the inputs are not a valid .npz archive (make them with numpy.savez)")
-    members = _zip_member_count(data)
-    if members > MAX_NPZ_MEMBERS:
-        raise MpstudioError(f"the .npz has {members} members; at most {MAX_NPZ_MEMBERS} arrays are accepted")
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            entries = archive.infolist()
-            _check_declared_sizes(entries, max_bytes)
+        with _checked_archive(data, max_bytes) as archive:
             arrays = {}
             budget = max_bytes
-            for entry in entries:
+            for entry in archive.infolist():
+                if members is not None and not members(entry.filename[: -len(".npy")]):
+                    continue
                 name, array = _read_member(archive, entry, budget)
                 arrays[name] = array
                 if budget is not None:
@@ -123,6 +119,33 @@ def decode_npz(data: bytes, max_bytes: int | None = None) -> dict[str, np.ndarra
         raise MpstudioError(f"the inputs are not a valid .npz archive: {_first_line(exc)}") from None
     except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, RuntimeError) as exc:
         raise MpstudioError(f"the inputs are not a valid .npz archive: {_first_line(exc)}") from None
+
+
+def check_npz(data: bytes, max_bytes: int | None = None) -> None:
+    """Refuse an .npz by its directory alone (member count, member names, declared sizes), without
+    decompressing anything: what can be said about a run's inputs before it waits for the device."""
+    try:
+        with _checked_archive(data, max_bytes):
+            pass
+    except MpstudioError:
+        raise
+    except (ValueError, OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError) as exc:
+        raise MpstudioError(f"the inputs are not a valid .npz archive: {_first_line(exc)}") from None
+
+
+def _checked_archive(data: bytes, max_bytes: int | None) -> zipfile.ZipFile:
+    if not bytes(data[:4]) == b"PK\x03\x04":  # np.load would take anything else for a pickle or .npy
+        raise MpstudioError("the inputs are not a valid .npz archive (make them with numpy.savez)")
+    members = _zip_member_count(data)
+    if members > MAX_NPZ_MEMBERS:
+        raise MpstudioError(f"the .npz has {members} members; at most {MAX_NPZ_MEMBERS} arrays are accepted")
+    archive = zipfile.ZipFile(io.BytesIO(data))
+    try:
+        _check_declared_sizes(archive.infolist(), max_bytes)
+    except BaseException:
+        archive.close()
+        raise
+    return archive
 
 
 def npz_declared_bytes(data: bytes) -> int:
