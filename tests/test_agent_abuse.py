@@ -662,3 +662,40 @@ def test_runs_past_the_queue_byte_budget_get_503(queueing, models):
     status, detail = results[0]
     assert status == 503 and "--max-queued-mb" in detail, results
     assert results[1][0] == 422  # the first waited, then ran (the shape is wrong for the model)
+
+
+def _connect_from(agent, source: str) -> socket.socket:
+    sock = socket.create_connection(address(agent), timeout=10, source_address=(source, 0))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def test_clients_without_the_token_cannot_hold_every_connection(tmp_path):
+    """Three addresses of loopback hold all 24 connections without sending a byte; one of them cannot hold
+    more than 8, and a client with the token is served at once, not after the 10 s header timeout."""
+    args = ("--max-connections", "24", "--max-unauthenticated-per-client", "8", "--header-timeout", "10")
+    with LocalAgent(extra_args=args, log_path=tmp_path / "agent.log") as agent:
+        held = [_connect_from(agent, "127.0.0.2") for _ in range(8)]
+        try:
+            extra = _connect_from(agent, "127.0.0.2")
+            response, closed_after = read_until_closed(extra, 5.0)
+            extra.close()
+            assert status_of(response) == 503 and b"not sent the token" in response and closed_after < 1.0
+            held += [_connect_from(agent, f"127.0.0.{n}") for n in (3, 4, 5) for _ in range(8)]  # past the cap
+            time.sleep(0.3)
+            started = time.monotonic()
+            with AgentClient(agent.url, agent.token, retries=0) as client:
+                assert client.health(timeout=5)["status"] == "ok"
+                assert client.info(refresh=True).device
+            assert time.monotonic() - started < 3.0
+            gave_way = []
+            for sock in held:  # the oldest gave way, with a reason
+                sock.settimeout(0.05)
+                try:
+                    gave_way.append(sock.recv(4096))
+                except TimeoutError:
+                    pass
+            assert gave_way and all(status_of(r) == 503 and b"make room" in r for r in gave_way), gave_way
+        finally:
+            for sock in held:
+                sock.close()

@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from ... import __version__
 from ...errors import MpstudioError
 from ...runtime import htp_is_emulated
-from ..guards import RedactQuery, RequestGuard, guarded_protocol
+from ..guards import ClientConnections, RedactQuery, RequestGuard, guarded_protocol
 from ..protocol import AgentError
 from .config import AgentConfig
 from .routes import router
@@ -97,8 +97,9 @@ def serve(config: AgentConfig, *, log_level: str = "info", announce=sys.stdout) 
     host = f"[{config.host}]" if ":" in config.host else config.host
     # log_config=None: uvicorn's records (access lines too) go through the agent's logging, to stderr,
     # keeping stdout for the one "listening on" line a parent process reads.
+    app.state.connections = ClientConnections()  # shared by the protocol and RequestGuard
     try:
-        protocol = guarded_protocol(config.http, config.connection_limits())
+        protocol = guarded_protocol(config.http, config.connection_limits(), app.state.connections)
     except ImportError as exc:
         raise MpstudioError(f"HTTP implementation {config.http!r} is not installed ({exc}); use --http auto") from None
     logging.getLogger("uvicorn.access").addFilter(RedactQuery())

@@ -42,6 +42,7 @@ class AgentConfig:
     max_store_mb: float = 10240.0
     max_uploads: int = 2
     max_connections: int = 128
+    max_unauthenticated_per_client: int = 16
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     request_timeout_s: float = 600.0
@@ -62,6 +63,7 @@ class AgentConfig:
                     "--max-sessions": self.max_sessions,
                     "--max-inputs-mb": self.inputs_bytes, "--max-store-mb": self.max_store_mb,
                     "--max-uploads": self.max_uploads, "--max-connections": self.max_connections,
+                    "--max-unauthenticated-per-client": self.max_unauthenticated_per_client,
                     "--header-timeout": self.header_timeout_s, "--body-timeout": self.body_timeout_s,
                     "--request-timeout": self.request_timeout_s}
         bad = [name for name, value in positive.items() if not value > 0]
@@ -98,7 +100,8 @@ class AgentConfig:
 
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits(header_timeout_s=self.header_timeout_s, body_timeout_s=self.body_timeout_s,
-                                request_timeout_s=self.request_timeout_s, max_connections=self.max_connections)
+                                request_timeout_s=self.request_timeout_s, max_connections=self.max_connections,
+                                max_unauthenticated_per_client=self.max_unauthenticated_per_client)
 
     def default_options(self) -> dict[str, str]:
         """Provider options this device adds to each htp run that does not set them."""
