@@ -699,3 +699,117 @@ def test_clients_without_the_token_cannot_hold_every_connection(tmp_path):
         finally:
             for sock in held:
                 sock.close()
+
+
+def test_a_zip_whose_end_record_understates_its_members_is_held_to_the_member_cap(tight, models):
+    model_id = tight.client.upload(models["a8"])
+    empty = _npy_header((0,))
+    members = [(f"m{i}.npy", empty, zlib.crc32(empty), len(empty), 0) for i in range(3000)]
+    body = bytearray(_zip([*members, _run_member(model_id)]))
+    at = body.rfind(b"PK\x05\x06")
+    body[at + 8:at + 12] = struct.pack("<HH", 2, 2)  # the end record claims two members
+    started = time.monotonic()
+    response = httpx.post(f"{tight.url}/v1/runs/npz", content=bytes(body), headers=auth(tight), timeout=30)
+    assert response.status_code == 422 and "members; at most 1024" in response.json()["detail"], response.text
+    assert time.monotonic() - started < 2.0
+
+
+def tile_model(length: int, repeats: int) -> bytes:
+    """y = x tiled `repeats` times: a small request whose answer is large."""
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "r"], ["y"], name="tile")], "tile",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [length])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [length * repeats])],
+        [numpy_helper.from_array(np.array([repeats], np.int64), "r")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString()
+
+
+def test_an_answer_the_client_never_reads_is_dropped_after_the_body_timeout(tight):
+    model_id = tight.client.upload(tile_model(1024, 4096))  # a 16 MB answer
+    spec = json.dumps({"model_id": model_id, "backend": "cpu"}).encode()
+    body = encode_npz({"x": np.ones(1024, np.float32), RUN_MEMBER: np.frombuffer(spec, np.uint8)})
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that holds almost nothing
+    sock.settimeout(10)
+    sock.connect(address(tight))
+    host, _ = address(tight)
+    sock.sendall(f"POST /v1/runs/npz HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {tight.token}\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    time.sleep(3 * TIMEOUT + 1.0)  # the body timeout, with room for the run
+    response, _ = read_until_closed(sock, 10.0)
+    sock.close()
+    assert status_of(response) == 200
+    assert len(response) < 8 * 2**20, len(response)  # dropped long before the whole answer was read
+    assert "read nothing of its answer" in tight.log_path.read_text()
+    assert tight.client.health()["status"] == "ok"
+
+
+def test_a_run_that_overruns_one_agent_does_not_set_the_pool_aside(quick, models, tmp_path):
+    from mpstudio.agent import AgentPool, AgentRunTimeout
+
+    feeds = {"x": np.random.default_rng(3).standard_normal((384, 384)).astype(np.float32)}
+    with LocalAgent(run_timeout=3, log_path=tmp_path / "second.log") as second, \
+            AgentPool([quick.url, second.url], quick.token) as pool:
+        pool.agents[1] = AgentClient(second.url, second.token)
+        with pytest.raises(AgentRunTimeout):
+            pool.run(models["slow"], feeds, backend="cpu", iterations=100_000)
+        assert len(pool.healthy(check=False)) == 2  # neither agent was set aside for the run's length
+        result = pool.run(models["slow"], feeds, backend="cpu", iterations=1)
+        np.testing.assert_allclose(result.outputs["y"], direct_run(models["slow"], "cpu", feeds)["y"], rtol=1e-5,
+                                   atol=1e-5)
+
+
+class _HostileAgent:
+    """An HTTP server on loopback that answers like an agent, with what a hostile agent could send."""
+
+    def __init__(self, run_answer: bytes):
+        import http.server
+
+        answer = run_answer
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status: int, body: bytes, kind: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._send(200, json.dumps({"model_id": self.path.rsplit("/", 1)[-1], "size_bytes": 1}).encode(),
+                           "application/json")
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self._send(200, answer, "application/octet-stream")
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_agent_client_bounds_what_an_agent_sends_back():
+    model_id = "ab" * 32
+    bomb, inflated = npz_bomb(model_id, 3 * 2**20 // 2)
+    assert inflated > 1024 * 2**20
+    peak_before = memory_kb(os.getpid())["VmHWM"]
+    with _HostileAgent(bomb) as hostile, AgentClient(hostile.url, retries=0) as client:
+        with pytest.raises(AgentError) as refused:
+            client.run(model_id, {"x": np.zeros(4, np.float32)}, backend="cpu")
+        assert refused.value.status == 502 and "max_response_mb" in str(refused.value)
+        with AgentClient(hostile.url, retries=0, max_response_mb=1) as small:
+            with pytest.raises(AgentError) as too_large:
+                small.run(model_id, {"x": np.zeros(4, np.float32)}, backend="cpu")
+        assert too_large.value.status == 502 and "more than 1 MB" in str(too_large.value)
+    assert memory_kb(os.getpid())["VmHWM"] - peak_before < 200 * 1024

@@ -104,8 +104,31 @@ class _Deadlines:
 
     def connection_lost(self, exc) -> None:
         self._cancel()
+        self._stop_write_timer()
         self.registry.closed(self)
         super().connection_lost(exc)
+
+    # A client that stops reading its answer would keep the whole answer (a run's outputs, say) in the
+    # transport's buffer forever: past the body timeout without draining, the connection is dropped.
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._stop_write_timer()
+        self._write_timer = asyncio.get_running_loop().call_later(self.limits.body_timeout_s, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        self._stop_write_timer()
+        super().resume_writing()
+
+    def _stop_write_timer(self) -> None:
+        if getattr(self, "_write_timer", None) is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_stalled(self) -> None:
+        self._write_timer = None
+        logging.getLogger("mpstudio.agent").warning(
+            "dropped a connection whose client read nothing of its answer for %g s", self.limits.body_timeout_s)
+        self.transport.abort()  # frees what is buffered; close() would wait for the client to read it
 
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle

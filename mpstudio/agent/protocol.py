@@ -43,6 +43,13 @@ class AgentError(MpstudioError):
         self.status = status
 
 
+class AgentRunTimeout(AgentError):
+    """The agent answered 504: the run overran its --run-timeout (its worker was replaced; the agent is fine)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, 504)
+
+
 def is_model_id(text) -> bool:
     return isinstance(text, str) and _MODEL_ID.fullmatch(text) is not None
 
@@ -161,14 +168,29 @@ def npz_declared_bytes(data: bytes) -> int:
 
 
 def _zip_member_count(data: bytes) -> int:
-    """The member count of a zip's end-of-central-directory record, read before zipfile builds an index of
-    every member (an archive of millions of empty members would cost gigabytes of Python objects)."""
+    """How many members a zip's central directory really holds, counted from its entries (at most
+    `MAX_NPZ_MEMBERS + 1` of them are walked) before zipfile builds an index of every member: an archive of
+    millions of empty members would cost gigabytes of Python objects, and the end record's count may lie."""
     tail = bytes(data[-(22 + 0xFFFF):])
     at = tail.rfind(b"PK\x05\x06")
     if at < 0 or at + 22 > len(tail):
         raise MpstudioError("the inputs are not a valid .npz archive (no end of central directory)")
-    (count,) = struct.unpack_from("<H", tail, at + 10)
-    return count if count != 0xFFFF else MAX_NPZ_MEMBERS + 1  # 0xFFFF: a zip64 count, far too many anyway
+    count, directory_size = struct.unpack_from("<HI", tail, at + 10)
+    if count == 0xFFFF or directory_size == 0xFFFFFFFF:
+        return MAX_NPZ_MEMBERS + 1  # a zip64 directory: far too many members for inputs anyway
+    # zipfile finds the directory just before the end record, `directory_size` bytes long: walk the same.
+    end = len(data) - len(tail) + at
+    position, found = end - directory_size, 0
+    if position < 0:
+        raise MpstudioError("the inputs are not a valid .npz archive (bad central directory size)")
+    view = memoryview(data)
+    while position + 46 <= end and found <= MAX_NPZ_MEMBERS:
+        if bytes(view[position:position + 4]) != b"PK\x01\x02":
+            break
+        name, extra, comment = struct.unpack_from("<HHH", data, position + 28)
+        position += 46 + name + extra + comment
+        found += 1
+    return found
 
 
 def _check_declared_sizes(entries: list[zipfile.ZipInfo], max_bytes: int | None) -> None:
