@@ -216,3 +216,66 @@ def test_searches_with_nan_results_read_back(tmp_path):
     assert frame["result"].iloc[0] == {"gap": None, "path": [1, 2]} and frame["result"].iloc[1] is None
     assert json.loads(json.dumps(frame["result"].tolist()))
     study.close()
+
+
+# ------------------------------------------------------------------------------------------- liveness across hosts
+
+_OTHER_HOST = textwrap.dedent("""
+    import socket, sys, time
+    real_time = time.time
+    time.time = lambda: real_time() - 300.0  # this host's clock is five minutes behind
+    socket.gethostname = lambda: "other-host"
+    from mpstudio.store import StudyStore
+    store = StudyStore({db!r})
+    plan = store.add_plan("h" * 16, "a8w8", "user", {{}}, 0)
+    search = store.start_search({{"target": "a16w8+2%"}})
+    job = store.submit(plan, "cpu", search)
+    assert store.claim_job() == job
+    print("running", flush=True)
+    sys.stdin.read()  # until the test lets go
+""")
+
+
+def test_a_live_search_on_a_host_whose_clock_is_behind_reads_as_running(tmp_path):
+    from mpstudio.store import StudyStore
+
+    db = tmp_path / "study.sqlite"
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_HOST.format(db=str(db))], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "running", other.stderr.read()
+        store = StudyStore(db)
+        try:
+            assert store.searches()["status"].tolist() == ["running"]
+            assert store.jobs()["status"].tolist() == ["running"]
+            assert store.claim_job() is None  # its job is not run twice
+            with pytest.raises(MpstudioError, match="running in another process"):
+                store.start_search({"target": "a16w8+2%"})
+        finally:
+            store.close()
+    finally:
+        other.kill()
+        other.wait(timeout=30)
+
+
+def test_a_reused_pid_or_a_heartbeat_from_the_future_does_not_keep_a_search_running(tmp_path):
+    import socket
+
+    from mpstudio.store import StudyStore
+
+    db = tmp_path / "study.sqlite"
+    store = StudyStore(db)
+    try:
+        first = store.start_search({"target": "a"})
+        second = store.start_search({"target": "b"})
+        with sqlite3.connect(db) as conn:
+            # A dead owner whose pid now belongs to a live process (this one) that started at another time.
+            conn.execute("UPDATE searches SET owner = ? WHERE id = ?", (f"{socket.gethostname()}:{os.getpid()}:1",
+                                                                         first))
+            # A dead owner on another host whose clock ran a day ahead.
+            conn.execute("UPDATE searches SET owner = 'other-host:4242', updated = ? WHERE id = ?",
+                         (time.time() + 86400, second))
+        assert store.searches()["status"].tolist() == ["interrupted", "interrupted"]
+        assert store.start_search({"target": "b"}) == second  # taken over, not refused
+    finally:
+        store.close()
