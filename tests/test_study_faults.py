@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import onnx
 import pytest
 
@@ -279,3 +280,20 @@ def test_a_reused_pid_or_a_heartbeat_from_the_future_does_not_keep_a_search_runn
         assert store.start_search({"target": "b"}) == second  # taken over, not refused
     finally:
         store.close()
+
+
+# ------------------------------------------------------------------------------------------- user data
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_or_inf_in_calibration_data_names_the_sample_and_input(tmp_path, bad):
+    calibration = chain_feeds(6)
+    calibration[3]["x"][0, 1, 2, 3] = bad
+    study = Study.create(tmp_path / "study", _model(tmp_path), FeedList(calibration), FeedList(chain_feeds(4, seed=3)))
+    try:
+        with pytest.raises(MpstudioError) as refused:
+            study.evaluate(PrecisionPlan.a8w8())
+    finally:
+        study.close()
+    message = str(refused.value)
+    assert "sample 3" in message and "'x'" in message and ("NaN" in message or "infinite" in message), message
+    assert "[0, 1, 2, 3]" in message
