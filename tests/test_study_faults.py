@@ -297,3 +297,36 @@ def test_nan_or_inf_in_calibration_data_names_the_sample_and_input(tmp_path, bad
     message = str(refused.value)
     assert "sample 3" in message and "'x'" in message and ("NaN" in message or "infinite" in message), message
     assert "[0, 1, 2, 3]" in message
+
+
+def _model_over_2gb(folder, op: str = "Gather"):
+    """A model whose one weight (all zeros, a sparse file) is a little over 2 GiB of external data."""
+    from onnx import TensorProto, helper
+
+    count = (2**31 + 2**24) // 4
+    weight = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[count], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", str(count * 4))):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    with open(folder / "weights.bin", "wb") as data:
+        data.truncate(count * 4)
+    graph = helper.make_graph([helper.make_node(op, ["W", "i"], ["y"], name="gather")], "big",
+                              [helper.make_tensor_value_info("i", TensorProto.INT64, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [weight])
+    path = folder / "big.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    return path
+
+
+def test_a_valid_model_over_2gb_is_not_called_invalid(tmp_path):
+    from mpstudio.model import prepare_model
+
+    started = time.monotonic()
+    with pytest.raises(MpstudioError) as refused:
+        prepare_model(_model_over_2gb(tmp_path))
+    assert "fails ONNX's checker" not in str(refused.value)
+    assert "valid model" in str(refused.value) and "2 GB" in str(refused.value)
+    assert time.monotonic() - started < 10  # told from the file, before 2 GB of weights are read
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(MpstudioError, match="fails ONNX's checker"):
+        prepare_model(_model_over_2gb(tmp_path / "bad", op="NoSuchOp"))
