@@ -528,8 +528,9 @@ def test_small_inputs_still_run_through_the_json_and_binary_forms(tight, models)
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     """An agent with a 3 s run timeout."""
-    log = tmp_path_factory.mktemp("quick") / "agent.log"
-    with LocalAgent(run_timeout=3, log_path=log) as local:
+    root = tmp_path_factory.mktemp("quick")
+    with LocalAgent(run_timeout=3, log_path=root / "agent.log", workdir=root / "work") as local:
+        local.workdir = root / "work"
         yield local
 
 
@@ -813,3 +814,24 @@ def test_agent_client_bounds_what_an_agent_sends_back():
                 small.run(model_id, {"x": np.zeros(4, np.float32)}, backend="cpu")
         assert too_large.value.status == 502 and "more than 1 MB" in str(too_large.value)
     assert memory_kb(os.getpid())["VmHWM"] - peak_before < 200 * 1024
+
+
+@pytest.mark.skipif(not __import__("agent_fixtures").HAS_QNN, reason="onnxruntime-qnn is not installed")
+def test_profiled_htp_runs_leave_no_files_in_the_worker_directory(quick, models):
+    for _ in range(2):
+        result = quick.client.run(models["a8"], random_inputs(), backend="htp", profile=True, profile_runs=2)
+        assert result.profile.ops
+    left = [p.name for p in (quick.workdir / "workers").glob("worker-*/*")]
+    assert left == [], left
+
+
+def test_a_header_over_the_limit_is_refused_when_it_arrives_in_one_read(tight):
+    head = (b"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + tight.token.encode() + b"\r\n"
+            + b"".join(b"X-Filler-%d: " % i + b"a" * 1010 + b"\r\n" for i in range(80)) + b"\r\n")
+    assert len(head) > 80 * 1024
+    sock = connect(tight)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    sock.sendall(head)  # one write; on loopback it arrives in one read
+    response, _ = read_until_closed(sock, 10.0)
+    sock.close()
+    assert status_of(response) in (400, 431), response[:200]

@@ -82,6 +82,7 @@ class _Deadlines:
         self._phase = None  # "headers" while reading a request's head, "body" while reading its body
         self._started = self._last_data = time.monotonic()
         self._header_bytes = 0
+        self._head_tail = b""
         limits, registry = self.limits, self.registry
         host = self.client[0] if self.client else None
         if host is not None and registry.pending_from(host) >= limits.max_unauthenticated_per_client:
@@ -136,7 +137,15 @@ class _Deadlines:
             self._begin("headers")  # the first bytes of the next request on a kept-alive connection
         self._last_data = time.monotonic()
         if self._phase == "headers":
-            self._header_bytes += len(data)
+            # Count only up to the head's end (a body may follow in the same read), and refuse before the
+            # parser sees a head that arrived whole in one read and would pass unchecked.
+            seen = self._head_tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._header_bytes += len(data) if end < 0 else end + 4 - len(self._head_tail)
+            self._head_tail = seen[-3:]
+            if self._header_bytes > self.limits.max_header_bytes:
+                return self._refuse(431, "Request Header Fields Too Large",
+                                    f"request headers larger than {self.limits.max_header_bytes // 1024} KB")
         super().data_received(data)
         if self.transport.is_closing():
             self._cancel()
@@ -145,9 +154,6 @@ class _Deadlines:
             self._phase = "body" if self.cycle.more_body else None
             if self._phase is None:
                 self._cancel()
-        elif self._phase == "headers" and self._header_bytes > self.limits.max_header_bytes:
-            self._refuse(431, "Request Header Fields Too Large",
-                         f"request headers larger than {self.limits.max_header_bytes // 1024} KB")
         elif self._phase == "body" and not self.cycle.more_body:
             self._phase = None
             self._cancel()
@@ -158,6 +164,7 @@ class _Deadlines:
         self._phase = phase
         self._started = self._last_data = time.monotonic()
         self._header_bytes = 0
+        self._head_tail = b""
         self._arm(self.limits.header_timeout_s)
 
     def _arm(self, delay: float) -> None:
