@@ -835,3 +835,31 @@ def test_a_header_over_the_limit_is_refused_when_it_arrives_in_one_read(tight):
     response, _ = read_until_closed(sock, 10.0)
     sock.close()
     assert status_of(response) in (400, 431), response[:200]
+
+
+def test_a_full_disk_under_the_agent_is_a_clear_507(tmp_path):
+    """The agent with a 256 KB file-size limit (RLIMIT_FSIZE): a model larger than that cannot be written."""
+    import resource
+
+    def limit_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+    token = "disk-full-token-0123456789"
+    process = subprocess.Popen([sys.executable, "-m", "mpstudio.agent", "serve", "--port", "0", "--workdir",
+                                str(tmp_path / "work")], env={**os.environ, "MPSTUDIO_AGENT_TOKEN": token},
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=limit_files)
+    try:
+        url = process.stdout.readline().strip().rsplit(" ", 1)[-1]
+        assert url.startswith("http://"), url
+        with AgentClient(url, token, retries=8, backoff_s=0.25) as client:
+            client.info()
+            small = matmul_model(1)
+            assert client.upload(small)  # 16 KB fits
+            large = matmul_model(2, size=320)  # 400 KB does not
+            with pytest.raises(AgentError) as refused:
+                client.upload(large)
+            assert refused.value.status == 507 and "no room" in str(refused.value), refused.value
+            assert client.health()["status"] == "ok"
+    finally:
+        process.kill()
+        process.wait(timeout=30)
