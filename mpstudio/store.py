@@ -162,6 +162,8 @@ class StudyStore:
         self._clock_offset = study_clock_offset(self.path)
         self._pulse: threading.Thread | None = None
         self._closing = threading.Event()
+        self._checkpoint_timer: threading.Timer | None = None
+        self.checkpoint()  # a killed writer's results, still in the log alone, go into the file now
 
     def clock(self) -> float:
         """Now, on the clock of the file system that holds the study (see `study_clock_offset`)."""
@@ -193,6 +195,8 @@ class StudyStore:
     def close(self) -> None:
         self._closing.set()
         with self._lock:
+            if self._checkpoint_timer is not None:
+                self._checkpoint_timer.cancel()
             try:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.DatabaseError:
@@ -400,8 +404,23 @@ class StudyStore:
             self._last_checkpoint = time.monotonic()
 
     def _maybe_checkpoint(self) -> None:
-        if time.monotonic() - self._last_checkpoint >= CHECKPOINT_EVERY_S:
+        """Checkpoint when one is due; otherwise make sure one follows when it is, even if nothing more is
+        written (the last results of a burst must not sit in the log alone)."""
+        wait = self._last_checkpoint + CHECKPOINT_EVERY_S - time.monotonic()
+        if wait <= 0:
             self.checkpoint()
+            return
+        with self._lock:
+            if self._closing.is_set() or (self._checkpoint_timer is not None and self._checkpoint_timer.is_alive()):
+                return
+            self._checkpoint_timer = threading.Timer(wait, self._deferred_checkpoint)
+            self._checkpoint_timer.daemon = True
+            self._checkpoint_timer.start()
+
+    def _deferred_checkpoint(self) -> None:
+        with self._lock:
+            if not self._closing.is_set():
+                self.checkpoint()
 
     def _insert_latency(self, db, plan_id: int, latency) -> None:
         if latency.source == "estimate":  # one estimate per plan: the cost model as it is now (maybe recalibrated)

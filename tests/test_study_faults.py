@@ -330,3 +330,49 @@ def test_a_valid_model_over_2gb_is_not_called_invalid(tmp_path):
     (tmp_path / "bad").mkdir()
     with pytest.raises(MpstudioError, match="fails ONNX's checker"):
         prepare_model(_model_over_2gb(tmp_path / "bad", op="NoSuchOp"))
+
+
+def _results_in_the_file_alone(folder, tmp_path) -> int:
+    copy = tmp_path / "copy.sqlite"
+    copy.write_bytes((folder / "study.sqlite").read_bytes())
+    with sqlite3.connect(copy) as db:
+        return db.execute("SELECT COUNT(*) FROM accuracy").fetchone()[0]
+
+
+def test_the_last_results_of_a_burst_reach_the_database_file_without_another_write(tmp_path, monkeypatch):
+    import mpstudio.store as store
+
+    monkeypatch.setattr(store, "CHECKPOINT_EVERY_S", 1.0)
+    folder = tmp_path / "study"
+    study = Study.create(folder, _model(tmp_path), FeedList(chain_feeds(6)), FeedList(chain_feeds(4, seed=3)))
+    try:
+        study.evaluate(PrecisionPlan.a8w8())
+        study.evaluate(PrecisionPlan.a16w8())
+        time.sleep(2.0)  # nothing more is written
+        assert _results_in_the_file_alone(folder, tmp_path) == 2
+    finally:
+        study.close()
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    from conftest import chain_feeds
+    from mpstudio.data import FeedList
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.study import Study
+    study = Study.create({folder!r}, {model!r}, FeedList(chain_feeds(6)), FeedList(chain_feeds(4, seed=3)))
+    study.evaluate(PrecisionPlan.a8w8())
+    study.evaluate(PrecisionPlan.a16w8())
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_opening_a_study_folds_in_what_a_killed_writer_left_in_the_log(tmp_path):
+    folder = tmp_path / "study"
+    code = _KILLED_WRITER.format(tests=os.path.dirname(__file__), folder=str(folder), model=str(_model(tmp_path)))
+    subprocess.run([sys.executable, "-c", code], timeout=300, check=False)
+    assert (folder / "study.sqlite-wal").stat().st_size > 0
+    with Study.open(folder) as study:
+        assert len(study.evaluations()) == 2
+        assert _results_in_the_file_alone(folder, tmp_path) == 2
