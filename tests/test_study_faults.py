@@ -376,3 +376,25 @@ def test_opening_a_study_folds_in_what_a_killed_writer_left_in_the_log(tmp_path)
     with Study.open(folder) as study:
         assert len(study.evaluations()) == 2
         assert _results_in_the_file_alone(folder, tmp_path) == 2
+
+
+def test_quantize_onto_an_existing_file_needs_force(tmp_path):
+    model = _model(tmp_path)
+    data = FeedList(chain_feeds(4)).save_npz(tmp_path / "calib")
+    out = tmp_path / "out.onnx"
+    out.write_bytes(b"keep me")
+
+    def quantize(*extra):
+        return subprocess.run([sys.executable, "-m", "mpstudio", "quantize", str(model), "--data", str(data), "--quiet",
+                               *extra], capture_output=True, text=True, timeout=300)
+
+    refused = quantize("-o", str(out))
+    assert refused.returncode != 0 and "--force" in refused.stderr and "Traceback" not in refused.stderr
+    assert out.read_bytes() == b"keep me"
+    itself = quantize("-o", str(model), "--force")
+    assert itself.returncode != 0 and "float model itself" in itself.stderr and "Traceback" not in itself.stderr
+    folder = quantize("-o", str(tmp_path))
+    assert folder.returncode != 0 and "is a folder" in folder.stderr and "Traceback" not in folder.stderr
+    forced = quantize("-o", str(out), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert onnx.load(out).graph.node
