@@ -4,6 +4,7 @@ runs elsewhere, and damaged study.json files. Real processes, real SQLite files.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 import signal
 import sqlite3
@@ -398,3 +399,67 @@ def test_quantize_onto_an_existing_file_needs_force(tmp_path):
     forced = quantize("-o", str(out), "--force")
     assert forced.returncode == 0, forced.stderr
     assert onnx.load(out).graph.node
+
+
+# ------------------------------------------------------------------------------------------- files the study reads
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not readable JSON"),
+    ("[]", "'scales' and 'calibrated_on'"),
+    ('{"scales": {"hmx": 0}, "calibrated_on": "phone"}', "outside"),
+    ('{"scales": {"hmx": 4.6e298}, "calibrated_on": "phone"}', "outside"),
+    ('{"scales": {"hmx": NaN}, "calibrated_on": "phone"}', "outside"),
+    ('{"scales": {"warp": 1.0}, "calibrated_on": "phone"}', "unknown cost class"),
+])
+def test_a_damaged_calibration_json_gives_a_clean_error(tmp_path, text, message):
+    from mpstudio.loop.cost_model import CALIBRATION_FILE, CostModel
+
+    (tmp_path / CALIBRATION_FILE).write_text(text)
+    with pytest.raises(MpstudioError, match=message) as refused:
+        CostModel(tmp_path, "75").arch
+    assert "delete it" in str(refused.value)
+    (tmp_path / CALIBRATION_FILE).write_text('{"scales": {"hmx": 1.5}, "calibrated_on": "phone"}')
+    assert CostModel(tmp_path, "75").arch.scales == {"hmx": 1.5}
+
+
+def _kept(tmp_path, device: str):
+    from mpstudio.agent.protocol import OpCost, OpProfile
+    from mpstudio.loop.recalibration import keep_profile
+    from mpstudio.sources import Latency
+
+    profile = OpProfile(ops=(OpCost(op="conv", node="conv", op_type="Conv", onnx_nodes=("conv",), cost=10.0,
+                                    unit="cycles"),), unit="cycles",
+                        source="emulator", device=device, backend="htp", runs=1)
+    keep_profile(tmp_path, 1, Latency(ms=2.0, source="emulator", where=device), profile)
+
+
+@pytest.mark.parametrize("device", [".", "..", "..."])
+def test_device_names_of_dots_keep_their_profiles_inside_the_study(tmp_path, device):
+    from mpstudio.loop.recalibration import read_profiles
+
+    study = tmp_path / "study"
+    study.mkdir()
+    _kept(study, device)
+    kept = read_profiles(study)
+    assert kept["device"].tolist() == [device]
+    assert all(study / "profiles" in Path(p).parents for p in kept["path"])
+    assert list(tmp_path.glob("*.json")) == [] and list(study.glob("*.json")) == []
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda saved: "{broken", "not readable JSON"),
+    (lambda saved: {**saved, "total_ms": 0}, "total_ms"),
+    (lambda saved: {**saved, "total_ms": 4.6e298 * 1e10}, "total_ms"),
+    (lambda saved: {**saved, "plan_id": "one"}, "plan_id"),
+    (lambda saved: {**saved, "profile": {"ops": [{"node": 1}]}}, "op profile"),
+])
+def test_a_damaged_kept_profile_gives_a_clean_error(tmp_path, edit, message):
+    from mpstudio.loop.recalibration import read_profiles
+
+    _kept(tmp_path, "phone")
+    path = next((tmp_path / "profiles").glob("*/*.json"))
+    edited = edit(json.loads(path.read_text()))
+    path.write_text(edited if isinstance(edited, str) else json.dumps(edited))
+    with pytest.raises(MpstudioError, match=message) as refused:
+        read_profiles(tmp_path)
+    assert str(path) in str(refused.value)
