@@ -157,7 +157,7 @@ class StudyStore:
         self.path = Path(path)
         self.owner = this_process()
         self._lock = threading.RLock()
-        self._db = _connect(self.path)
+        self._db, self.read_only = _connect(self.path)
         self._last_checkpoint = time.monotonic()
         self._clock_offset = study_clock_offset(self.path)
         self._pulse: threading.Thread | None = None
@@ -439,6 +439,10 @@ class StudyStore:
 
     @contextmanager
     def _transaction(self):
+        if self.read_only:
+            raise MpstudioError(f"the study at {self.path.parent} is read-only here (its folder or files cannot be "
+                                "written): it can be shown but not changed; copy the folder somewhere writable to "
+                                "continue it")
         with self._lock:
             try:
                 with self._db:  # commits on success, rolls back on error
@@ -450,7 +454,8 @@ class StudyStore:
                 raise MpstudioError(f"the study store {self.path} failed: {exc}") from exc
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def _connect(path: Path) -> tuple[sqlite3.Connection, bool]:
+    """The store's connection, and whether it is read-only (a study on read-only media or folder)."""
     # Switching to WAL and setting up the schema need the database to themselves for a moment; another
     # process opening the same new study gets "locked" at once rather than waiting, so wait here.
     deadline = time.monotonic() + 30.0
@@ -463,7 +468,7 @@ def _connect(path: Path) -> sqlite3.Connection:
             time.sleep(0.05)
 
 
-def _connect_once(path: Path) -> sqlite3.Connection:
+def _connect_once(path: Path) -> tuple[sqlite3.Connection, bool]:
     db = None
     try:
         db = sqlite3.connect(path, timeout=30.0, check_same_thread=False)
@@ -479,12 +484,38 @@ def _connect_once(path: Path) -> sqlite3.Connection:
                 if column not in have:
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         db.commit()
-        return db
     except sqlite3.DatabaseError as exc:
         if db is not None:
             db.close()
-        raise MpstudioError(f"{path} is not a readable study store ({exc}); move it aside to start the study "
-                            "afresh") from exc
+        text = str(exc).lower()
+        if any(sign in text for sign in ("not a database", "malformed", "disk image")):
+            raise MpstudioError(f"{path} is not a readable study store ({exc}); move it aside to start the study "
+                                "afresh") from exc
+        if path.exists() and ("readonly" in text or "read-only" in text or "unable to open" in text):
+            return _connect_read_only(path, exc), True
+        # Not damage: the store is intact, so nothing may advise moving it aside.
+        raise MpstudioError(f"{path} could not be opened ({exc}); check that this user can read and write "
+                            f"{path.parent} and its files") from exc
+    return db, False
+
+
+def _connect_read_only(path: Path, cause: Exception) -> sqlite3.Connection:
+    """A read-only connection to a store whose folder or file cannot be written. Without a write-ahead log
+    holding results the file alone is complete and is opened as immutable (no -shm file is needed)."""
+    from urllib.parse import quote
+
+    wal = path.with_name(path.name + "-wal")
+    pending = wal.exists() and wal.stat().st_size > 0
+    uri = f"file:{quote(str(path))}?mode=ro" + ("" if pending else "&immutable=1")
+    try:
+        db = sqlite3.connect(uri, uri=True, timeout=30.0, check_same_thread=False)
+        db.execute("SELECT COUNT(*) FROM plans").fetchone()
+        return db
+    except sqlite3.DatabaseError as exc:
+        where = (f"its newest results are in {wal.name}, which cannot be read without writing beside it"
+                 if pending else f"{exc}")
+        raise MpstudioError(f"the study store {path} cannot be written here ({cause}) nor read as it is ({where}); "
+                            "copy the study folder somewhere writable and open the copy") from exc
 
 
 def _settle(frame: pd.DataFrame, running_gone: str = "pending", now: float | None = None) -> pd.DataFrame:

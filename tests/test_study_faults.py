@@ -463,3 +463,33 @@ def test_a_damaged_kept_profile_gives_a_clean_error(tmp_path, edit, message):
     with pytest.raises(MpstudioError, match=message) as refused:
         read_profiles(tmp_path)
     assert str(path) in str(refused.value)
+
+
+def test_a_read_only_study_is_shown_and_refuses_changes_without_advising_to_move_it(tmp_path):
+    """Read-only media, made with the immutable attribute (which holds for root too)."""
+    import shutil
+
+    from mpstudio.store import StudyStore
+
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not available")
+    folder = tmp_path / "study"
+    study = Study.create(folder, _model(tmp_path), FeedList(chain_feeds(6)), FeedList(chain_feeds(4, seed=3)))
+    study.evaluate(PrecisionPlan.a8w8())
+    study.close()
+    if subprocess.run(["chattr", "-R", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("cannot make files immutable here")
+    try:
+        show = subprocess.run([sys.executable, "-m", "mpstudio", "study", "show", str(folder)], capture_output=True,
+                              text=True, timeout=120)
+        assert show.returncode == 0 and "a8w8" in show.stdout, show.stderr
+        assert "move it aside" not in show.stderr
+        store = StudyStore(folder / "study.sqlite")
+        try:
+            assert store.read_only and len(store.plans()) == 1
+            with pytest.raises(MpstudioError, match="read-only here"):
+                store.start_search({"target": "a16w8+2%"})
+        finally:
+            store.close()
+    finally:
+        subprocess.run(["chattr", "-R", "-i", str(folder)], check=False)
