@@ -129,14 +129,21 @@ def decode_npz(data: bytes, max_bytes: int | None = None, members=None) -> dict[
 
 
 def check_npz(data: bytes, max_bytes: int | None = None) -> None:
-    """Refuse an .npz by its directory alone (member count, member names, declared sizes), without
-    decompressing anything: what can be said about a run's inputs before it waits for the device."""
+    """Refuse an .npz by its directory and its members' .npy headers (member count and names, declared sizes,
+    pickled or oversized arrays) without decompressing any array: what can be said about a run's inputs
+    before it waits for the device."""
     try:
-        with _checked_archive(data, max_bytes):
-            pass
+        with _checked_archive(data, max_bytes) as archive:
+            for entry in archive.infolist():
+                _check_member_header(archive, entry, max_bytes)
     except MpstudioError:
         raise
-    except (ValueError, OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError) as exc:
+    except ValueError as exc:
+        if "pickle" in str(exc).lower():
+            raise MpstudioError("the inputs .npz holds a pickled (object) array, which the agent refuses; "
+                                "send numeric arrays only") from None
+        raise MpstudioError(f"the inputs are not a valid .npz archive: {_first_line(exc)}") from None
+    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, RuntimeError) as exc:
         raise MpstudioError(f"the inputs are not a valid .npz archive: {_first_line(exc)}") from None
 
 
@@ -216,6 +223,17 @@ def _read_member(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, budget: int |
     """One member's array: its .npy header is parsed and its declared size checked before allocation."""
     from numpy.lib import format as npy
 
+    _check_member_header(archive, entry, budget)
+    with archive.open(entry) as member:
+        array = npy.read_array(member, allow_pickle=False)
+    return entry.filename[: -len(".npy")], array
+
+
+def _check_member_header(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, budget: int | None) -> None:
+    """Refuse a member by its .npy header alone: its version, an object (pickled) dtype, a shape larger than
+    the member or than `budget`."""
+    from numpy.lib import format as npy
+
     with archive.open(entry) as member:
         version = npy.read_magic(member)
         if version not in ((1, 0), (2, 0)):  # 3.0 only adds utf-8 field names of structured dtypes
@@ -223,20 +241,17 @@ def _read_member(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, budget: int |
                                 "send plain numeric arrays (numpy.savez)")
         read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
         shape, _, dtype = read_header(member)
-        if dtype.hasobject:
-            raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
-        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
-        if nbytes > entry.file_size:
-            raise MpstudioError(f"the .npz member {entry.filename[:80]!r} declares shape {list(shape)} of {dtype} "
-                                f"but holds only {entry.file_size} bytes")
-        if budget is not None and nbytes > budget:
-            raise AgentError(
-                f"the .npz member {entry.filename[:80]!r} holds {nbytes / 2**20:.1f} MB once decompressed "
-                f"(shape {list(shape)} of {dtype}), more than the {budget / 2**20:.1f} MB left under the inputs "
-                "limit (send smaller inputs, or start the agent with a larger --max-inputs-mb)", 413)
-    with archive.open(entry) as member:
-        array = npy.read_array(member, allow_pickle=False)
-    return entry.filename[: -len(".npy")], array
+    if dtype.hasobject:
+        raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
+    if nbytes > entry.file_size:
+        raise MpstudioError(f"the .npz member {entry.filename[:80]!r} declares shape {list(shape)} of {dtype} "
+                            f"but holds only {entry.file_size} bytes")
+    if budget is not None and nbytes > budget:
+        raise AgentError(
+            f"the .npz member {entry.filename[:80]!r} holds {nbytes / 2**20:.1f} MB once decompressed "
+            f"(shape {list(shape)} of {dtype}), more than the {budget / 2**20:.1f} MB left under the inputs "
+            "limit (send smaller inputs, or start the agent with a larger --max-inputs-mb)", 413)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -103,6 +103,7 @@ async def run(body: RunRequest, state: Agent):
 )
 async def run_npz(request: Request, state: Agent):
     data = await request.body()
+    await state.check_inputs(data)
     spec = (await state.decode_inputs(data, members=lambda name: name == RUN_MEMBER)).get(RUN_MEMBER)
     if spec is None or spec.dtype != np.uint8:
         raise AgentError(f"the .npz has no uint8 {RUN_MEMBER!r} member with the run's JSON")

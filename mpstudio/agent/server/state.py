@@ -20,7 +20,7 @@ from ..protocol import AgentError, AgentInfo, check_npz, sha256_file
 from ..store import ModelStore, check_model_file
 from ..worker import WorkerHandle
 from .admission import DeviceQueue, UploadSlots
-from .codec import decoded
+from .codec import INLINE_BYTES, decoded
 from .config import AgentConfig, default_device_name
 from .wire import ContextRequest, RunRequest
 
@@ -75,6 +75,13 @@ class AgentState:
         """A run's inputs, refused past --max-inputs-mb before any decompression."""
         return await decoded(data, self.config.inputs_bytes, members)
 
+    async def check_inputs(self, data: bytes) -> None:
+        """Refuse a run's .npz by its directory and .npy headers, off the event loop when it is large."""
+        if len(data) <= INLINE_BYTES:
+            check_npz(data, self.config.inputs_bytes)
+        else:
+            await run_in_threadpool(check_npz, data, self.config.inputs_bytes)
+
     # ------------------------------------------------------------------ runs
 
     async def run(self, body: RunRequest, encoded_inputs: bytes, members=None) -> tuple[dict, dict | None]:
@@ -83,7 +90,7 @@ class AgentState:
         The inputs wait for the device as the client sent them (an .npz, often compressed) and are decoded
         only when the run's turn comes, so queued runs hold their requests' bytes, not their arrays.
         """
-        check_npz(encoded_inputs, self.config.inputs_bytes)  # what can be refused is refused before the wait
+        await self.check_inputs(encoded_inputs)  # what can be refused is refused before the wait
         started = time.perf_counter()
         with self.store.in_use(body.model_id) as path:
             options = self.options(body.backend, body.provider_options)
