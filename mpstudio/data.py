@@ -246,6 +246,21 @@ def check_feed(feed: Feed, inputs, where: str) -> None:
             )
 
 
+def check_finite(feed: Feed, where: str) -> None:
+    """Refuse NaN and infinities in a feed's float inputs (a calibrator cannot take a range over them); `where`
+    names the sample in the error."""
+    for name, arr in feed.items():
+        arr = np.asarray(arr)
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            bad = ~np.isfinite(arr)
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            kinds = " and ".join(k for k, found in (("NaN", np.isnan(arr).any()), ("infinite values", np.isinf(arr).any()))
+                                 if found)
+            raise MpstudioError(
+                f"{where}: input {name!r} holds {kinds} ({int(bad.sum())} of {arr.size} values, the first at index "
+                f"{list(first)}); calibration needs finite numbers: fix or drop that sample")
+
+
 def split(source: DataSource, calibration: int | float = 0.5) -> tuple[DataSource, DataSource]:
     """Deterministic calibration / evaluation split: the first part calibrates, the rest evaluates."""
     n = len(source)
@@ -261,8 +276,8 @@ def split(source: DataSource, calibration: int | float = 0.5) -> tuple[DataSourc
 class CalibrationReader(CalibrationDataReader):
     """ORT's CalibrationDataReader over a DataSource, reporting progress and honouring a cancel event.
 
-    Given the model's `inputs`, each sample is checked as it is served, so bad data fails with a clear
-    message without a separate pass over the files.
+    Given the model's `inputs`, each sample is checked as it is served (and every sample for NaN and
+    infinities), so bad data fails with a clear message without a separate pass over the files.
     """
 
     def __init__(self, source: DataSource, progress: Progress | None = None, cancel=None, message: str = "calibrating",
@@ -289,8 +304,10 @@ class CalibrationReader(CalibrationDataReader):
         if feed is None:
             self.exhausted = True
         else:
+            where = f"sample {self.count} of {self.source.name}"
             if self.inputs is not None:
-                check_feed(feed, self.inputs, f"sample {self.count} of {self.source.name}")
+                check_feed(feed, self.inputs, where)
+            check_finite(feed, where)
             self.count += 1
             if self.progress:
                 self.progress(self.count, len(self.source), self.message)

@@ -164,6 +164,7 @@ def prepare_model(
     does not settle are probed on the HTP backend (`mpstudio.qnn_probe`, verdicts cached per toolchain) unless
     `verify` is False; without the backend they are reported as unverified.
     """
+    _refuse_over_protobuf_limit(source)
     model = onnx.ModelProto()
     model.CopyFrom(load_model(source))
     name = str(source) if isinstance(source, (str, os.PathLike)) else model.graph.name or "model"
@@ -173,10 +174,7 @@ def prepare_model(
 
     steps += _lower_ir_version(model)
 
-    try:
-        onnx.checker.check_model(model)
-    except Exception as exc:
-        raise MpstudioError(f"the model fails ONNX's checker: {brief(exc)}") from exc
+    _check_model(model, source)
 
     steps += _fix_input_shapes(model, input_shapes or {})
 
@@ -199,6 +197,59 @@ def prepare_model(
     model, inferred = _infer_shapes(model)
     steps += inferred
     return _prepared(model, name, steps, rewrites, verify)
+
+
+def _check_model(model: onnx.ModelProto, source) -> None:
+    """ONNX's checker on the model; one over protobuf's 2 GB limit (its weights in external data) is checked
+    through its file, the way ONNX checks large models."""
+    try:
+        if _over_protobuf_limit(model):
+            if not isinstance(source, (str, os.PathLike)):
+                raise MpstudioError("the model is over protobuf's 2 GB limit: save it with its weights as external "
+                                    "data (onnx.save(..., save_as_external_data=True)) and give its path")
+            onnx.checker.check_model(str(source))
+        else:
+            onnx.checker.check_model(model)
+    except MpstudioError:
+        raise
+    except Exception as exc:
+        raise MpstudioError(f"the model fails ONNX's checker: {brief(exc)}") from exc
+
+
+def _refuse_over_protobuf_limit(source) -> None:
+    """A model file whose weights (in external data) take it past protobuf's 2 GB limit: checked through its
+    file, as ONNX checks large models, then refused with what is wrong, before its weights are read."""
+    if not isinstance(source, (str, os.PathLike)) or not Path(source).is_file():
+        return
+    try:
+        header = onnx.load(str(source), load_external_data=False)
+    except Exception:
+        return  # load_model reports an unreadable file
+    folder = Path(source).parent
+    external = 0
+    for tensor in header.graph.initializer:
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        if "length" in entries and entries["length"].isdigit():
+            external += int(entries["length"])
+        elif "location" in entries and (folder / entries["location"]).is_file():
+            external += (folder / entries["location"]).stat().st_size
+    if header.ByteSize() + external < onnx.checker.MAXIMUM_PROTOBUF:
+        return
+    try:
+        onnx.checker.check_model(str(source))
+    except Exception as exc:
+        raise MpstudioError(f"the model fails ONNX's checker: {brief(exc)}") from exc
+    raise MpstudioError(
+        f"{source} is a valid model (ONNX's checker passes on its file), but its {external / 2**30:.1f} GiB of "
+        "weights take it past protobuf's 2 GB limit, which mpstudio cannot prepare and quantize yet; use a "
+        "smaller model or a version of it with fewer weights")
+
+
+def _over_protobuf_limit(model: onnx.ModelProto) -> bool:
+    try:
+        return model.ByteSize() >= onnx.checker.MAXIMUM_PROTOBUF
+    except Exception:  # protobuf cannot even size a message past 2 GB
+        return True
 
 
 def _lower_ir_version(model: onnx.ModelProto) -> list[str]:

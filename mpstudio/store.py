@@ -3,7 +3,9 @@
 WAL mode, each result committed in one transaction when it is measured, so a study killed at any moment
 reopens with every finished evaluation. Work in progress (a running job, a running search) belongs to an
 owner process that keeps a heartbeat; work whose owner is gone is free again, and nothing is marked
-abandoned just because another process opened the study.
+abandoned just because another process opened the study. Heartbeats are dated on the clock of the file
+system holding the study, so hosts whose clocks disagree agree on their age; an owner on this host is
+checked by its pid and start time, so a later process given the same pid does not keep its work.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ from .errors import MpstudioError
 from .sources import Latency
 
 DB_FILE = "study.sqlite"
-# A heartbeat older than this means its owner is gone (owners on another host are judged by it alone).
+# A heartbeat older than this means its owner is gone (owners on another host are judged by it alone);
+# one dated further than this into the future is not believed either.
 STALE_AFTER_S = 120.0
+# How often a process refreshes the heartbeats of the work it owns, while it owns any.
+PULSE_EVERY_S = STALE_AFTER_S / 4
 # The WAL is folded into the database file at least this often while results are written.
 CHECKPOINT_EVERY_S = 30.0
 
@@ -113,19 +118,36 @@ class AccuracyRecord:
 
 
 def this_process() -> str:
-    """The owner name of work this process runs: host:pid."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """The owner name of work this process runs: host:pid, and :start (the process's start time) where it can
+    be read, which tells the owner from a later process that was given the same pid."""
+    start = _process_start(os.getpid())
+    return f"{socket.gethostname()}:{os.getpid()}" + (f":{start}" if start else "")
 
 
 def owner_alive(owner: str | None, updated: float, now: float | None = None) -> bool:
-    """Whether the process named `owner` (host:pid) still runs: checked directly on this host, by the age of
-    its heartbeat (`updated`) elsewhere."""
-    host, _, pid = (owner or "").rpartition(":")
-    if not pid.isdigit():
+    """Whether the process named `owner` still runs: checked directly on this host (its pid, and its start
+    time when recorded), by the age of its heartbeat (`updated`) elsewhere. `updated` and `now` are on the
+    study's clock (`StudyStore.clock`), so hosts whose clocks disagree still agree on a heartbeat's age."""
+    parts = (owner or "").split(":")
+    if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):
         return False
+    host, pid, start = parts[0], int(parts[1]), parts[2] if len(parts) == 3 else None
     if host == socket.gethostname():
-        return _pid_alive(int(pid))
-    return (now or time.time()) - updated < STALE_AFTER_S
+        return _pid_alive(pid) and (start is None or _process_start(pid) in (None, start))
+    age = (now if now is not None else time.time()) - updated
+    return -STALE_AFTER_S < age < STALE_AFTER_S
+
+
+def study_clock_offset(path: Path) -> float:
+    """Seconds to add to this host's clock to read the clock of the file system holding `path`: every host
+    writing a study dates its heartbeats on that one clock. 0 where the file cannot be touched."""
+    try:
+        before = time.time()
+        os.utime(path, None)  # None: the file system's own time (a network file system's server time)
+        after = time.time()
+        return os.stat(path).st_mtime - (before + after) / 2
+    except OSError:
+        return 0.0
 
 
 class StudyStore:
@@ -135,11 +157,46 @@ class StudyStore:
         self.path = Path(path)
         self.owner = this_process()
         self._lock = threading.RLock()
-        self._db = _connect(self.path)
+        self._db, self.read_only = _connect(self.path)
         self._last_checkpoint = time.monotonic()
+        self._clock_offset = study_clock_offset(self.path)
+        self._pulse: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._checkpoint_timer: threading.Timer | None = None
+        self.checkpoint()  # a killed writer's results, still in the log alone, go into the file now
+
+    def clock(self) -> float:
+        """Now, on the clock of the file system that holds the study (see `study_clock_offset`)."""
+        return time.time() + self._clock_offset
+
+    def _keep_pulse(self) -> None:
+        """Refresh the heartbeats of the work this process owns every PULSE_EVERY_S, from a thread, while
+        it owns any: a long evaluation between two search steps must not read as abandoned."""
+        with self._lock:
+            if self._pulse is not None and self._pulse.is_alive():
+                return
+            self._pulse = threading.Thread(target=self._beat, daemon=True, name="study-heartbeat")
+            self._pulse.start()
+
+    def _beat(self) -> None:
+        while not self._closing.wait(PULSE_EVERY_S):
+            try:
+                self._clock_offset = study_clock_offset(self.path)
+                with self._transaction() as db:
+                    now, owned = self.clock(), 0
+                    for table in ("jobs", "searches"):
+                        owned += db.execute(f"UPDATE {table} SET updated = ? WHERE owner = ? AND status = 'running'",
+                                            (now, self.owner)).rowcount
+            except MpstudioError:
+                continue  # busy or briefly unreadable: the next beat tries again
+            if not owned:
+                return
 
     def close(self) -> None:
+        self._closing.set()
         with self._lock:
+            if self._checkpoint_timer is not None:
+                self._checkpoint_timer.cancel()
             try:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.DatabaseError:
@@ -261,7 +318,7 @@ class StudyStore:
         """Columns: job_id, plan_id, backend, status (pending/running/done/failed), search_id, error, owner."""
         frame = self._query("SELECT id AS job_id, plan_id, backend, status, search_id, error, owner, created, updated"
                             " FROM jobs ORDER BY id")
-        return _settle(frame)
+        return _settle(frame, now=self.clock())
 
     def job(self, job_id: int) -> tuple[int, str]:
         with self._lock:
@@ -273,7 +330,7 @@ class StudyStore:
     def claim_job(self, job_id: int | None = None) -> int | None:
         """Mark a job running for this process: the oldest pending one (or one a dead process left running), or
         `job_id`; its id, or None when there is none to take."""
-        now = time.time()
+        now = self.clock()
         with self._transaction() as db:
             where = "" if job_id is None else " AND id = ?"
             args = () if job_id is None else (job_id,)
@@ -284,19 +341,20 @@ class StudyStore:
                 return None
             db.execute("UPDATE jobs SET status = 'running', owner = ?, updated = ? WHERE id = ?",
                        (self.owner, now, free))
-            return int(free)
+        self._keep_pulse()
+        return int(free)
 
     def finish_job(self, job_id: int, status: str, error: str | None) -> None:
         with self._transaction() as db:
             db.execute("UPDATE jobs SET status = ?, error = ?, owner = NULL, updated = ? WHERE id = ?",
-                       (status, error, time.time(), job_id))
+                       (status, error, self.clock(), job_id))
 
     # ---- searches (their spec and state; mpstudio.search runs them) ----
     def start_search(self, spec: dict) -> int:
         """Record a search run by this process; an unfinished search with the same spec is continued instead of
         duplicated. A search another live process runs is not taken over."""
         text = json.dumps(spec, sort_keys=True)
-        now = time.time()
+        now = self.clock()
         with self._transaction() as db:
             row = db.execute("SELECT id, status, owner, updated FROM searches WHERE spec = ? AND status != 'done' "
                              "ORDER BY id DESC LIMIT 1", (text,)).fetchone()
@@ -306,20 +364,23 @@ class StudyStore:
             if row:
                 db.execute("UPDATE searches SET status = 'running', owner = ?, updated = ? WHERE id = ?",
                            (self.owner, now, row[0]))
-                return int(row[0])
-            return int(db.execute("INSERT INTO searches (spec, status, owner, created, updated) "
-                                  "VALUES (?, 'running', ?, ?, ?)", (text, self.owner, now, now)).lastrowid)
+                search_id = int(row[0])
+            else:
+                search_id = int(db.execute("INSERT INTO searches (spec, status, owner, created, updated) "
+                                           "VALUES (?, 'running', ?, ?, ?)", (text, self.owner, now, now)).lastrowid)
+        self._keep_pulse()
+        return search_id
 
     def heartbeat(self, search_id: int) -> None:
         """Say that this process still runs the search (a search calls it as it evaluates)."""
         with self._transaction() as db:
-            db.execute("UPDATE searches SET updated = ? WHERE id = ? AND owner = ?", (time.time(), search_id, self.owner))
+            db.execute("UPDATE searches SET updated = ? WHERE id = ? AND owner = ?", (self.clock(), search_id, self.owner))
         self._maybe_checkpoint()
 
     def finish_search(self, search_id: int, status: str, result: dict | None) -> None:
         with self._transaction() as db:
             db.execute("UPDATE searches SET status = ?, result = ?, owner = NULL, updated = ? WHERE id = ?",
-                       (status, json.dumps(_jsonable(result)) if result is not None else None, time.time(), search_id))
+                       (status, json.dumps(_jsonable(result)) if result is not None else None, self.clock(), search_id))
         self.checkpoint()
 
     def searches(self) -> pd.DataFrame:
@@ -330,7 +391,7 @@ class StudyStore:
         frame["spec"] = frame["spec"].map(json.loads)
         # An empty column reads back as NaN, not None: only text is JSON.
         frame["result"] = frame["result"].map(lambda r: json.loads(r) if isinstance(r, str) else None)
-        return _settle(frame, running_gone="interrupted")
+        return _settle(frame, running_gone="interrupted", now=self.clock())
 
     # ---- housekeeping ----
     def checkpoint(self) -> None:
@@ -343,8 +404,23 @@ class StudyStore:
             self._last_checkpoint = time.monotonic()
 
     def _maybe_checkpoint(self) -> None:
-        if time.monotonic() - self._last_checkpoint >= CHECKPOINT_EVERY_S:
+        """Checkpoint when one is due; otherwise make sure one follows when it is, even if nothing more is
+        written (the last results of a burst must not sit in the log alone)."""
+        wait = self._last_checkpoint + CHECKPOINT_EVERY_S - time.monotonic()
+        if wait <= 0:
             self.checkpoint()
+            return
+        with self._lock:
+            if self._closing.is_set() or (self._checkpoint_timer is not None and self._checkpoint_timer.is_alive()):
+                return
+            self._checkpoint_timer = threading.Timer(wait, self._deferred_checkpoint)
+            self._checkpoint_timer.daemon = True
+            self._checkpoint_timer.start()
+
+    def _deferred_checkpoint(self) -> None:
+        with self._lock:
+            if not self._closing.is_set():
+                self.checkpoint()
 
     def _insert_latency(self, db, plan_id: int, latency) -> None:
         if latency.source == "estimate":  # one estimate per plan: the cost model as it is now (maybe recalibrated)
@@ -363,6 +439,10 @@ class StudyStore:
 
     @contextmanager
     def _transaction(self):
+        if self.read_only:
+            raise MpstudioError(f"the study at {self.path.parent} is read-only here (its folder or files cannot be "
+                                "written): it can be shown but not changed; copy the folder somewhere writable to "
+                                "continue it")
         with self._lock:
             try:
                 with self._db:  # commits on success, rolls back on error
@@ -374,7 +454,8 @@ class StudyStore:
                 raise MpstudioError(f"the study store {self.path} failed: {exc}") from exc
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def _connect(path: Path) -> tuple[sqlite3.Connection, bool]:
+    """The store's connection, and whether it is read-only (a study on read-only media or folder)."""
     # Switching to WAL and setting up the schema need the database to themselves for a moment; another
     # process opening the same new study gets "locked" at once rather than waiting, so wait here.
     deadline = time.monotonic() + 30.0
@@ -387,7 +468,7 @@ def _connect(path: Path) -> sqlite3.Connection:
             time.sleep(0.05)
 
 
-def _connect_once(path: Path) -> sqlite3.Connection:
+def _connect_once(path: Path) -> tuple[sqlite3.Connection, bool]:
     db = None
     try:
         db = sqlite3.connect(path, timeout=30.0, check_same_thread=False)
@@ -403,18 +484,44 @@ def _connect_once(path: Path) -> sqlite3.Connection:
                 if column not in have:
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         db.commit()
-        return db
     except sqlite3.DatabaseError as exc:
         if db is not None:
             db.close()
-        raise MpstudioError(f"{path} is not a readable study store ({exc}); move it aside to start the study "
-                            "afresh") from exc
+        text = str(exc).lower()
+        if any(sign in text for sign in ("not a database", "malformed", "disk image")):
+            raise MpstudioError(f"{path} is not a readable study store ({exc}); move it aside to start the study "
+                                "afresh") from exc
+        if path.exists() and ("readonly" in text or "read-only" in text or "unable to open" in text):
+            return _connect_read_only(path, exc), True
+        # Not damage: the store is intact, so nothing may advise moving it aside.
+        raise MpstudioError(f"{path} could not be opened ({exc}); check that this user can read and write "
+                            f"{path.parent} and its files") from exc
+    return db, False
 
 
-def _settle(frame: pd.DataFrame, running_gone: str = "pending") -> pd.DataFrame:
-    """Rows marked running whose owner process is gone read as `running_gone`."""
+def _connect_read_only(path: Path, cause: Exception) -> sqlite3.Connection:
+    """A read-only connection to a store whose folder or file cannot be written. Without a write-ahead log
+    holding results the file alone is complete and is opened as immutable (no -shm file is needed)."""
+    from urllib.parse import quote
+
+    wal = path.with_name(path.name + "-wal")
+    pending = wal.exists() and wal.stat().st_size > 0
+    uri = f"file:{quote(str(path))}?mode=ro" + ("" if pending else "&immutable=1")
+    try:
+        db = sqlite3.connect(uri, uri=True, timeout=30.0, check_same_thread=False)
+        db.execute("SELECT COUNT(*) FROM plans").fetchone()
+        return db
+    except sqlite3.DatabaseError as exc:
+        where = (f"its newest results are in {wal.name}, which cannot be read without writing beside it"
+                 if pending else f"{exc}")
+        raise MpstudioError(f"the study store {path} cannot be written here ({cause}) nor read as it is ({where}); "
+                            "copy the study folder somewhere writable and open the copy") from exc
+
+
+def _settle(frame: pd.DataFrame, running_gone: str = "pending", now: float | None = None) -> pd.DataFrame:
+    """Rows marked running whose owner process is gone read as `running_gone` (`now` on the study's clock)."""
     if len(frame):
-        now = time.time()
+        now = time.time() if now is None else now
         gone = [status == "running" and not owner_alive(owner, updated, now)
                 for status, owner, updated in zip(frame["status"], frame["owner"], frame["updated"])]
         frame.loc[gone, "status"] = running_gone
@@ -430,6 +537,16 @@ def _jsonable(value):
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return value
+
+
+def _process_start(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, from /proc), or None where that is unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()  # the 22nd field of the whole line: starttime
+    except (OSError, IndexError):
+        return None
 
 
 def _pid_alive(pid: int) -> bool:

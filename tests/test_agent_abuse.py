@@ -521,3 +521,347 @@ def test_small_inputs_still_run_through_the_json_and_binary_forms(tight, models)
     with zipfile.ZipFile(io.BytesIO(response.content)) as archive:
         assert "y.npy" in archive.namelist()
     assert len(encode_npz(feeds)) < UPLOAD_MB * 2**20
+
+
+# ------------------------------------------------------------------------------------------- round 2
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """An agent with a 3 s run timeout."""
+    root = tmp_path_factory.mktemp("quick")
+    with LocalAgent(run_timeout=3, log_path=root / "agent.log", workdir=root / "work") as local:
+        local.workdir = root / "work"
+        yield local
+
+
+def test_a_worker_that_stops_reading_neither_freezes_the_agent_nor_escapes_the_run_timeout(quick, models):
+    """Inputs far larger than the pipe's buffer, sent to a worker that no longer reads (SIGSTOP)."""
+    client = quick.client
+    model_id = client.upload(models["slow"])
+    feeds = {"x": np.random.default_rng(3).standard_normal((384, 384)).astype(np.float32)}  # 590 KB
+    client.run(model_id, feeds, backend="cpu", iterations=1)
+    worker = client.health()["worker_pid"]
+    os.kill(worker, signal.SIGSTOP)
+    outcome = {}
+
+    def run_it():
+        started = time.monotonic()
+        with AgentClient(quick.url, quick.token, retries=0, timeout=30) as once:
+            try:
+                once.run(model_id, feeds, backend="cpu", iterations=1)
+                outcome["error"] = None
+            except AgentError as exc:
+                outcome["error"] = exc
+        outcome["took"] = time.monotonic() - started
+
+    runner = threading.Thread(target=run_it)
+    try:
+        runner.start()
+        health_times = []
+        while runner.is_alive() and len(health_times) < 60:
+            started = time.monotonic()
+            response = httpx.get(f"{quick.url}/health", headers=auth(quick), timeout=5)
+            health_times.append(time.monotonic() - started)
+            assert response.status_code == 200
+            time.sleep(0.1)
+        runner.join(timeout=30)
+    finally:
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert max(health_times) < 1.0, health_times
+    assert outcome["error"] is not None and outcome["error"].status == 504, outcome
+    assert outcome["took"] < 3 + 8, outcome
+    after = client.health()
+    assert after["worker_pid"] != worker
+    np.testing.assert_allclose(client.run(model_id, feeds, backend="cpu", iterations=1).outputs["y"],
+                               direct_run(models["slow"], "cpu", feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def queueing(tmp_path_factory):
+    """An agent whose queued runs may hold 1 MB of requests between them, and 64 MB of inputs per run."""
+    log = tmp_path_factory.mktemp("queueing") / "agent.log"
+    with LocalAgent(run_timeout=60, log_path=log,
+                    extra_args=("--max-queued-mb", "1", "--max-inputs-mb", "64")) as local:
+        yield local
+
+
+def _keep_busy(agent, model_id: str, seconds: float) -> threading.Thread:
+    """A thread running the slow model for about `seconds`; returns once the device is busy."""
+    feeds = {"x": np.random.default_rng(5).standard_normal((384, 384)).astype(np.float32)}
+    started = time.monotonic()
+    agent.client.run(model_id, feeds, backend="cpu", iterations=3)
+    per_run = (time.monotonic() - started) / 4
+    iterations = max(int(seconds / per_run), 10)
+
+    def run():
+        with AgentClient(agent.url, agent.token, retries=0) as busy:
+            busy.run(model_id, feeds, backend="cpu", iterations=iterations)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not agent.client.health()["busy"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return thread
+
+
+def _npz_run(model_id: str, **arrays) -> bytes:
+    buffer = io.BytesIO()
+    spec = json.dumps({"model_id": model_id, "backend": "cpu"}).encode()
+    np.savez_compressed(buffer, **arrays, **{RUN_MEMBER: np.frombuffer(spec, np.uint8)})
+    return buffer.getvalue()
+
+
+def test_queued_runs_hold_their_requests_not_their_decoded_arrays(queueing, models):
+    """Six runs of 48 MB of zeros each (compressed to ~50 KB) wait behind a busy device."""
+    model_id = queueing.client.upload(models["slow"])
+    body = _npz_run(model_id, x=np.zeros(12 * 2**20, np.float32))
+    assert len(body) < 100 * 1024
+    before = memory_kb(queueing.pid)
+    busy = _keep_busy(queueing, model_id, 4.0)
+    statuses = []
+
+    def post():
+        response = httpx.post(f"{queueing.url}/v1/runs/npz", content=body, headers=auth(queueing), timeout=60)
+        statuses.append(response.status_code)
+
+    posters = [threading.Thread(target=post) for _ in range(6)]
+    for thread in posters:
+        thread.start()
+    for thread in posters:
+        thread.join(timeout=60)
+    busy.join(timeout=60)
+    after = memory_kb(queueing.pid)
+    assert statuses == [422] * 6  # each ran in turn, and the worker refused the wrong shape
+    grown_mb = (after["VmHWM"] - before["VmHWM"]) / 1024
+    # One run decoded at a time peaks near 3 x 48 MB (the array, its pickle for the worker, the read buffer);
+    # all six decoded while they wait would take 6 x 48 = 288 MB and more.
+    assert grown_mb < 240, (before, after)
+
+
+def test_runs_past_the_queue_byte_budget_get_503(queueing, models):
+    model_id = queueing.client.upload(models["slow"])
+    body = _npz_run(model_id, x=np.random.default_rng(0).standard_normal(180_000).astype(np.float32))
+    assert 0.6 * 2**20 < len(body) < 2**20
+    busy = _keep_busy(queueing, model_id, 3.0)
+    results = []
+
+    def post():
+        response = httpx.post(f"{queueing.url}/v1/runs/npz", content=body, headers=auth(queueing), timeout=60)
+        results.append((response.status_code, response.json().get("detail", "") if response.status_code != 200
+                        else ""))
+
+    first = threading.Thread(target=post)
+    first.start()
+    deadline = time.monotonic() + 10
+    while queueing.client.health()["queued"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    post()  # the second would take the queue past 1 MB
+    first.join(timeout=60)
+    busy.join(timeout=60)
+    status, detail = results[0]
+    assert status == 503 and "--max-queued-mb" in detail, results
+    assert results[1][0] == 422  # the first waited, then ran (the shape is wrong for the model)
+
+
+def _connect_from(agent, source: str) -> socket.socket:
+    sock = socket.create_connection(address(agent), timeout=10, source_address=(source, 0))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def test_clients_without_the_token_cannot_hold_every_connection(tmp_path):
+    """Three addresses of loopback hold all 24 connections without sending a byte; one of them cannot hold
+    more than 8, and a client with the token is served at once, not after the 10 s header timeout."""
+    args = ("--max-connections", "24", "--max-unauthenticated-per-client", "8", "--header-timeout", "10")
+    with LocalAgent(extra_args=args, log_path=tmp_path / "agent.log") as agent:
+        held = [_connect_from(agent, "127.0.0.2") for _ in range(8)]
+        try:
+            extra = _connect_from(agent, "127.0.0.2")
+            response, closed_after = read_until_closed(extra, 5.0)
+            extra.close()
+            assert status_of(response) == 503 and b"not sent the token" in response and closed_after < 1.0
+            held += [_connect_from(agent, f"127.0.0.{n}") for n in (3, 4, 5) for _ in range(8)]  # past the cap
+            time.sleep(0.3)
+            started = time.monotonic()
+            with AgentClient(agent.url, agent.token, retries=0) as client:
+                assert client.health(timeout=5)["status"] == "ok"
+                assert client.info(refresh=True).device
+            assert time.monotonic() - started < 3.0
+            gave_way = []
+            for sock in held:  # the oldest gave way, with a reason
+                sock.settimeout(0.05)
+                try:
+                    gave_way.append(sock.recv(4096))
+                except TimeoutError:
+                    pass
+            assert gave_way and all(status_of(r) == 503 and b"make room" in r for r in gave_way), gave_way
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_a_zip_whose_end_record_understates_its_members_is_held_to_the_member_cap(tight, models):
+    model_id = tight.client.upload(models["a8"])
+    empty = _npy_header((0,))
+    members = [(f"m{i}.npy", empty, zlib.crc32(empty), len(empty), 0) for i in range(3000)]
+    body = bytearray(_zip([*members, _run_member(model_id)]))
+    at = body.rfind(b"PK\x05\x06")
+    body[at + 8:at + 12] = struct.pack("<HH", 2, 2)  # the end record claims two members
+    started = time.monotonic()
+    response = httpx.post(f"{tight.url}/v1/runs/npz", content=bytes(body), headers=auth(tight), timeout=30)
+    assert response.status_code == 422 and "members; at most 1024" in response.json()["detail"], response.text
+    assert time.monotonic() - started < 2.0
+
+
+def tile_model(length: int, repeats: int) -> bytes:
+    """y = x tiled `repeats` times: a small request whose answer is large."""
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "r"], ["y"], name="tile")], "tile",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [length])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [length * repeats])],
+        [numpy_helper.from_array(np.array([repeats], np.int64), "r")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString()
+
+
+def test_an_answer_the_client_never_reads_is_dropped_after_the_body_timeout(tight):
+    model_id = tight.client.upload(tile_model(1024, 4096))  # a 16 MB answer
+    spec = json.dumps({"model_id": model_id, "backend": "cpu"}).encode()
+    body = encode_npz({"x": np.ones(1024, np.float32), RUN_MEMBER: np.frombuffer(spec, np.uint8)})
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that holds almost nothing
+    sock.settimeout(10)
+    sock.connect(address(tight))
+    host, _ = address(tight)
+    sock.sendall(f"POST /v1/runs/npz HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {tight.token}\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    time.sleep(3 * TIMEOUT + 1.0)  # the body timeout, with room for the run
+    response, _ = read_until_closed(sock, 10.0)
+    sock.close()
+    assert status_of(response) == 200
+    assert len(response) < 8 * 2**20, len(response)  # dropped long before the whole answer was read
+    assert "read nothing of its answer" in tight.log_path.read_text()
+    assert tight.client.health()["status"] == "ok"
+
+
+def test_a_run_that_overruns_one_agent_does_not_set_the_pool_aside(quick, models, tmp_path):
+    from mpstudio.agent import AgentPool, AgentRunTimeout
+
+    feeds = {"x": np.random.default_rng(3).standard_normal((384, 384)).astype(np.float32)}
+    with LocalAgent(run_timeout=3, log_path=tmp_path / "second.log") as second, \
+            AgentPool([quick.url, second.url], quick.token) as pool:
+        pool.agents[1] = AgentClient(second.url, second.token)
+        with pytest.raises(AgentRunTimeout):
+            pool.run(models["slow"], feeds, backend="cpu", iterations=100_000)
+        assert len(pool.healthy(check=False)) == 2  # neither agent was set aside for the run's length
+        result = pool.run(models["slow"], feeds, backend="cpu", iterations=1)
+        np.testing.assert_allclose(result.outputs["y"], direct_run(models["slow"], "cpu", feeds)["y"], rtol=1e-5,
+                                   atol=1e-5)
+
+
+class _HostileAgent:
+    """An HTTP server on loopback that answers like an agent, with what a hostile agent could send."""
+
+    def __init__(self, run_answer: bytes):
+        import http.server
+
+        answer = run_answer
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status: int, body: bytes, kind: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._send(200, json.dumps({"model_id": self.path.rsplit("/", 1)[-1], "size_bytes": 1}).encode(),
+                           "application/json")
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self._send(200, answer, "application/octet-stream")
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_agent_client_bounds_what_an_agent_sends_back():
+    model_id = "ab" * 32
+    bomb, inflated = npz_bomb(model_id, 3 * 2**20 // 2)
+    assert inflated > 1024 * 2**20
+    peak_before = memory_kb(os.getpid())["VmHWM"]
+    with _HostileAgent(bomb) as hostile, AgentClient(hostile.url, retries=0) as client:
+        with pytest.raises(AgentError) as refused:
+            client.run(model_id, {"x": np.zeros(4, np.float32)}, backend="cpu")
+        assert refused.value.status == 502 and "max_response_mb" in str(refused.value)
+        with AgentClient(hostile.url, retries=0, max_response_mb=1) as small:
+            with pytest.raises(AgentError) as too_large:
+                small.run(model_id, {"x": np.zeros(4, np.float32)}, backend="cpu")
+        assert too_large.value.status == 502 and "more than 1 MB" in str(too_large.value)
+    assert memory_kb(os.getpid())["VmHWM"] - peak_before < 200 * 1024
+
+
+@pytest.mark.skipif(not __import__("agent_fixtures").HAS_QNN, reason="onnxruntime-qnn is not installed")
+def test_profiled_htp_runs_leave_no_files_in_the_worker_directory(quick, models):
+    for _ in range(2):
+        result = quick.client.run(models["a8"], random_inputs(), backend="htp", profile=True, profile_runs=2)
+        assert result.profile.ops
+    left = [p.name for p in (quick.workdir / "workers").glob("worker-*/*")]
+    assert left == [], left
+
+
+def test_a_header_over_the_limit_is_refused_when_it_arrives_in_one_read(tight):
+    head = (b"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + tight.token.encode() + b"\r\n"
+            + b"".join(b"X-Filler-%d: " % i + b"a" * 1010 + b"\r\n" for i in range(80)) + b"\r\n")
+    assert len(head) > 80 * 1024
+    sock = connect(tight)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    sock.sendall(head)  # one write; on loopback it arrives in one read
+    response, _ = read_until_closed(sock, 10.0)
+    sock.close()
+    assert status_of(response) in (400, 431), response[:200]
+
+
+def test_a_full_disk_under_the_agent_is_a_clear_507(tmp_path):
+    """The agent with a 256 KB file-size limit (RLIMIT_FSIZE): a model larger than that cannot be written."""
+    import resource
+
+    def limit_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+    token = "disk-full-token-0123456789"
+    process = subprocess.Popen([sys.executable, "-m", "mpstudio.agent", "serve", "--port", "0", "--workdir",
+                                str(tmp_path / "work")], env={**os.environ, "MPSTUDIO_AGENT_TOKEN": token},
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=limit_files)
+    try:
+        url = process.stdout.readline().strip().rsplit(" ", 1)[-1]
+        assert url.startswith("http://"), url
+        with AgentClient(url, token, retries=8, backoff_s=0.25) as client:
+            client.info()
+            small = matmul_model(1)
+            assert client.upload(small)  # 16 KB fits
+            large = matmul_model(2, size=320)  # 400 KB does not
+            with pytest.raises(AgentError) as refused:
+                client.upload(large)
+            assert refused.value.status == 507 and "no room" in str(refused.value), refused.value
+            assert client.health()["status"] == "ok"
+    finally:
+        process.kill()
+        process.wait(timeout=30)

@@ -4,6 +4,7 @@ runs elsewhere, and damaged study.json files. Real processes, real SQLite files.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 import signal
 import sqlite3
@@ -12,6 +13,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import onnx
 import pytest
 
@@ -216,3 +218,278 @@ def test_searches_with_nan_results_read_back(tmp_path):
     assert frame["result"].iloc[0] == {"gap": None, "path": [1, 2]} and frame["result"].iloc[1] is None
     assert json.loads(json.dumps(frame["result"].tolist()))
     study.close()
+
+
+# ------------------------------------------------------------------------------------------- liveness across hosts
+
+_OTHER_HOST = textwrap.dedent("""
+    import socket, sys, time
+    real_time = time.time
+    time.time = lambda: real_time() - 300.0  # this host's clock is five minutes behind
+    socket.gethostname = lambda: "other-host"
+    from mpstudio.store import StudyStore
+    store = StudyStore({db!r})
+    plan = store.add_plan("h" * 16, "a8w8", "user", {{}}, 0)
+    search = store.start_search({{"target": "a16w8+2%"}})
+    job = store.submit(plan, "cpu", search)
+    assert store.claim_job() == job
+    print("running", flush=True)
+    sys.stdin.read()  # until the test lets go
+""")
+
+
+def test_a_live_search_on_a_host_whose_clock_is_behind_reads_as_running(tmp_path):
+    from mpstudio.store import StudyStore
+
+    db = tmp_path / "study.sqlite"
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_HOST.format(db=str(db))], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "running", other.stderr.read()
+        store = StudyStore(db)
+        try:
+            assert store.searches()["status"].tolist() == ["running"]
+            assert store.jobs()["status"].tolist() == ["running"]
+            assert store.claim_job() is None  # its job is not run twice
+            with pytest.raises(MpstudioError, match="running in another process"):
+                store.start_search({"target": "a16w8+2%"})
+        finally:
+            store.close()
+    finally:
+        other.kill()
+        other.wait(timeout=30)
+
+
+def test_a_reused_pid_or_a_heartbeat_from_the_future_does_not_keep_a_search_running(tmp_path):
+    import socket
+
+    from mpstudio.store import StudyStore
+
+    db = tmp_path / "study.sqlite"
+    store = StudyStore(db)
+    try:
+        first = store.start_search({"target": "a"})
+        second = store.start_search({"target": "b"})
+        with sqlite3.connect(db) as conn:
+            # A dead owner whose pid now belongs to a live process (this one) that started at another time.
+            conn.execute("UPDATE searches SET owner = ? WHERE id = ?", (f"{socket.gethostname()}:{os.getpid()}:1",
+                                                                         first))
+            # A dead owner on another host whose clock ran a day ahead.
+            conn.execute("UPDATE searches SET owner = 'other-host:4242', updated = ? WHERE id = ?",
+                         (time.time() + 86400, second))
+        assert store.searches()["status"].tolist() == ["interrupted", "interrupted"]
+        assert store.start_search({"target": "b"}) == second  # taken over, not refused
+    finally:
+        store.close()
+
+
+# ------------------------------------------------------------------------------------------- user data
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_or_inf_in_calibration_data_names_the_sample_and_input(tmp_path, bad):
+    calibration = chain_feeds(6)
+    calibration[3]["x"][0, 1, 2, 3] = bad
+    study = Study.create(tmp_path / "study", _model(tmp_path), FeedList(calibration), FeedList(chain_feeds(4, seed=3)))
+    try:
+        with pytest.raises(MpstudioError) as refused:
+            study.evaluate(PrecisionPlan.a8w8())
+    finally:
+        study.close()
+    message = str(refused.value)
+    assert "sample 3" in message and "'x'" in message and ("NaN" in message or "infinite" in message), message
+    assert "[0, 1, 2, 3]" in message
+
+
+def _model_over_2gb(folder, op: str = "Gather"):
+    """A model whose one weight (all zeros, a sparse file) is a little over 2 GiB of external data."""
+    from onnx import TensorProto, helper
+
+    count = (2**31 + 2**24) // 4
+    weight = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[count], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", str(count * 4))):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    with open(folder / "weights.bin", "wb") as data:
+        data.truncate(count * 4)
+    graph = helper.make_graph([helper.make_node(op, ["W", "i"], ["y"], name="gather")], "big",
+                              [helper.make_tensor_value_info("i", TensorProto.INT64, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [weight])
+    path = folder / "big.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), path)
+    return path
+
+
+def test_a_valid_model_over_2gb_is_not_called_invalid(tmp_path):
+    from mpstudio.model import prepare_model
+
+    started = time.monotonic()
+    with pytest.raises(MpstudioError) as refused:
+        prepare_model(_model_over_2gb(tmp_path))
+    assert "fails ONNX's checker" not in str(refused.value)
+    assert "valid model" in str(refused.value) and "2 GB" in str(refused.value)
+    assert time.monotonic() - started < 10  # told from the file, before 2 GB of weights are read
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(MpstudioError, match="fails ONNX's checker"):
+        prepare_model(_model_over_2gb(tmp_path / "bad", op="NoSuchOp"))
+
+
+def _results_in_the_file_alone(folder, tmp_path) -> int:
+    copy = tmp_path / "copy.sqlite"
+    copy.write_bytes((folder / "study.sqlite").read_bytes())
+    with sqlite3.connect(copy) as db:
+        return db.execute("SELECT COUNT(*) FROM accuracy").fetchone()[0]
+
+
+def test_the_last_results_of_a_burst_reach_the_database_file_without_another_write(tmp_path, monkeypatch):
+    import mpstudio.store as store
+
+    monkeypatch.setattr(store, "CHECKPOINT_EVERY_S", 1.0)
+    folder = tmp_path / "study"
+    study = Study.create(folder, _model(tmp_path), FeedList(chain_feeds(6)), FeedList(chain_feeds(4, seed=3)))
+    try:
+        study.evaluate(PrecisionPlan.a8w8())
+        study.evaluate(PrecisionPlan.a16w8())
+        time.sleep(2.0)  # nothing more is written
+        assert _results_in_the_file_alone(folder, tmp_path) == 2
+    finally:
+        study.close()
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    from conftest import chain_feeds
+    from mpstudio.data import FeedList
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.study import Study
+    study = Study.create({folder!r}, {model!r}, FeedList(chain_feeds(6)), FeedList(chain_feeds(4, seed=3)))
+    study.evaluate(PrecisionPlan.a8w8())
+    study.evaluate(PrecisionPlan.a16w8())
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_opening_a_study_folds_in_what_a_killed_writer_left_in_the_log(tmp_path):
+    folder = tmp_path / "study"
+    code = _KILLED_WRITER.format(tests=os.path.dirname(__file__), folder=str(folder), model=str(_model(tmp_path)))
+    subprocess.run([sys.executable, "-c", code], timeout=300, check=False)
+    assert (folder / "study.sqlite-wal").stat().st_size > 0
+    with Study.open(folder) as study:
+        assert len(study.evaluations()) == 2
+        assert _results_in_the_file_alone(folder, tmp_path) == 2
+
+
+def test_quantize_onto_an_existing_file_needs_force(tmp_path):
+    model = _model(tmp_path)
+    data = FeedList(chain_feeds(4)).save_npz(tmp_path / "calib")
+    out = tmp_path / "out.onnx"
+    out.write_bytes(b"keep me")
+
+    def quantize(*extra):
+        return subprocess.run([sys.executable, "-m", "mpstudio", "quantize", str(model), "--data", str(data), "--quiet",
+                               *extra], capture_output=True, text=True, timeout=300)
+
+    refused = quantize("-o", str(out))
+    assert refused.returncode != 0 and "--force" in refused.stderr and "Traceback" not in refused.stderr
+    assert out.read_bytes() == b"keep me"
+    itself = quantize("-o", str(model), "--force")
+    assert itself.returncode != 0 and "float model itself" in itself.stderr and "Traceback" not in itself.stderr
+    folder = quantize("-o", str(tmp_path))
+    assert folder.returncode != 0 and "is a folder" in folder.stderr and "Traceback" not in folder.stderr
+    forced = quantize("-o", str(out), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert onnx.load(out).graph.node
+
+
+# ------------------------------------------------------------------------------------------- files the study reads
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not readable JSON"),
+    ("[]", "'scales' and 'calibrated_on'"),
+    ('{"scales": {"hmx": 0}, "calibrated_on": "phone"}', "outside"),
+    ('{"scales": {"hmx": 4.6e298}, "calibrated_on": "phone"}', "outside"),
+    ('{"scales": {"hmx": NaN}, "calibrated_on": "phone"}', "outside"),
+    ('{"scales": {"warp": 1.0}, "calibrated_on": "phone"}', "unknown cost class"),
+])
+def test_a_damaged_calibration_json_gives_a_clean_error(tmp_path, text, message):
+    from mpstudio.loop.cost_model import CALIBRATION_FILE, CostModel
+
+    (tmp_path / CALIBRATION_FILE).write_text(text)
+    with pytest.raises(MpstudioError, match=message) as refused:
+        CostModel(tmp_path, "75").arch
+    assert "delete it" in str(refused.value)
+    (tmp_path / CALIBRATION_FILE).write_text('{"scales": {"hmx": 1.5}, "calibrated_on": "phone"}')
+    assert CostModel(tmp_path, "75").arch.scales == {"hmx": 1.5}
+
+
+def _kept(tmp_path, device: str):
+    from mpstudio.agent.protocol import OpCost, OpProfile
+    from mpstudio.loop.recalibration import keep_profile
+    from mpstudio.sources import Latency
+
+    profile = OpProfile(ops=(OpCost(op="conv", node="conv", op_type="Conv", onnx_nodes=("conv",), cost=10.0,
+                                    unit="cycles"),), unit="cycles",
+                        source="emulator", device=device, backend="htp", runs=1)
+    keep_profile(tmp_path, 1, Latency(ms=2.0, source="emulator", where=device), profile)
+
+
+@pytest.mark.parametrize("device", [".", "..", "..."])
+def test_device_names_of_dots_keep_their_profiles_inside_the_study(tmp_path, device):
+    from mpstudio.loop.recalibration import read_profiles
+
+    study = tmp_path / "study"
+    study.mkdir()
+    _kept(study, device)
+    kept = read_profiles(study)
+    assert kept["device"].tolist() == [device]
+    assert all(study / "profiles" in Path(p).parents for p in kept["path"])
+    assert list(tmp_path.glob("*.json")) == [] and list(study.glob("*.json")) == []
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda saved: "{broken", "not readable JSON"),
+    (lambda saved: {**saved, "total_ms": 0}, "total_ms"),
+    (lambda saved: {**saved, "total_ms": 4.6e298 * 1e10}, "total_ms"),
+    (lambda saved: {**saved, "plan_id": "one"}, "plan_id"),
+    (lambda saved: {**saved, "profile": {"ops": [{"node": 1}]}}, "op profile"),
+])
+def test_a_damaged_kept_profile_gives_a_clean_error(tmp_path, edit, message):
+    from mpstudio.loop.recalibration import read_profiles
+
+    _kept(tmp_path, "phone")
+    path = next((tmp_path / "profiles").glob("*/*.json"))
+    edited = edit(json.loads(path.read_text()))
+    path.write_text(edited if isinstance(edited, str) else json.dumps(edited))
+    with pytest.raises(MpstudioError, match=message) as refused:
+        read_profiles(tmp_path)
+    assert str(path) in str(refused.value)
+
+
+def test_a_read_only_study_is_shown_and_refuses_changes_without_advising_to_move_it(tmp_path):
+    """Read-only media, made with the immutable attribute (which holds for root too)."""
+    import shutil
+
+    from mpstudio.store import StudyStore
+
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not available")
+    folder = tmp_path / "study"
+    study = Study.create(folder, _model(tmp_path), FeedList(chain_feeds(6)), FeedList(chain_feeds(4, seed=3)))
+    study.evaluate(PrecisionPlan.a8w8())
+    study.close()
+    if subprocess.run(["chattr", "-R", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("cannot make files immutable here")
+    try:
+        show = subprocess.run([sys.executable, "-m", "mpstudio", "study", "show", str(folder)], capture_output=True,
+                              text=True, timeout=120)
+        assert show.returncode == 0 and "a8w8" in show.stdout, show.stderr
+        assert "move it aside" not in show.stderr
+        store = StudyStore(folder / "study.sqlite")
+        try:
+            assert store.read_only and len(store.plans()) == 1
+            with pytest.raises(MpstudioError, match="read-only here"):
+                store.start_search({"target": "a16w8+2%"})
+        finally:
+            store.close()
+    finally:
+        subprocess.run(["chattr", "-R", "-i", str(folder)], check=False)

@@ -8,6 +8,7 @@ from .pool import AgentPool, by_device
 from .protocol import (
     AgentError,
     AgentInfo,
+    AgentRunTimeout,
     ContextBinary,
     LatencyStats,
     NodeFallback,
@@ -22,6 +23,7 @@ __all__ = [
     "AgentError",
     "AgentInfo",
     "AgentPool",
+    "AgentRunTimeout",
     "ContextBinary",
     "LatencyStats",
     "LocalAgent",

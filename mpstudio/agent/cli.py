@@ -43,10 +43,17 @@ def add_parser(subparsers) -> None:
     limits = serve.add_argument_group("limits", "What one client may make the agent hold (docs/agent.md)")
     limits.add_argument("--max-inputs-mb", type=float, default=None,
                         help="largest total size of a run's input arrays once decompressed (default: --max-upload-mb)")
+    limits.add_argument("--max-queued-mb", type=float, default=1024.0,
+                        help="request bytes runs waiting for the device may hold between them; past it a run "
+                        "gets 503 (default 1024)")
     limits.add_argument("--max-store-mb", type=float, default=10240.0,
                         help="disk kept for uploaded models; the least recently used are evicted (default 10240)")
     limits.add_argument("--max-uploads", type=int, default=2, help="uploads in progress at once (default 2)")
-    limits.add_argument("--max-connections", type=int, default=128, help="open connections (default 128)")
+    limits.add_argument("--max-connections", type=int, default=128,
+                        help="open connections; at the cap, the oldest that has not sent the token is closed to "
+                        "make room (default 128)")
+    limits.add_argument("--max-unauthenticated-per-client", type=int, default=16,
+                        help="connections one client address may hold before sending the token (default 16)")
     limits.add_argument("--header-timeout", type=float, default=10.0,
                         help="seconds a client has to send a request's headers (default 10)")
     limits.add_argument("--body-timeout", type=float, default=30.0,
@@ -66,10 +73,12 @@ def run_serve(args: argparse.Namespace) -> int:
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     config = AgentConfig(
         host=args.host, port=args.port, token=token, workdir=args.workdir, max_upload_mb=args.max_upload_mb,
-        run_timeout_s=args.run_timeout, max_queue=args.max_queue, max_sessions=args.max_sessions,
+        run_timeout_s=args.run_timeout, max_queue=args.max_queue, max_queued_mb=args.max_queued_mb,
+        max_sessions=args.max_sessions,
         device_name=args.device_name, htp_arch=args.htp_arch, soc_model=args.soc_model,
         intra_op_threads=args.threads, max_inputs_mb=args.max_inputs_mb, max_store_mb=args.max_store_mb,
-        max_uploads=args.max_uploads, max_connections=args.max_connections, header_timeout_s=args.header_timeout,
+        max_uploads=args.max_uploads, max_connections=args.max_connections,
+        max_unauthenticated_per_client=args.max_unauthenticated_per_client, header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout, request_timeout_s=args.request_timeout, http=args.http,
     )
     try:

@@ -29,6 +29,7 @@ from .protocol import (
     RUN_MEMBER,
     AgentError,
     AgentInfo,
+    AgentRunTimeout,
     ContextBinary,
     RunResult,
     check_model_id,
@@ -48,11 +49,14 @@ class AgentClient:
 
     `timeout` bounds one request (a run may wait in the agent's queue first); transient failures (agent
     unreachable, connection dropped, queue full) are retried `retries` times with a growing pause.
+    `max_response_mb` bounds what an agent may send back: an answer's bytes, and a run's outputs once
+    decompressed (an agent is another machine; its answers are checked like a request on the agent).
     """
 
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 900.0, connect_timeout: float = 5.0,
-                 retries: int = 2, backoff_s: float = 0.5):
+                 retries: int = 2, backoff_s: float = 0.5, max_response_mb: float = 1024.0):
         self.url = url.rstrip("/")
+        self.max_response_bytes = int(max_response_mb * 2**20)
         self.retries = retries
         self.backoff_s = backoff_s
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -185,7 +189,11 @@ class AgentClient:
             self._known_models.discard(model_id)
             self.upload(model)
             response = self._request("POST", f"{API_PREFIX}/runs/npz", **post)
-        arrays = decode_npz(response.content)
+        try:
+            arrays = decode_npz(response.content, self.max_response_bytes)
+        except MpstudioError as exc:
+            raise AgentError(f"agent {self.url} sent run outputs that were refused: {exc} (AgentClient's "
+                             "max_response_mb)", 502) from None
         result = arrays.pop(RESULT_MEMBER, None)
         if result is None:
             raise AgentError(f"agent {self.url} sent a run result without {RESULT_MEMBER!r}", 502)
@@ -214,7 +222,7 @@ class AgentClient:
         for attempt in range(attempts):
             last = attempt == attempts - 1
             try:
-                response = self._http.request(method, path, **kwargs)
+                response = self._bounded(method, path, **kwargs)
             except _TRANSIENT as exc:
                 if last:
                     raise AgentError(f"agent {self.url} is unreachable: {type(exc).__name__}: {exc}", 503) from None
@@ -227,8 +235,34 @@ class AgentClient:
             if response.status_code == 503 and not last:
                 time.sleep(float(response.headers.get("retry-after", self.backoff_s * 2**attempt)))
                 continue
+            if response.status_code == 504:
+                raise AgentRunTimeout(f"agent {self.url}: {_detail(response)}")
             raise AgentError(f"agent {self.url}: {_detail(response)}", response.status_code)
         raise AssertionError("unreachable")
+
+    def _bounded(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """The response, read only up to `max_response_bytes` (its Content-Length is checked first)."""
+        request = self._http.build_request(method, path, **kwargs)
+        response = self._http.send(request, stream=True)
+        try:
+            limit = self.max_response_bytes
+            declared = response.headers.get("content-length", "")
+            too_large = AgentError(f"agent {self.url} answered {method} {path} with more than "
+                                   f"{limit / 2**20:g} MB (AgentClient's max_response_mb)", 502)
+            if declared.isdigit() and int(declared) > limit:
+                raise too_large
+            chunks, size = [], 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+        finally:
+            response.close()
+        # The body is already decoded: its encoding and framing headers no longer describe it.
+        headers = [(k, v) for k, v in response.headers.multi_items()
+                   if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+        return httpx.Response(response.status_code, headers=headers, content=b"".join(chunks), request=request)
 
 
 def _only_an_id(model) -> bool:

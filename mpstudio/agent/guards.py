@@ -26,6 +26,37 @@ class ConnectionLimits:
     request_timeout_s: float = 600.0  # the whole request, headers and body
     max_header_bytes: int = 64 * 1024
     max_connections: int = 128
+    max_unauthenticated_per_client: int = 16  # connections from one address that have not shown the token
+
+
+class ClientConnections:
+    """Which open connections have not yet shown the token, by client address.
+
+    Such a connection is cheap to open and proves nothing, so one address may hold only a few, and when
+    the agent is at its connection cap the oldest of them is closed to make room (a client that has shown
+    the token is never closed for another). `RequestGuard` marks a connection once a request on it passes.
+    """
+
+    def __init__(self):
+        self._pending: dict[tuple, object] = {}  # client (host, port) -> protocol, oldest first
+
+    def opened(self, protocol) -> None:
+        if protocol.client is not None:
+            self._pending[protocol.client] = protocol
+
+    def closed(self, protocol) -> None:
+        if protocol.client is not None and self._pending.get(protocol.client) is protocol:
+            del self._pending[protocol.client]
+
+    def authenticated(self, client) -> None:
+        if client is not None:
+            self._pending.pop(tuple(client), None)
+
+    def pending_from(self, host: str) -> int:
+        return sum(1 for client in self._pending if client[0] == host)
+
+    def oldest_pending(self, besides):
+        return next((protocol for protocol in self._pending.values() if protocol is not besides), None)
 
 
 def _raw_response(status: int, reason: str, message: str) -> bytes:
@@ -43,6 +74,7 @@ class _Deadlines:
     so a client that never finishes its headers or body would hold a socket forever)."""
 
     limits: ConnectionLimits  # set by guarded_protocol()
+    registry: ClientConnections  # set by guarded_protocol()
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -50,15 +82,54 @@ class _Deadlines:
         self._phase = None  # "headers" while reading a request's head, "body" while reading its body
         self._started = self._last_data = time.monotonic()
         self._header_bytes = 0
-        if len(self.connections) > self.limits.max_connections:
+        self._head_tail = b""
+        limits, registry = self.limits, self.registry
+        host = self.client[0] if self.client else None
+        if host is not None and registry.pending_from(host) >= limits.max_unauthenticated_per_client:
             self._refuse(503, "Service Unavailable",
-                         f"the agent already has {self.limits.max_connections} open connections; retry later")
+                         f"this address already has {limits.max_unauthenticated_per_client} open connections that "
+                         "have not sent the token; retry later")
             return
+        registry.opened(self)
+        if len(self.connections) > limits.max_connections:
+            oldest = registry.oldest_pending(besides=self)
+            if oldest is None:
+                self._refuse(503, "Service Unavailable",
+                             f"the agent already has {limits.max_connections} open connections; retry later")
+                return
+            # Room for this one at the cost of a connection that has shown nothing yet.
+            oldest._refuse(503, "Service Unavailable",
+                           f"closed to make room: the agent has {limits.max_connections} open connections, and this "
+                           "one had not sent the token")
         self._begin("headers")
 
     def connection_lost(self, exc) -> None:
         self._cancel()
+        self._stop_write_timer()
+        self.registry.closed(self)
         super().connection_lost(exc)
+
+    # A client that stops reading its answer would keep the whole answer (a run's outputs, say) in the
+    # transport's buffer forever: past the body timeout without draining, the connection is dropped.
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._stop_write_timer()
+        self._write_timer = asyncio.get_running_loop().call_later(self.limits.body_timeout_s, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        self._stop_write_timer()
+        super().resume_writing()
+
+    def _stop_write_timer(self) -> None:
+        if getattr(self, "_write_timer", None) is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_stalled(self) -> None:
+        self._write_timer = None
+        logging.getLogger("mpstudio.agent").warning(
+            "dropped a connection whose client read nothing of its answer for %g s", self.limits.body_timeout_s)
+        self.transport.abort()  # frees what is buffered; close() would wait for the client to read it
 
     def data_received(self, data: bytes) -> None:
         cycle = self.cycle
@@ -66,7 +137,15 @@ class _Deadlines:
             self._begin("headers")  # the first bytes of the next request on a kept-alive connection
         self._last_data = time.monotonic()
         if self._phase == "headers":
-            self._header_bytes += len(data)
+            # Count only up to the head's end (a body may follow in the same read), and refuse before the
+            # parser sees a head that arrived whole in one read and would pass unchecked.
+            seen = self._head_tail + data
+            end = seen.find(b"\r\n\r\n")
+            self._header_bytes += len(data) if end < 0 else end + 4 - len(self._head_tail)
+            self._head_tail = seen[-3:]
+            if self._header_bytes > self.limits.max_header_bytes:
+                return self._refuse(431, "Request Header Fields Too Large",
+                                    f"request headers larger than {self.limits.max_header_bytes // 1024} KB")
         super().data_received(data)
         if self.transport.is_closing():
             self._cancel()
@@ -75,9 +154,6 @@ class _Deadlines:
             self._phase = "body" if self.cycle.more_body else None
             if self._phase is None:
                 self._cancel()
-        elif self._phase == "headers" and self._header_bytes > self.limits.max_header_bytes:
-            self._refuse(431, "Request Header Fields Too Large",
-                         f"request headers larger than {self.limits.max_header_bytes // 1024} KB")
         elif self._phase == "body" and not self.cycle.more_body:
             self._phase = None
             self._cancel()
@@ -88,6 +164,7 @@ class _Deadlines:
         self._phase = phase
         self._started = self._last_data = time.monotonic()
         self._header_bytes = 0
+        self._head_tail = b""
         self._arm(self.limits.header_timeout_s)
 
     def _arm(self, delay: float) -> None:
@@ -130,8 +207,9 @@ class _Deadlines:
             self.transport.close()
 
 
-def guarded_protocol(http: str, limits: ConnectionLimits) -> type:
-    """uvicorn's protocol class for `http` ("auto", "h11" or "httptools") with the agent's limits added."""
+def guarded_protocol(http: str, limits: ConnectionLimits, registry: ClientConnections | None = None) -> type:
+    """uvicorn's protocol class for `http` ("auto", "h11" or "httptools") with the agent's limits added;
+    `registry` (shared with the app's `RequestGuard`) learns which connections have shown the token."""
     if http == "auto":
         from uvicorn.protocols.http.auto import AutoHTTPProtocol as base
     elif http == "h11":
@@ -140,7 +218,8 @@ def guarded_protocol(http: str, limits: ConnectionLimits) -> type:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
     else:
         raise ValueError(f"unknown HTTP implementation {http!r}")
-    return type(f"Guarded{base.__name__}", (_Deadlines, base), {"limits": limits})
+    return type(f"Guarded{base.__name__}", (_Deadlines, base),
+                {"limits": limits, "registry": registry or ClientConnections()})
 
 
 # ============================================================================================ ASGI
@@ -168,6 +247,9 @@ class RequestGuard:
             status, message, headers = refusal
             # Closing the connection spares reading a body that was refused on its head.
             return await send_error(send, status, message, [*headers, (b"connection", b"close")])
+        registry = getattr(getattr(scope.get("app"), "state", None), "connections", None)
+        if registry is not None:
+            registry.authenticated(scope.get("client"))
         if scope["method"] not in BODY_METHODS:
             return await self.app(scope, receive, send)
         await self._limited(scope, receive, send)

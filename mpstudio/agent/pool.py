@@ -15,11 +15,16 @@ import numpy as np
 
 from ..errors import MpstudioError
 from .client import AgentClient
-from .protocol import AgentError, RunResult
+from .protocol import AgentError, AgentRunTimeout, RunResult
 
 # Statuses that say the agent (not the request) is in trouble: try the job elsewhere. 507: its model
-# store is full of models in use.
+# store is full of models in use. An agent's own 504 says the run overran its --run-timeout, which is the
+# run's doing: the agent (its worker replaced) stays in the pool.
 _AGENT_TROUBLE = (502, 503, 504, 507)
+
+
+def _run_overran(exc: AgentError) -> bool:
+    return isinstance(exc, AgentRunTimeout)
 
 
 class AgentPool:
@@ -70,14 +75,21 @@ class AgentPool:
     # ------------------------------------------------------------------ runs
 
     def run(self, model, inputs: Mapping[str, np.ndarray], **options) -> RunResult:
-        """One run on the least busy healthy agent; on agent trouble it moves to the next one."""
+        """One run on the least busy healthy agent; on agent trouble it moves to the next one.
+
+        A run that overruns an agent's --run-timeout is tried on the others (they may be faster, or allow
+        longer) without setting that agent aside; when it overruns them all, the last timeout is raised.
+        """
         tried: set[str] = set()
+        overran: AgentError | None = None
         while True:
             with self._lock:
                 now = time.monotonic()
                 choices = [a for a in self.agents
                            if a.url not in tried and self._down_until.get(a.url, 0.0) <= now]
                 if not choices:
+                    if overran is not None:
+                        raise overran
                     raise MpstudioError(f"no healthy agent left in the pool (tried {sorted(tried) or 'none'})")
                 agent = min(choices, key=lambda a: self._in_flight[a.url])
                 self._in_flight[agent.url] += 1
@@ -87,7 +99,10 @@ class AgentPool:
             except AgentError as exc:
                 if exc.status not in _AGENT_TROUBLE:
                     raise
-                self._set_aside(agent)
+                if _run_overran(exc):
+                    overran = exc
+                else:
+                    self._set_aside(agent)
             finally:
                 with self._lock:
                     self._in_flight[agent.url] -= 1
@@ -116,7 +131,7 @@ class AgentPool:
                 try:
                     results[index] = agent.run(model, feed, **options)
                 except AgentError as exc:
-                    if exc.status in _AGENT_TROUBLE:
+                    if exc.status in _AGENT_TROUBLE and not _run_overran(exc):
                         jobs.put((index, feed))
                         self._set_aside(agent)
                         return

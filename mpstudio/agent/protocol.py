@@ -43,6 +43,13 @@ class AgentError(MpstudioError):
         self.status = status
 
 
+class AgentRunTimeout(AgentError):
+    """The agent answered 504: the run overran its --run-timeout (its worker was replaced; the agent is fine)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, 504)
+
+
 def is_model_id(text) -> bool:
     return isinstance(text, str) and _MODEL_ID.fullmatch(text) is not None
 
@@ -87,26 +94,22 @@ def encode_npz(arrays: dict[str, np.ndarray]) -> bytes:
 MAX_NPZ_MEMBERS = 1024
 
 
-def decode_npz(data: bytes, max_bytes: int | None = None) -> dict[str, np.ndarray]:
+def decode_npz(data: bytes, max_bytes: int | None = None, members=None) -> dict[str, np.ndarray]:
     """Arrays from `.npz` bytes, read without trusting the archive.
 
     A pickled member is refused (pickles can run code when loaded), and so is any member that is not an
     `.npy` array. With `max_bytes`, the arrays' total size is bounded *before* anything is decompressed or
     allocated: the zip's declared sizes and each `.npy` header's shape and dtype are checked first, so a
     small compressed archive (a "zip bomb") or a header declaring a huge shape is refused at once.
+    `members`, when given, is a predicate on member names (without `.npy`): only those are read.
     """
-    if not bytes(data[:4]) == b"PK\x03\x04":  # np.load would take anything else for a pickle or .npy
-        raise MpstudioError("the inputs are not a valid .npz archive (make them with numpy.savez)")
-    members = _zip_member_count(data)
-    if members > MAX_NPZ_MEMBERS:
-        raise MpstudioError(f"the .npz has {members} members; at most {MAX_NPZ_MEMBERS} arrays are accepted")
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            entries = archive.infolist()
-            _check_declared_sizes(entries, max_bytes)
+        with _checked_archive(data, max_bytes) as archive:
             arrays = {}
             budget = max_bytes
-            for entry in entries:
+            for entry in archive.infolist():
+                if members is not None and not members(entry.filename[: -len(".npy")]):
+                    continue
                 name, array = _read_member(archive, entry, budget)
                 arrays[name] = array
                 if budget is not None:
@@ -125,6 +128,40 @@ def decode_npz(data: bytes, max_bytes: int | None = None) -> dict[str, np.ndarra
         raise MpstudioError(f"the inputs are not a valid .npz archive: {_first_line(exc)}") from None
 
 
+def check_npz(data: bytes, max_bytes: int | None = None) -> None:
+    """Refuse an .npz by its directory and its members' .npy headers (member count and names, declared sizes,
+    pickled or oversized arrays) without decompressing any array: what can be said about a run's inputs
+    before it waits for the device."""
+    try:
+        with _checked_archive(data, max_bytes) as archive:
+            for entry in archive.infolist():
+                _check_member_header(archive, entry, max_bytes)
+    except MpstudioError:
+        raise
+    except ValueError as exc:
+        if "pickle" in str(exc).lower():
+            raise MpstudioError("the inputs .npz holds a pickled (object) array, which the agent refuses; "
+                                "send numeric arrays only") from None
+        raise MpstudioError(f"the inputs are not a valid .npz archive: {_first_line(exc)}") from None
+    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, RuntimeError) as exc:
+        raise MpstudioError(f"the inputs are not a valid .npz archive: {_first_line(exc)}") from None
+
+
+def _checked_archive(data: bytes, max_bytes: int | None) -> zipfile.ZipFile:
+    if not bytes(data[:4]) == b"PK\x03\x04":  # np.load would take anything else for a pickle or .npy
+        raise MpstudioError("the inputs are not a valid .npz archive (make them with numpy.savez)")
+    members = _zip_member_count(data)
+    if members > MAX_NPZ_MEMBERS:
+        raise MpstudioError(f"the .npz has {members} members; at most {MAX_NPZ_MEMBERS} arrays are accepted")
+    archive = zipfile.ZipFile(io.BytesIO(data))
+    try:
+        _check_declared_sizes(archive.infolist(), max_bytes)
+    except BaseException:
+        archive.close()
+        raise
+    return archive
+
+
 def npz_declared_bytes(data: bytes) -> int:
     """What an .npz's members add up to once decompressed, by its zip directory alone (no decompression);
     for deciding where to decode it. Anything unreadable counts as huge."""
@@ -138,14 +175,29 @@ def npz_declared_bytes(data: bytes) -> int:
 
 
 def _zip_member_count(data: bytes) -> int:
-    """The member count of a zip's end-of-central-directory record, read before zipfile builds an index of
-    every member (an archive of millions of empty members would cost gigabytes of Python objects)."""
+    """How many members a zip's central directory really holds, counted from its entries (at most
+    `MAX_NPZ_MEMBERS + 1` of them are walked) before zipfile builds an index of every member: an archive of
+    millions of empty members would cost gigabytes of Python objects, and the end record's count may lie."""
     tail = bytes(data[-(22 + 0xFFFF):])
     at = tail.rfind(b"PK\x05\x06")
     if at < 0 or at + 22 > len(tail):
         raise MpstudioError("the inputs are not a valid .npz archive (no end of central directory)")
-    (count,) = struct.unpack_from("<H", tail, at + 10)
-    return count if count != 0xFFFF else MAX_NPZ_MEMBERS + 1  # 0xFFFF: a zip64 count, far too many anyway
+    count, directory_size = struct.unpack_from("<HI", tail, at + 10)
+    if count == 0xFFFF or directory_size == 0xFFFFFFFF:
+        return MAX_NPZ_MEMBERS + 1  # a zip64 directory: far too many members for inputs anyway
+    # zipfile finds the directory just before the end record, `directory_size` bytes long: walk the same.
+    end = len(data) - len(tail) + at
+    position, found = end - directory_size, 0
+    if position < 0:
+        raise MpstudioError("the inputs are not a valid .npz archive (bad central directory size)")
+    view = memoryview(data)
+    while position + 46 <= end and found <= MAX_NPZ_MEMBERS:
+        if bytes(view[position:position + 4]) != b"PK\x01\x02":
+            break
+        name, extra, comment = struct.unpack_from("<HHH", data, position + 28)
+        position += 46 + name + extra + comment
+        found += 1
+    return found
 
 
 def _check_declared_sizes(entries: list[zipfile.ZipInfo], max_bytes: int | None) -> None:
@@ -171,6 +223,17 @@ def _read_member(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, budget: int |
     """One member's array: its .npy header is parsed and its declared size checked before allocation."""
     from numpy.lib import format as npy
 
+    _check_member_header(archive, entry, budget)
+    with archive.open(entry) as member:
+        array = npy.read_array(member, allow_pickle=False)
+    return entry.filename[: -len(".npy")], array
+
+
+def _check_member_header(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, budget: int | None) -> None:
+    """Refuse a member by its .npy header alone: its version, an object (pickled) dtype, a shape larger than
+    the member or than `budget`."""
+    from numpy.lib import format as npy
+
     with archive.open(entry) as member:
         version = npy.read_magic(member)
         if version not in ((1, 0), (2, 0)):  # 3.0 only adds utf-8 field names of structured dtypes
@@ -178,20 +241,17 @@ def _read_member(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, budget: int |
                                 "send plain numeric arrays (numpy.savez)")
         read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
         shape, _, dtype = read_header(member)
-        if dtype.hasobject:
-            raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
-        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
-        if nbytes > entry.file_size:
-            raise MpstudioError(f"the .npz member {entry.filename[:80]!r} declares shape {list(shape)} of {dtype} "
-                                f"but holds only {entry.file_size} bytes")
-        if budget is not None and nbytes > budget:
-            raise AgentError(
-                f"the .npz member {entry.filename[:80]!r} holds {nbytes / 2**20:.1f} MB once decompressed "
-                f"(shape {list(shape)} of {dtype}), more than the {budget / 2**20:.1f} MB left under the inputs "
-                "limit (send smaller inputs, or start the agent with a larger --max-inputs-mb)", 413)
-    with archive.open(entry) as member:
-        array = npy.read_array(member, allow_pickle=False)
-    return entry.filename[: -len(".npy")], array
+    if dtype.hasobject:
+        raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
+    if nbytes > entry.file_size:
+        raise MpstudioError(f"the .npz member {entry.filename[:80]!r} declares shape {list(shape)} of {dtype} "
+                            f"but holds only {entry.file_size} bytes")
+    if budget is not None and nbytes > budget:
+        raise AgentError(
+            f"the .npz member {entry.filename[:80]!r} holds {nbytes / 2**20:.1f} MB once decompressed "
+            f"(shape {list(shape)} of {dtype}), more than the {budget / 2**20:.1f} MB left under the inputs "
+            "limit (send smaller inputs, or start the agent with a larger --max-inputs-mb)", 413)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from ..errors import MpstudioError
 from .arguments import add_quiet_arg, add_shape_arg
 from .progress import progress_bar
 
@@ -46,13 +48,32 @@ def open_model_data_plan(args, calibration_samples: int | None = None, calibrate
     return Quantizer(prepared, calibration, cache, method=method), plan, data
 
 
+def _check_output(output: str, model: str, force: bool) -> Path:
+    """The output path, refused before any work when writing it would fail or destroy something."""
+    out = Path(output)
+    if out.is_dir():
+        raise MpstudioError(f"{out} is a folder; give the path of the .onnx file to write")
+    if out.exists():
+        if Path(model).exists() and out.resolve() == Path(model).resolve():
+            raise MpstudioError(f"{out} is the float model itself; write the QDQ model to another file")
+        if not force:
+            raise MpstudioError(f"{out} already exists; pass --force to overwrite it, or choose another -o")
+    return out
+
+
 def _quantize(args) -> int:
+    out = _check_output(args.output, args.model, args.force)
     quantizer, plan, _ = open_model_data_plan(args, method=args.method)
     with progress_bar(not args.quiet) as progress:
         path = quantizer.generate(plan, progress)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(path.read_bytes())
+    partial = out.with_name(out.name + ".partial")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(path.read_bytes())
+        os.replace(partial, out)  # a failed write leaves any earlier file whole
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise MpstudioError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(f"{plan.summary()} -> {out}")
     if args.htp_arch:
         from ..latency import estimate_latency
@@ -107,6 +128,7 @@ def add_quantize_parser(sub) -> None:
     q.add_argument("--data", required=True, help="folder of calibration samples (.npz per sample, keys = input names)")
     q.add_argument("--plan", help="precision plan JSON (default: all 8-bit)")
     q.add_argument("-o", "--output", required=True, help="where to write the QDQ model")
+    q.add_argument("--force", action="store_true", help="overwrite the output file when it exists")
     add_shape_arg(q)
     q.add_argument("--samples", type=int, help="use only the first N calibration samples")
     q.add_argument("--method", default="minmax", choices=["minmax", "entropy", "percentile"], help="calibration method")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from ..errors import MpstudioError
@@ -13,6 +14,36 @@ from ..sources import Latency
 from .folder import atomic_write
 
 CALIBRATION_FILE = "calibration.json"  # the cost model's scales refitted on a device
+# A fitted scale outside this range is no device's: the file was damaged or edited by hand.
+SCALE_RANGE = (1e-3, 1e3)
+
+
+def read_calibration(path: Path) -> tuple[dict[str, float], str]:
+    """The (scales, device) of a study's calibration.json, checked: known cost classes, finite scales in
+    SCALE_RANGE, a device name."""
+    from ..latency.ops import OP_CLASSES
+
+    def damaged(what: str) -> MpstudioError:
+        return MpstudioError(f"{path} is damaged ({what}); delete it to go back to the uncalibrated cost model, "
+                             "then recalibrate the study (Study.recalibrate) to fit it again")
+
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise damaged(f"not readable JSON: {exc}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("scales"), dict) \
+            or not isinstance(saved.get("calibrated_on"), str) or not saved["calibrated_on"]:
+        raise damaged("it needs an object with 'scales' and 'calibrated_on'")
+    scales = {}
+    low, high = SCALE_RANGE
+    for name, value in saved["scales"].items():
+        if name not in OP_CLASSES:
+            raise damaged(f"unknown cost class {name!r}; known: {', '.join(OP_CLASSES)}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+                or not low <= value <= high:
+            raise damaged(f"the scale of {name!r} is {value!r}, outside {low:g}..{high:g}")
+        scales[name] = float(value)
+    return scales, saved["calibrated_on"]
 
 
 class CostModel:
@@ -32,8 +63,8 @@ class CostModel:
             base = htp_arch(self.htp_arch)
             path = self.folder / CALIBRATION_FILE
             if path.exists():
-                saved = json.loads(path.read_text())
-                base = dataclasses.replace(base, scales=dict(saved["scales"]), calibrated_on=saved["calibrated_on"])
+                scales, device = read_calibration(path)
+                base = dataclasses.replace(base, scales=scales, calibrated_on=device)
             self._arch = base
         return self._arch
 

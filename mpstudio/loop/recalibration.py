@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -29,17 +30,42 @@ def read_profiles(folder: Path) -> pd.DataFrame:
     """Per-op profiles kept in the study `folder`. Columns: plan_id, device, total_ms, path."""
     rows = []
     for path in sorted((folder / PROFILES_DIR).glob("*/*.json")):
-        saved = json.loads(path.read_text())
+        saved = read_kept_profile(path)
         rows.append({"plan_id": saved["plan_id"], "device": saved["device"], "total_ms": saved["total_ms"],
                      "path": path})
     return pd.DataFrame(rows, columns=["plan_id", "device", "total_ms", "path"])
+
+
+def read_kept_profile(path: Path) -> dict:
+    """One kept profile, checked: plan_id, device, total_ms (finite, positive) and profile (an `OpProfile`)."""
+    from ..agent.protocol import OpProfile
+
+    def damaged(what: str) -> MpstudioError:
+        return MpstudioError(f"the kept profile {path} is damaged ({what}); delete it (the study loses only that "
+                             "profile) and evaluate the plan on the device again to keep a new one")
+
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise damaged(f"not readable JSON: {exc}") from None
+    if not isinstance(saved, dict):
+        raise damaged("not a JSON object")
+    plan_id, device, total = saved.get("plan_id"), saved.get("device"), saved.get("total_ms")
+    if not isinstance(plan_id, int) or isinstance(plan_id, bool) or not isinstance(device, str) or not device:
+        raise damaged("plan_id or device missing or mistyped")
+    if not isinstance(total, (int, float)) or isinstance(total, bool) or not (math.isfinite(total) and total > 0):
+        raise damaged(f"total_ms is {total!r}, not a positive number of milliseconds")
+    try:
+        profile = OpProfile.from_dict(saved["profile"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise damaged(f"its op profile cannot be read: {type(exc).__name__}: {exc}") from None
+    return {**saved, "profile": profile}
 
 
 def recalibrate(folder: Path, cost_model: CostModel, store: StudyStore, model_of: Callable[[int], Path],
                 device: str | None = None, *, allow_emulator: bool = False):
     """Refit `cost_model` to the profiles the study keeps of `device` (default: the device with the most), adopt
     it, and re-estimate every stored plan (`model_of(plan_id)`: its QDQ model). See `Study.recalibrate`."""
-    from ..agent.protocol import OpProfile
     from ..latency import calibrate, htp_arch
 
     kept = read_profiles(folder)
@@ -51,8 +77,8 @@ def recalibrate(folder: Path, cost_model: CostModel, store: StudyStore, model_of
     if chosen.empty:
         raise MpstudioError(f"no profiles of {device!r}; this study has profiles of: "
                             f"{', '.join(sorted(kept['device'].unique()))}")
-    runs = [(model_of(int(row.plan_id)), OpProfile.from_dict(json.loads(Path(row.path).read_text())["profile"]),
-             float(row.total_ms)) for row in chosen.itertuples()]
+    runs = [(model_of(int(row.plan_id)), read_kept_profile(Path(row.path))["profile"], float(row.total_ms))
+            for row in chosen.itertuples()]
     calibration = calibrate(runs, htp_arch(cost_model.htp_arch), allow_emulator=allow_emulator)
     cost_model.adopt(calibration, device)
     for plan_id in store.plans()["plan_id"]:
@@ -63,4 +89,8 @@ def recalibrate(folder: Path, cost_model: CostModel, store: StudyStore, model_of
 
 
 def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:80] or "device"
+    """A folder name for a device name: never empty, and never "." or ".." (which name other folders)."""
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:80]
+    if not slug.strip("."):
+        slug = f"device{'_' * len(slug)}"
+    return slug

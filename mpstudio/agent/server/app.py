@@ -6,6 +6,7 @@ bounded queue. Every endpoint but the OpenAPI schema needs the bearer token when
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from contextlib import asynccontextmanager
@@ -19,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from ... import __version__
 from ...errors import MpstudioError
 from ...runtime import htp_is_emulated
-from ..guards import RedactQuery, RequestGuard, guarded_protocol
+from ..guards import ClientConnections, RedactQuery, RequestGuard, guarded_protocol
 from ..protocol import AgentError
 from .config import AgentConfig
 from .routes import router
@@ -28,6 +29,8 @@ from .state import AgentState
 log = logging.getLogger("mpstudio.agent")
 
 KEEP_ALIVE_S = 30
+# Write errors that mean there is no room: a full disk, a full quota, a file-size limit.
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def _error_response(status: int, message: str) -> JSONResponse:
@@ -41,6 +44,17 @@ async def _agent_error(request: Request, exc: AgentError):
 
 async def _user_error(request: Request, exc: MpstudioError):
     return _error_response(422, str(exc))
+
+
+async def _file_error(request: Request, exc: OSError):
+    """A file the agent itself writes or reads failed: a full disk is 507 and says so, anything else a 500 that
+    names the error instead of an unhandled traceback."""
+    if exc.errno in _NO_ROOM:
+        log.error("no room to write under the agent's work directory: %s", exc)
+        return _error_response(507, f"the agent's disk has no room left ({exc.strerror}); free space under its "
+                                    "--workdir or lower --max-store-mb, then retry")
+    log.exception("file error")
+    return _error_response(500, f"the agent could not read or write its files: {exc.strerror or exc}")
 
 
 async def _validation_error(request: Request, exc: RequestValidationError):
@@ -75,6 +89,7 @@ def create_app(config: AgentConfig) -> FastAPI:
     app.add_middleware(RequestGuard, token=config.token, max_bytes=config.upload_bytes)
     app.add_exception_handler(AgentError, _agent_error)
     app.add_exception_handler(MpstudioError, _user_error)
+    app.add_exception_handler(OSError, _file_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.include_router(router)
     return app
@@ -97,8 +112,9 @@ def serve(config: AgentConfig, *, log_level: str = "info", announce=sys.stdout) 
     host = f"[{config.host}]" if ":" in config.host else config.host
     # log_config=None: uvicorn's records (access lines too) go through the agent's logging, to stderr,
     # keeping stdout for the one "listening on" line a parent process reads.
+    app.state.connections = ClientConnections()  # shared by the protocol and RequestGuard
     try:
-        protocol = guarded_protocol(config.http, config.connection_limits())
+        protocol = guarded_protocol(config.http, config.connection_limits(), app.state.connections)
     except ImportError as exc:
         raise MpstudioError(f"HTTP implementation {config.http!r} is not installed ({exc}); use --http auto") from None
     logging.getLogger("uvicorn.access").addFilter(RedactQuery())

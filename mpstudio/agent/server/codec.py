@@ -11,12 +11,13 @@ from ..protocol import decode_npz, encode_npz, npz_declared_bytes
 INLINE_BYTES = 1 << 20
 
 
-async def decoded(data: bytes, limit: int) -> dict:
-    """The arrays of an .npz, refused past `limit` bytes before any decompression; decoded off the event loop
-    unless they are small (two thread hand-offs would cost more than decoding a few arrays)."""
+async def decoded(data: bytes, limit: int, members=None) -> dict:
+    """The arrays of an .npz (those `members` accepts), refused past `limit` bytes before any decompression;
+    decoded off the event loop unless they are small (two thread hand-offs would cost more than decoding a
+    few arrays)."""
     if len(data) <= INLINE_BYTES and npz_declared_bytes(data) <= INLINE_BYTES:
-        return decode_npz(data, limit)
-    return await run_in_threadpool(decode_npz, data, limit)
+        return decode_npz(data, limit, members)
+    return await run_in_threadpool(decode_npz, data, limit, members)
 
 
 async def encoded(arrays: dict) -> bytes:

@@ -20,7 +20,8 @@ class AgentConfig:
 
     Sizes are in MB (2**20 bytes), times in seconds. `max_inputs_mb` bounds a run's input arrays once
     decompressed and decoded (default: the upload limit); `max_store_mb` bounds the models kept on disk
-    (the least recently used are evicted); `max_uploads` bounds uploads in progress at once; the timeouts
+    (the least recently used are evicted); `max_queued_mb` bounds the request bytes held by runs
+    waiting for the device; `max_uploads` bounds uploads in progress at once; the timeouts
     and `max_connections` bound what a slow or idle client can hold (see `guards.ConnectionLimits`).
     """
 
@@ -31,6 +32,7 @@ class AgentConfig:
     max_upload_mb: float = 512.0
     run_timeout_s: float = 300.0
     max_queue: int = 64
+    max_queued_mb: float = 1024.0
     max_sessions: int = 4
     device_name: str | None = None
     htp_arch: str = DEFAULT_HTP_ARCH
@@ -40,6 +42,7 @@ class AgentConfig:
     max_store_mb: float = 10240.0
     max_uploads: int = 2
     max_connections: int = 128
+    max_unauthenticated_per_client: int = 16
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     request_timeout_s: float = 600.0
@@ -56,9 +59,11 @@ class AgentConfig:
                 "127.0.0.1"
             )
         positive = {"--max-upload-mb": self.max_upload_mb, "--run-timeout": self.run_timeout_s,
-                    "--max-queue": self.max_queue, "--max-sessions": self.max_sessions,
+                    "--max-queue": self.max_queue, "--max-queued-mb": self.max_queued_mb,
+                    "--max-sessions": self.max_sessions,
                     "--max-inputs-mb": self.inputs_bytes, "--max-store-mb": self.max_store_mb,
                     "--max-uploads": self.max_uploads, "--max-connections": self.max_connections,
+                    "--max-unauthenticated-per-client": self.max_unauthenticated_per_client,
                     "--header-timeout": self.header_timeout_s, "--body-timeout": self.body_timeout_s,
                     "--request-timeout": self.request_timeout_s}
         bad = [name for name, value in positive.items() if not value > 0]
@@ -89,9 +94,14 @@ class AgentConfig:
     def inputs_bytes(self) -> int:
         return int((self.max_inputs_mb if self.max_inputs_mb is not None else self.max_upload_mb) * 2**20)
 
+    @property
+    def queued_bytes(self) -> int:
+        return int(self.max_queued_mb * 2**20)
+
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits(header_timeout_s=self.header_timeout_s, body_timeout_s=self.body_timeout_s,
-                                request_timeout_s=self.request_timeout_s, max_connections=self.max_connections)
+                                request_timeout_s=self.request_timeout_s, max_connections=self.max_connections,
+                                max_unauthenticated_per_client=self.max_unauthenticated_per_client)
 
     def default_options(self) -> dict[str, str]:
         """Provider options this device adds to each htp run that does not set them."""

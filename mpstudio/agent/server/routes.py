@@ -83,8 +83,7 @@ async def upload_model(model_id: ModelId, request: Request, state: Agent):
              responses=_RUN_ERRORS)
 async def run(body: RunRequest, state: Agent):
     state.store.existing(body.model_id)  # an unknown model is a 404 whatever the inputs
-    inputs = await state.decode_inputs(b64decode(body.inputs_npz, "inputs_npz"))
-    reply, outputs = await state.run(body, inputs)
+    reply, outputs = await state.run(body, b64decode(body.inputs_npz, "inputs_npz"))
     if outputs is not None:
         reply = {**reply, "outputs_npz": b64encode(await encoded(outputs))}
     return JSONResponse(jsonable_encoder(reply))
@@ -103,15 +102,16 @@ async def run(body: RunRequest, state: Agent):
     responses={200: {"content": {"application/octet-stream": {}}}, **_RUN_ERRORS},
 )
 async def run_npz(request: Request, state: Agent):
-    inputs = await state.decode_inputs(await request.body())
-    spec = inputs.pop(RUN_MEMBER, None)
+    data = await request.body()
+    await state.check_inputs(data)
+    spec = (await state.decode_inputs(data, members=lambda name: name == RUN_MEMBER)).get(RUN_MEMBER)
     if spec is None or spec.dtype != np.uint8:
         raise AgentError(f"the .npz has no uint8 {RUN_MEMBER!r} member with the run's JSON")
     try:
         body = RunRequest.model_validate_json(spec.tobytes())
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
-    reply, outputs = await state.run(body, inputs)
+    reply, outputs = await state.run(body, data, members=lambda name: name != RUN_MEMBER)
     arrays = dict(outputs or {})
     arrays[RESULT_MEMBER] = np.frombuffer(json.dumps(jsonable_encoder(reply)).encode(), dtype=np.uint8)
     return Response(await encoded(arrays), media_type="application/octet-stream")

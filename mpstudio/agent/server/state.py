@@ -16,11 +16,11 @@ from starlette.concurrency import run_in_threadpool
 
 from ... import __version__
 from ...runtime import htp_is_emulated, qnn_library_path, validate_provider_options
-from ..protocol import AgentError, AgentInfo, sha256_file
+from ..protocol import AgentError, AgentInfo, check_npz, sha256_file
 from ..store import ModelStore, check_model_file
 from ..worker import WorkerHandle
 from .admission import DeviceQueue, UploadSlots
-from .codec import decoded
+from .codec import INLINE_BYTES, decoded
 from .config import AgentConfig, default_device_name
 from .wire import ContextRequest, RunRequest
 
@@ -47,7 +47,7 @@ class AgentState:
             "max_sessions": config.max_sessions,
             "intra_op_threads": config.intra_op_threads,
         })
-        self.queue = DeviceQueue(config.max_queue)
+        self.queue = DeviceQueue(config.max_queue, config.queued_bytes)
         self.runs: OrderedDict[str, dict] = OrderedDict()
         self.uploads = UploadSlots(config.max_uploads)
         self.started = time.time()
@@ -71,24 +71,41 @@ class AgentState:
             return validate_provider_options(given, "cpu")
         return validate_provider_options({**self.config.default_options(), **given}, "htp")
 
-    async def decode_inputs(self, data: bytes) -> dict:
+    async def decode_inputs(self, data: bytes, members=None) -> dict:
         """A run's inputs, refused past --max-inputs-mb before any decompression."""
-        return await decoded(data, self.config.inputs_bytes)
+        return await decoded(data, self.config.inputs_bytes, members)
+
+    async def check_inputs(self, data: bytes) -> None:
+        """Refuse a run's .npz by its directory and .npy headers, off the event loop when it is large."""
+        if len(data) <= INLINE_BYTES:
+            check_npz(data, self.config.inputs_bytes)
+        else:
+            await run_in_threadpool(check_npz, data, self.config.inputs_bytes)
 
     # ------------------------------------------------------------------ runs
 
-    async def run(self, body: RunRequest, inputs: dict) -> tuple[dict, dict | None]:
-        """Run on the worker; the result without outputs, and the outputs (None when not asked for)."""
+    async def run(self, body: RunRequest, encoded_inputs: bytes, members=None) -> tuple[dict, dict | None]:
+        """Run on the worker; the result without outputs, and the outputs (None when not asked for).
+
+        The inputs wait for the device as the client sent them (an .npz, often compressed) and are decoded
+        only when the run's turn comes, so queued runs hold their requests' bytes, not their arrays.
+        """
+        await self.check_inputs(encoded_inputs)  # what can be refused is refused before the wait
         started = time.perf_counter()
         with self.store.in_use(body.model_id) as path:
             options = self.options(body.backend, body.provider_options)
-            result = await self.call_worker({
-                "op": "run", "model_id": body.model_id, "model_path": str(path), "backend": body.backend,
-                "provider_options": options, "inputs": inputs, "warmup": body.warmup,
-                "iterations": body.iterations, "return_outputs": body.return_outputs,
-                "return_placement": body.return_placement, "return_profile": body.return_profile,
-                "profile_runs": body.profile_runs, "allow_cpu_fallback": body.allow_cpu_fallback,
-            })
+            async with self.queue.slot(len(encoded_inputs)):
+                inputs = await self.decode_inputs(encoded_inputs, members)
+                del encoded_inputs
+                request = {
+                    "op": "run", "model_id": body.model_id, "model_path": str(path), "backend": body.backend,
+                    "provider_options": options, "inputs": inputs, "warmup": body.warmup,
+                    "iterations": body.iterations, "return_outputs": body.return_outputs,
+                    "return_placement": body.return_placement, "return_profile": body.return_profile,
+                    "profile_runs": body.profile_runs, "allow_cpu_fallback": body.allow_cpu_fallback,
+                }
+                del inputs
+                result = await self.worker.call_async(request, self.config.run_timeout_s)
         run_id = uuid.uuid4().hex
         outputs = result.pop("outputs", None)
         reply = {

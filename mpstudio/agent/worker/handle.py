@@ -11,8 +11,11 @@ import asyncio
 import logging
 import os
 import shutil
+import struct
 import tempfile
 import threading
+import time
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 from ...runtime import spawn_context
@@ -22,6 +25,9 @@ from .engine import worker_main
 log = logging.getLogger("mpstudio.agent")
 
 STARTUP_TIMEOUT_S = 120.0
+# A request pickled to at most this many bytes fits the pipe's buffer (about 200 KB on Linux) at once, so its
+# send cannot block even when the worker has stopped reading; larger ones are sent from a thread.
+INLINE_SEND_BYTES = 64 * 1024
 
 
 class WorkerHandle:
@@ -85,15 +91,17 @@ class WorkerHandle:
     def call(self, request: dict, timeout: float) -> dict:
         """Send one request and return the worker's result; raise AgentError on failure, hang or crash.
 
-        A worker found dead before the request reaches it (it died while idle) is replaced first, so the
-        request runs on the fresh one instead of failing.
+        The run timeout starts before the send: a worker that stopped reading would otherwise block a large
+        send forever, with no timeout running. A worker found dead before the request reaches it (it died
+        while idle) is replaced first, so the request runs on the fresh one instead of failing.
         """
         with self._lock:
             self._revive()
             self._wait_ready()
+            deadline = time.monotonic() + timeout
             try:
-                self._send(request)
-                if not self._conn.poll(timeout):
+                self._send(ForkingPickler.dumps(request), deadline, timeout)
+                if not self._conn.poll(max(deadline - time.monotonic(), 0.0)):
                     raise self._timed_out(timeout)
                 reply = self._conn.recv()
             except (EOFError, OSError):
@@ -107,14 +115,31 @@ class WorkerHandle:
             log.warning("worker %s had exited while idle (exit code %s); starting a new one", pid, code)
             self._replace()
 
-    def _send(self, request: dict) -> None:
-        """Send a request; when the pipe is already broken the worker never saw it: replace it and resend."""
+    def _send(self, data: bytes, deadline: float, timeout: float) -> None:
+        """Send a pickled request by `deadline`; when the pipe is already broken the worker never saw it:
+        replace it and resend."""
         try:
-            self._conn.send(request)
+            self._send_by(data, deadline, timeout)
         except OSError:
             self._revive()
             self._wait_ready()
-            self._conn.send(request)
+            self._send_by(data, deadline, timeout)
+
+    def _send_by(self, data: bytes, deadline: float, timeout: float) -> None:
+        if len(data) <= INLINE_SEND_BYTES:
+            self._conn.send_bytes(data)
+            return
+        failure: list[BaseException] = []
+        sender = threading.Thread(target=_send_bytes, args=(self._conn, data, failure), daemon=True,
+                                  name="worker-send")
+        sender.start()
+        sender.join(max(deadline - time.monotonic(), 0.0))
+        if sender.is_alive():
+            self._process.kill()  # the blocked send fails once its reader is gone
+            sender.join(10)
+            raise self._timed_out(timeout)
+        if failure:
+            raise failure[0]
 
     def _timed_out(self, timeout: float) -> AgentError:
         """Kill and replace a worker that overran; the error the request gets."""
@@ -143,38 +168,93 @@ class WorkerHandle:
         raise AgentError(reply["error"], int(reply.get("status", 422)))
 
     async def call_async(self, request: dict, timeout: float) -> dict:
-        """`call` for an asyncio server: waits on the pipe in the event loop instead of a thread.
+        """`call` for an asyncio server: sends and waits on the pipe without blocking the event loop.
 
-        Saves two thread hand-offs per request, which on a busy small machine are most of the agent's
-        overhead. Falls back to `call` in a thread where the loop cannot watch a pipe (Windows), while the
-        worker is starting, and when it has to be restarted.
+        Small requests are sent on the loop (they fit the pipe's buffer) and the reply is awaited there,
+        which saves two thread hand-offs per request, most of the agent's overhead on a busy small machine;
+        large ones are pickled and sent from a thread. The run timeout covers the send. Falls back to
+        `call` in a thread where the loop cannot watch a pipe (Windows), while the worker is starting, and
+        when it has to be restarted.
         """
         loop = asyncio.get_running_loop()
         if os.name == "nt" or self._ready is None or not self.alive or not hasattr(loop, "add_reader") \
                 or not self._lock.acquire(blocking=False):
             return await loop.run_in_executor(None, self.call, request, timeout)
-        try:
-            self._conn.send(request)
-        except OSError:  # died while idle, just now: `call` replaces it and sends there
-            self._lock.release()
-            return await loop.run_in_executor(None, self.call, request, timeout)
+        deadline = loop.time() + timeout
+        held = True
         try:
             try:
-                readable = loop.create_future()
-                fd = self._conn.fileno()
-                loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
-                try:
-                    await asyncio.wait_for(readable, timeout)
-                except asyncio.TimeoutError:
-                    raise self._timed_out(timeout) from None
-                finally:
-                    loop.remove_reader(fd)
-                reply = self._conn.recv()
+                sent = await self._send_async(request, deadline)
+            except OSError:  # died while idle, just now: `call` replaces it and sends there
+                self._lock.release()
+                held = False
+                return await loop.run_in_executor(None, self.call, request, timeout)
+            try:
+                if not sent:
+                    raise asyncio.TimeoutError
+                await self._readable(deadline)
+                reply = await self._receive(deadline)
+            except asyncio.TimeoutError:
+                raise await loop.run_in_executor(None, self._timed_out, timeout) from None
             except (EOFError, OSError):
-                raise self._died() from None
+                raise await loop.run_in_executor(None, self._died) from None
+        except asyncio.CancelledError:
+            if held:
+                self._replace()  # a half-sent request or an unread reply would reach the next request
+            raise
         finally:
-            self._lock.release()
+            if held:
+                self._lock.release()
         return self._result(reply)
+
+    async def _send_async(self, request: dict, deadline: float) -> bool:
+        """Send `request` by `deadline` without blocking the loop; False when the worker had to be killed
+        mid-send (it stopped reading), raise OSError when the pipe was already broken."""
+        loop = asyncio.get_running_loop()
+        inputs = request.get("inputs") or {}
+        if sum(getattr(a, "nbytes", 0) for a in inputs.values()) <= INLINE_SEND_BYTES // 2:
+            data = ForkingPickler.dumps(request)
+            if len(data) <= INLINE_SEND_BYTES:
+                self._conn.send_bytes(data)
+                return True
+        else:
+            data = await loop.run_in_executor(None, ForkingPickler.dumps, request)
+        sending = loop.run_in_executor(None, self._conn.send_bytes, data)
+        done, _ = await asyncio.wait({sending}, timeout=max(deadline - loop.time(), 0.0))
+        if done:
+            sending.result()
+            return True
+        self._process.kill()  # the blocked send fails once its reader is gone
+        await asyncio.wait({sending}, timeout=10)
+        if sending.done():
+            sending.exception()  # retrieved: the broken pipe is the expected end of this send
+        return False
+
+    async def _readable(self, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        readable = loop.create_future()
+        fd = self._conn.fileno()
+        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+        try:
+            await asyncio.wait_for(readable, max(deadline - loop.time(), 0.0))
+        finally:
+            loop.remove_reader(fd)
+
+    async def _receive(self, deadline: float) -> dict:
+        """The worker's reply: read on the loop when all of it has arrived, else from a thread by `deadline`
+        (a worker stopped half-way through a large reply must not block the loop either)."""
+        loop = asyncio.get_running_loop()
+        if _whole_message_buffered(self._conn.fileno()):
+            return self._conn.recv()
+        receiving = loop.run_in_executor(None, self._conn.recv)
+        done, _ = await asyncio.wait({receiving}, timeout=max(deadline - loop.time(), 0.0))
+        if done:
+            return receiving.result()
+        self._process.kill()
+        await asyncio.wait({receiving}, timeout=10)
+        if receiving.done():
+            receiving.exception()
+        raise asyncio.TimeoutError
 
     def stop(self) -> None:
         with self._lock:
@@ -207,3 +287,27 @@ class WorkerHandle:
         self._process = self._conn = self._ready = None
         if old_dir is not None:
             shutil.rmtree(old_dir, ignore_errors=True)
+
+
+def _send_bytes(conn, data: bytes, failure: list) -> None:
+    try:
+        conn.send_bytes(data)
+    except BaseException as exc:  # handed to the waiting thread
+        failure.append(exc)
+
+
+def _whole_message_buffered(fd: int) -> bool:
+    """Whether a whole multiprocessing message (its length header and body) is waiting on `fd`."""
+    import fcntl
+    import socket
+    import termios
+
+    available = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    if available < 4:
+        return False
+    with socket.socket(fileno=os.dup(fd)) as peek:
+        head = peek.recv(12, socket.MSG_PEEK)
+    size = struct.unpack("!i", head[:4])[0]
+    if size == -1:  # a message of 2 GiB or more: its length follows in 8 bytes
+        return len(head) == 12 and available >= 12 + struct.unpack("!Q", head[4:12])[0]
+    return available >= 4 + size

@@ -38,8 +38,12 @@ def profile_ops(request: dict, feeds: dict, workdir: Path, intra_op_threads: int
         unit = "us"
     else:
         del session  # the CSV is complete once the session is gone
-        ops = parse_qnn_profile(path.read_text(), nodes, skip_runs=1)
-        path.unlink(missing_ok=True)
+        try:
+            ops = parse_qnn_profile(path.read_text(), nodes, skip_runs=1)
+        finally:
+            # QNN writes a log beside the CSV and an op trace in the working directory on every profiled run.
+            for leftover in (path, *workdir.glob(f"{prefix.name}*"), workdir / "qnn_op_trace.json"):
+                leftover.unlink(missing_ok=True)
         unit = "cycles"
     return OpProfile(ops=tuple(ops), unit=unit, source=source, device=device, backend=backend, runs=runs)
 
