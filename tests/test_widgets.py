@@ -157,13 +157,32 @@ def test_collapse_and_expand_namespaces(state):
 def test_find_selects_and_scrolls_to_a_tensor(state):
     view = GraphView(state=state)
     last = activations(state)[-2]
-    state.query = last.split("/")[-2] + "/" + last.split("/")[-1]
+    state.query = "*" + last.split("/")[-2] + "/" + last.split("/")[-1]  # a pattern: the end of a name
     assert last in state.selection and state.focus == state.selection[0]
     row = view._row_of_tensor[state.focus]
     y_range = view.figure.y_range
     assert y_range.start < view.nodes.data["y"][row] < y_range.end
     state.query = "definitely-not-a-name"
+    assert "no tensor or node is called" in state.message and "*definitely-not-a-name*" in state.message
+    state.query = "*definitely-not*"
     assert "nothing matches" in state.message
+
+
+def test_find_matches_whole_names_unless_given_a_pattern(state):
+    """Find "p2o.Add.27" selects that tensor, not p2o.Add.270 too; "p2o.Add.27*" selects both."""
+    import pandas as pd
+
+    from mpstudio.widgets.editing import matching_tensors
+
+    frame = pd.DataFrame({"tensor": ["p2o.Add.27", "p2o.Add.270", "p2o.Add.271", "x"],
+                          "node": ["n27", "n270", "n271", ""]})
+    assert matching_tensors(frame, "p2o.add.27") == ["p2o.Add.27"]
+    assert matching_tensors(frame, "n270") == ["p2o.Add.270"]  # a producer's whole name selects its tensor
+    assert matching_tensors(frame, "p2o.add.27*") == ["p2o.Add.27", "p2o.Add.270", "p2o.Add.271"]
+    assert matching_tensors(frame, "p2o.add.2") == []
+    tensor = activations(state)[3]
+    assert state.find(tensor) == [tensor] and state.selection == [tensor]
+    assert state.find(tensor[:-1]) == [] or state.find(tensor[:-1]) == [tensor[:-1]]
 
 
 def test_evaluate_adds_a_point_and_a_click_on_a_point_loads_its_plan(state):
@@ -366,3 +385,19 @@ def test_an_edit_supersedes_the_evaluation_the_previous_edit_started(study):
         assert state.plan_id == study.plan_id(second_plan) and state.plan_id in set(state.evaluations["plan_id"])
     finally:
         state.close()
+
+
+def test_finished_jobs_show_no_cancel_button(state):
+    from mpstudio.widgets.jobs import JobBar, JobRow
+
+    bar = JobBar(state=state)
+    job = state.submit("search", "a short job", lambda progress, cancel: 1)
+    bar._jobs[0] = job
+    bar._render(0)
+    if job.active:
+        assert bar._cancels[0].visible
+    assert job.wait(30) and job.status == "done"
+    bar._jobs[0] = job  # a finished job still in its slot (its status changed before the bar's job list)
+    bar._render(0)
+    assert not bar._cancels[0].visible
+    assert not JobRow(job=job)._cancel.visible

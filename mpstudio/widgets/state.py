@@ -19,7 +19,7 @@ from ..sources import LATENCY_SOURCES
 from ..study import Study
 from . import analyses
 from .agents import RUNNERS, AgentClients
-from .editing import edit_plan, matching_tensors
+from .editing import edit_plan, is_pattern, matching_tensors
 from .lanes import Job, Lanes, session_document
 from .opening import demo_study, model_study, open_arguments
 from .plan_evaluation import PlanEvaluations
@@ -157,7 +157,8 @@ class StudioState(param.Parameterized):
             self.selection = chosen
 
     def find(self, text: str) -> list[str]:
-        """Select the tensors whose name, or whose producer's name, contains `text` (case-insensitive)."""
+        """Select the tensors whose name, or whose producer's name, is `text` (case-insensitive), or matches it
+        when it is a pattern (*, ?, [...])."""
         text = text.strip().lower()
         frame = self.tensors
         if not text or frame.empty:
@@ -166,7 +167,10 @@ class StudioState(param.Parameterized):
         self.select(hits)
         with param.edit_constant(self):
             self.param.update(focus=hits[0] if hits else "",
-                              message=f"{len(hits)} tensor(s) match {text!r}" if hits else f"nothing matches {text!r}")
+                              message=f"{len(hits)} tensor(s) match {text!r}" if hits else
+                              f"nothing matches {text!r}" if is_pattern(text) else
+                              f"no tensor or node is called {text!r}; for part of a name, use a pattern such as "
+                              f"*{text}*")
         return hits
 
     def promote_selected(self) -> PrecisionPlan:
