@@ -401,3 +401,23 @@ def test_finished_jobs_show_no_cancel_button(state):
     bar._render(0)
     assert not bar._cancels[0].visible
     assert not JobRow(job=job)._cancel.visible
+
+
+def test_a_dynamic_input_is_fixed_in_the_input_shapes_field(tmp_path, monkeypatch):
+    """The studio's message names the Input shapes field beside the model path, not command-line flags."""
+    from conftest import make_conv_model
+    from mpstudio.data import FeedList
+
+    monkeypatch.setenv("MPSTUDIO_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tmp_path / "dynamic.onnx", tmp_path / "samples"
+    onnx.save(make_conv_model(dynamic_batch=True), model)
+    rng = np.random.default_rng(0)
+    FeedList([{"x": rng.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(4)]).save_npz(data)
+    state = StudioState(auto_analyze=False)
+    job = state.open_model(model, data)
+    assert job.wait(60) and job.status == "failed"
+    assert "dynamic" in state.error and "Input shapes" in state.error and "--shape" not in state.error
+    job = state.open_model(model, data, shapes="x=1,3,bad")
+    assert job.wait(60) and job.status == "failed"
+    assert "Input shapes" in state.error and "--shape" not in state.error, state.error
+    state.close()
