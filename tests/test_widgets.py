@@ -309,12 +309,31 @@ def test_the_studio_lays_out_every_view(state):
 
 
 def test_a_search_loads_its_recommended_plan(state):
+    from mpstudio.widgets.search_card import SearchCard
+
     plot = ParetoPlot(state=state)
+    card = SearchCard(state=state)
+    assert not card._card.visible
+    messages = []
     job = state.start_search("a16w8+50%", max_evaluations=6)
+    job.param.watch(lambda event: messages.append((event.obj.message, event.obj.done, event.obj.total)), "message")
+    # The job says where it runs: the walk on the CPU, the confirmation on the HTP (not "on cpu" alone).
+    assert job.title == "searching for a16w8+50%: walk on cpu, confirmed on htp"
     assert job.wait(300) and job.status == "done", job.error
     result = job.result
     assert state.plan_id == result.recommended.plan_id and state.plan.hash == result.recommended.plan_hash
-    assert "recommended" in state.message
+    assert "recommended" in state.message and "search result card" in state.message
+    # Its counter counts one unit per phase, and the message names it (plans walked, then plans confirmed).
+    counted = [(m, d, t) for m, d, t in messages if m.startswith(("walk on cpu: plans", "confirming on htp: plans"))]
+    assert counted and all(m.startswith(("walk on", "confirming on", "preparing")) for m, _, _ in messages
+                           if m not in ("starting", "done")), messages[:5]
+    # The answer is a card: the pick, why, the CPU/HTP table and disagreements (when confirmed), alternatives.
+    assert card._card.visible and state.search_result is result
+    text = card._body.object
+    assert f"Recommended: plan {result.recommended.plan_id}" in text and "Why this plan." in text
+    assert "Much better for little more" in text or "No plan of the front is much better" in text
+    if result.confirmations:
+        assert "<table" in text and ("CPU and HTP agree" in text or "CPU and HTP disagree" in text)
     assert set(plot.points.data["plan_id"]) >= {e.plan_id for e in result.path}
     # The search's HTP confirmation (where QNN is installed) shows on the plot beside the CPU points it checks.
     confirmed = {c.walk.plan_id: c.confirmed.value for c in result.confirmations}

@@ -68,6 +68,7 @@ class StudioState(param.Parameterized):
                                  doc="The current plan's divergence table (mpstudio.diverge.COLUMNS)")
     jobs = param.List(default=[], item_type=Job, constant=True)
     message = param.String("", constant=True)
+    search_result = param.Parameter(None, constant=True, doc="The last search's SearchResult (the search card)")
     error = param.String("", constant=True)
     latency_ops = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1)
     evaluate_on_edit = param.Boolean(True, doc="Evaluate each plan promote or demote makes, showing its predicted "
