@@ -118,7 +118,9 @@ class SearchCard(View):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._body = pn.pane.HTML("", sizing_mode="stretch_width", margin=(0, 6))
+        # At most a fifth of a laptop screen: longer answers scroll inside the card, the views keep their room.
+        self._body = pn.pane.HTML("", sizing_mode="stretch_width", margin=(0, 6), max_height=170,
+                                  styles={"overflow-y": "auto"})
         self._card = pn.Card(self._body, title="Search result", collapsible=True, sizing_mode="stretch_width",
                              visible=False, css_classes=["mpstudio-search-result"], margin=(4, 10))
         self.state.param.watch(self._on_result, "search_result")
