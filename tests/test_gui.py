@@ -77,8 +77,8 @@ def test_click_a_pareto_point_loads_its_plan_into_the_graph(page, studio):
 
 def test_export_downloads_a_valid_overrides_json(page, studio):
     state = open_studio(page, studio)
-    find = page.get_by_placeholder("find tensor or node")
-    find.fill("stage0/block1/")  # find selects the block's tensors
+    find = page.get_by_placeholder("find a name (or *pattern*)")
+    find.fill("*stage0/block1/*")  # a pattern: find selects the block's tensors
     find.press("Enter")
     wait_until(lambda: state.selection, 10, message="find selected nothing")
     chosen = list(state.selection)

@@ -157,13 +157,32 @@ def test_collapse_and_expand_namespaces(state):
 def test_find_selects_and_scrolls_to_a_tensor(state):
     view = GraphView(state=state)
     last = activations(state)[-2]
-    state.query = last.split("/")[-2] + "/" + last.split("/")[-1]
+    state.query = "*" + last.split("/")[-2] + "/" + last.split("/")[-1]  # a pattern: the end of a name
     assert last in state.selection and state.focus == state.selection[0]
     row = view._row_of_tensor[state.focus]
     y_range = view.figure.y_range
     assert y_range.start < view.nodes.data["y"][row] < y_range.end
     state.query = "definitely-not-a-name"
+    assert "no tensor or node is called" in state.message and "*definitely-not-a-name*" in state.message
+    state.query = "*definitely-not*"
     assert "nothing matches" in state.message
+
+
+def test_find_matches_whole_names_unless_given_a_pattern(state):
+    """Find "p2o.Add.27" selects that tensor, not p2o.Add.270 too; "p2o.Add.27*" selects both."""
+    import pandas as pd
+
+    from mpstudio.widgets.editing import matching_tensors
+
+    frame = pd.DataFrame({"tensor": ["p2o.Add.27", "p2o.Add.270", "p2o.Add.271", "x"],
+                          "node": ["n27", "n270", "n271", ""]})
+    assert matching_tensors(frame, "p2o.add.27") == ["p2o.Add.27"]
+    assert matching_tensors(frame, "n270") == ["p2o.Add.270"]  # a producer's whole name selects its tensor
+    assert matching_tensors(frame, "p2o.add.27*") == ["p2o.Add.27", "p2o.Add.270", "p2o.Add.271"]
+    assert matching_tensors(frame, "p2o.add.2") == []
+    tensor = activations(state)[3]
+    assert state.find(tensor) == [tensor] and state.selection == [tensor]
+    assert state.find(tensor[:-1]) == [] or state.find(tensor[:-1]) == [tensor[:-1]]
 
 
 def test_evaluate_adds_a_point_and_a_click_on_a_point_loads_its_plan(state):
@@ -290,12 +309,31 @@ def test_the_studio_lays_out_every_view(state):
 
 
 def test_a_search_loads_its_recommended_plan(state):
+    from mpstudio.widgets.search_card import SearchCard
+
     plot = ParetoPlot(state=state)
+    card = SearchCard(state=state)
+    assert not card._card.visible
+    messages = []
     job = state.start_search("a16w8+50%", max_evaluations=6)
+    job.param.watch(lambda event: messages.append((event.obj.message, event.obj.done, event.obj.total)), "message")
+    # The job says where it runs: the walk on the CPU, the confirmation on the HTP (not "on cpu" alone).
+    assert job.title == "searching for a16w8+50%: walk on cpu, confirmed on htp"
     assert job.wait(300) and job.status == "done", job.error
     result = job.result
     assert state.plan_id == result.recommended.plan_id and state.plan.hash == result.recommended.plan_hash
-    assert "recommended" in state.message
+    assert "recommended" in state.message and "search result card" in state.message
+    # Its counter counts one unit per phase, and the message names it (plans walked, then plans confirmed).
+    counted = [(m, d, t) for m, d, t in messages if m.startswith(("walk on cpu: plans", "confirming on htp: plans"))]
+    assert counted and all(m.startswith(("walk on", "confirming on", "preparing")) for m, _, _ in messages
+                           if m not in ("starting", "done")), messages[:5]
+    # The answer is a card: the pick, why, the CPU/HTP table and disagreements (when confirmed), alternatives.
+    assert card._card.visible and state.search_result is result
+    text = card._body.object
+    assert f"Recommended: plan {result.recommended.plan_id}" in text and "Why this plan." in text
+    assert "Much better for little more" in text or "No plan of the front is much better" in text
+    if result.confirmations:
+        assert "<table" in text and ("CPU and HTP agree" in text or "CPU and HTP disagree" in text)
     assert set(plot.points.data["plan_id"]) >= {e.plan_id for e in result.path}
     # The search's HTP confirmation (where QNN is installed) shows on the plot beside the CPU points it checks.
     confirmed = {c.walk.plan_id: c.confirmed.value for c in result.confirmations}
@@ -366,3 +404,39 @@ def test_an_edit_supersedes_the_evaluation_the_previous_edit_started(study):
         assert state.plan_id == study.plan_id(second_plan) and state.plan_id in set(state.evaluations["plan_id"])
     finally:
         state.close()
+
+
+def test_finished_jobs_show_no_cancel_button(state):
+    from mpstudio.widgets.jobs import JobBar, JobRow
+
+    bar = JobBar(state=state)
+    job = state.submit("search", "a short job", lambda progress, cancel: 1)
+    bar._jobs[0] = job
+    bar._render(0)
+    if job.active:
+        assert bar._cancels[0].visible
+    assert job.wait(30) and job.status == "done"
+    bar._jobs[0] = job  # a finished job still in its slot (its status changed before the bar's job list)
+    bar._render(0)
+    assert not bar._cancels[0].visible
+    assert not JobRow(job=job)._cancel.visible
+
+
+def test_a_dynamic_input_is_fixed_in_the_input_shapes_field(tmp_path, monkeypatch):
+    """The studio's message names the Input shapes field beside the model path, not command-line flags."""
+    from conftest import make_conv_model
+    from mpstudio.data import FeedList
+
+    monkeypatch.setenv("MPSTUDIO_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tmp_path / "dynamic.onnx", tmp_path / "samples"
+    onnx.save(make_conv_model(dynamic_batch=True), model)
+    rng = np.random.default_rng(0)
+    FeedList([{"x": rng.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(4)]).save_npz(data)
+    state = StudioState(auto_analyze=False)
+    job = state.open_model(model, data)
+    assert job.wait(60) and job.status == "failed"
+    assert "dynamic" in state.error and "Input shapes" in state.error and "--shape" not in state.error
+    job = state.open_model(model, data, shapes="x=1,3,bad")
+    assert job.wait(60) and job.status == "failed"
+    assert "Input shapes" in state.error and "--shape" not in state.error, state.error
+    state.close()

@@ -37,14 +37,17 @@ def start_search(state, target: str | None, max_evaluations: int) -> Job:
     study = state.require_study()
     target = target or state.target
     backend, confirm = state.backend, state.confirm_search
+    confirm_on = "htp" if confirm and backend != "htp" else None
 
     def refresh():
         if state.study is study:
             state.refresh_evaluations()
 
     def work(progress, cancel):
+        phases = SearchPhases(progress, backend, confirm_on)
+
         def step(done, total, message):
-            progress(done, total, message)
+            phases(done, total, message)
             if message.startswith("search: "):  # an evaluation has landed in the study: plot it now
                 state.post(refresh)
         try:
@@ -57,9 +60,34 @@ def start_search(state, target: str | None, max_evaluations: int) -> Job:
     def done(result):
         state.refresh_evaluations()
         state.set_plan(study.plan(result.recommended.plan_id))
-        with param.edit_constant(state):
-            state.message = result.describe()
-    return state.submit("search", f"searching for {target} on {backend}", work, done)
+        r = result.recommended
+        with param.edit_constant(state):  # the whole answer is in the search card
+            state.param.update(search_result=result, message=f"search: plan {r.plan_id} {r.name} recommended "
+                                                             f"({'reaches' if result.reached else 'misses'} "
+                                                             f"{target}); see the search result card")
+    return state.submit("search", search_title(target, backend, confirm_on), work, done)
+
+
+def search_title(target: str, backend: str, confirm_on: str | None) -> str:
+    """The search job's title: where its phases run."""
+    return f"searching for {target}: walk on {backend}" + (f", confirmed on {confirm_on}" if confirm_on else "")
+
+
+class SearchPhases:
+    """The search job's progress in named phases, one counter each (plans walked, plans confirmed), whatever
+    the inner steps (samples, tensors) report: they go to the message, not the counter."""
+
+    def __init__(self, progress, backend: str, confirm_on: str | None):
+        self.progress, self.backend, self.confirm_on = progress, backend, confirm_on
+        self.name, self.done, self.total = "preparing (baselines and analysis)", 0, 0
+
+    def __call__(self, done, total, message: str) -> None:
+        if message.startswith("search: confirmed"):
+            self.name, self.done, self.total = f"confirming on {self.confirm_on or 'htp'}: plans", done, total
+        elif message.startswith("search: "):
+            self.name, self.done, self.total = f"walk on {self.backend}: plans evaluated", done, total
+        detail = message[len("search: "):] if message.startswith("search: ") else message
+        self.progress(self.done, self.total, f"{self.name} \u00b7 {detail}")
 
 
 def estimate_latency(state) -> Job:

@@ -3,6 +3,8 @@ tensors found by name."""
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
+
 import pandas as pd
 import param
 
@@ -39,8 +41,20 @@ def edit_plan(state, tensors, to: str) -> PrecisionPlan:
     return plan
 
 
+PATTERN_CHARACTERS = "*?["
+
+
+def is_pattern(text: str) -> bool:
+    """Whether a Find text asks for a pattern (shell-style: *, ?, [...]) rather than a whole name."""
+    return any(c in text for c in PATTERN_CHARACTERS)
+
+
 def matching_tensors(frame: pd.DataFrame, text: str) -> list[str]:
-    """Tensors of `frame` (StudioState.tensors) whose name, or whose producer's name, contains `text`
-    (lower-case)."""
-    return frame[frame["tensor"].str.lower().str.contains(text, regex=False)
-                 | frame["node"].str.lower().str.contains(text, regex=False)]["tensor"].tolist()
+    """Tensors of `frame` (StudioState.tensors) whose name, or whose producer's name, is `text` (lower-case):
+    the whole name ("p2o.Add.27" is not "p2o.Add.270"), or, when `text` is a pattern, every name it matches."""
+    tensors, nodes = frame["tensor"].str.lower(), frame["node"].str.lower()
+    if is_pattern(text):
+        hit = tensors.map(lambda name: fnmatchcase(name, text)) | nodes.map(lambda name: fnmatchcase(name, text))
+    else:
+        hit = (tensors == text) | (nodes == text)
+    return frame[hit.astype(bool)]["tensor"].tolist()

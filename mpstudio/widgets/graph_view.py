@@ -71,7 +71,7 @@ class GraphView(View):
         # Labels are left out to keep the bar compact: placeholders and the colour bar's title say what each is.
         self._color = pn.widgets.Select.from_param(state.param.color_by, name="", width=140,
                                                    description="Colour the nodes by this score")
-        self._find = pn.widgets.TextInput.from_param(state.param.query, name="", placeholder="find tensor or node",
+        self._find = pn.widgets.TextInput.from_param(state.param.query, name="", placeholder="find a name (or *pattern*)",
                                                      width=180)
         self._collapse = pn.widgets.MultiChoice.from_param(state.param.collapsed, name="", width=240,
                                                            placeholder="collapse namespaces")

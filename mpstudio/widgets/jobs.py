@@ -24,8 +24,8 @@ class JobRow(View):
         super().__init__(**params)
         job = self.job
         self._cancel = pn.widgets.Button(name="Cancel", button_type="danger", button_style="outline", width=80,
-                                         disabled=pn.bind(lambda status: status not in ("queued", "running"),
-                                                          job.param.status))
+                                         visible=pn.bind(lambda status: status in ("queued", "running"),
+                                                         job.param.status))
         self._cancel.on_click(self._on_cancel)
         self._view = None
 
@@ -170,7 +170,7 @@ class JobBar(View):
             f"<div style='{line};color:#555'><span class='job-status'>{job.status}</span>{count}"
             f"{' &middot; <span class=job-eta>' + left + '</span>' if left else ''} &middot; "
             f"{html.escape(job.message)}</div></div>{bar}")
-        self._cancels[i].disabled = not job.active
+        self._cancels[i].visible = job.active  # a finished job has nothing to cancel: no greyed button
         slot.visible = True
 
     def _on_cancel(self, i: int) -> None:

@@ -175,28 +175,34 @@ class Lanes:
         else:
             def apply():
                 job.result = result
+                status, text = "done", "done"
                 try:
                     if on_done is not None:
                         on_done(result)
                 except MpstudioError as exc:
-                    self._finish(job, "failed", str(exc))
-                    return
-                self._finish(job, "done", "done")
+                    status, text = "failed", str(exc)
+                finally:  # a view failing to show the result (a bug, a closed tab) still ends the job
+                    self._finish(job, status, text)
             self.post(apply)
 
     def _finish(self, job: Job, status: str, message: str) -> None:
-        job._set(status=status, message=message if status != "failed" else "failed",
-                 error=message if status == "failed" else "", seconds=time.perf_counter() - job._started,
-                 done=job.total if status == "done" else job.done)
-        self.on_finished(job)
-        job.finished.set()
+        try:
+            job._set(status=status, message=message if status != "failed" else "failed",
+                     error=message if status == "failed" else "", seconds=time.perf_counter() - job._started,
+                     done=job.total if status == "done" else job.done)
+            self.on_finished(job)
+        finally:  # a waiter wakes even when a view failed to show the outcome
+            job.finished.set()
 
     def post(self, fn: Callable[[], None]) -> None:
         """Run `fn` where Bokeh models may be touched: the session's event loop when served, else here."""
         doc = self._doc
-        if doc is None or doc.session_context is None:
+        if doc is None:
             with self.lock:
                 fn()
+            return
+        if doc.session_context is None:  # the tab closed: its views are gone, and so is any reader of them
+            self._after_session(fn)
             return
         # Next-tick callbacks each wait for the document's lock and may run out of order; one drain at a time
         # runs the posted functions in the order they were posted (a job's "running" never lands after its
@@ -207,6 +213,15 @@ class Lanes:
                 return
             self._draining = True
         doc.add_next_tick_callback(lambda: self._drain(doc))
+
+    def _after_session(self, fn: Callable[[], None]) -> None:
+        """An update posted after the session ended: jobs still finish (a waiter wakes), but a view's update of
+        a destroyed document fails harmlessly, and is no traceback and no failure of the job that posted it."""
+        with self.lock:
+            try:
+                fn()
+            except Exception:
+                log.debug("an update after the session ended failed", exc_info=True)
 
     def _drain(self, doc) -> None:
         from panel.io.state import set_curdoc

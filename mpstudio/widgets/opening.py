@@ -30,7 +30,10 @@ def model_study(model, data, shapes: str, fallback: bool, study_folder: Path | N
     model_path, data_path = Path(str(model).strip()).expanduser(), Path(str(data).strip()).expanduser()
     if not model_path.is_file():
         raise MpstudioError(f"model file not found: {model_path}")
-    input_shapes = parse_shape_args(shapes.split()) if shapes.strip() else None
+    try:
+        input_shapes = parse_shape_args(shapes.split()) if shapes.strip() else None
+    except MpstudioError as exc:
+        raise MpstudioError(studio_wording(str(exc))) from None
     digest = hashlib.sha256(model_path.read_bytes())
     digest.update(str(data_path.resolve()).encode())
     suffix = "-fallback" if fallback else ""  # a study with CPU fallback is another study
@@ -40,12 +43,31 @@ def model_study(model, data, shapes: str, fallback: bool, study_folder: Path | N
             return Study.open(folder)
         from ..model import prepare_model
 
-        prepared = prepare_model(model_path, input_shapes)
+        try:
+            prepared = prepare_model(model_path, input_shapes)
+        except MpstudioError as exc:
+            raise MpstudioError(studio_wording(str(exc))) from None
         if not prepared.qnn_ready and not fallback:
             raise MpstudioError(prepared.fallback_refusal() + " In the studio: tick \"Allow CPU fallback\" "
                                 "and open the model again.")
         calibration = NpzFolder(data_path, [spec.name for spec in prepared.inputs])
         return Study.create(folder, prepared, calibration, progress=progress, allow_fallback=fallback)
+
+
+SHAPES_FIELD = "Input shapes"
+
+
+def studio_wording(message: str) -> str:
+    """A shape error as the studio says it: the *Input shapes* field beside the model path, not the command
+    line's flags or Python's arguments."""
+    how = (f"type each in the \u201c{SHAPES_FIELD}\u201d field beside the model path as NAME=D1,D2,... "
+           "(several separated by spaces, such as x=1,3,224,224), then open the model again.")
+    head, cut, _ = message.partition(". Give each a concrete shape:")
+    if cut:
+        return f"{head}. Give each a concrete shape: {how}"
+    if message.startswith("bad --shape "):
+        return message.replace("bad --shape ", f"bad shape in \u201c{SHAPES_FIELD}\u201d: ", 1)
+    return message
 
 
 def open_arguments(state, study: str | None, model: str | None, data: str | None, shapes: str) -> None:

@@ -100,7 +100,11 @@ class ParetoPlot(View):
             ("plan", "@plan_id: @name"), ("accuracy", "@other_value{0.0000} (@value{0.0000} on the front's source)"),
             ("accuracy from", "@other_source"), ("latency", "@latency_ms{0.000} ms")]))
         self._checks_item = LegendItem(label="same plan, other backend", renderers=[checks], visible=False)
-        fig.add_layout(Legend(items=[LegendItem(label="measured", renderers=[points]),
+        # The legend draws a key of constant colours, not the points' renderer: BokehJS updates a glyph's data
+        # before its colours, and a legend painted in between reads a colour past the end (a RangeError).
+        measured_key = fig.scatter(x=[], y=[], marker="circle", size=10, fill_color="#d62728", line_color="#222",
+                                   name="measured_key")
+        fig.add_layout(Legend(items=[LegendItem(label="measured", renderers=[measured_key]),
                                      LegendItem(label="predicted", renderers=[predicted]),
                                      LegendItem(label="measured so far (95 % interval)", renderers=[partial]),
                                      self._checks_item],

@@ -19,7 +19,7 @@ from ..sources import LATENCY_SOURCES
 from ..study import Study
 from . import analyses
 from .agents import RUNNERS, AgentClients
-from .editing import edit_plan, matching_tensors
+from .editing import edit_plan, is_pattern, matching_tensors
 from .lanes import Job, Lanes, session_document
 from .opening import demo_study, model_study, open_arguments
 from .plan_evaluation import PlanEvaluations
@@ -69,6 +69,7 @@ class StudioState(param.Parameterized):
                                  doc="The current plan's divergence table (mpstudio.diverge.COLUMNS)")
     jobs = param.List(default=[], item_type=Job, constant=True)
     message = param.String("", constant=True)
+    search_result = param.Parameter(None, constant=True, doc="The last search's SearchResult (the search card)")
     error = param.String("", constant=True)
     latency_ops = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1)
     evaluate_on_edit = param.Boolean(True, doc="Evaluate each plan promote or demote makes, showing its predicted "
@@ -165,7 +166,8 @@ class StudioState(param.Parameterized):
             self.selection = chosen
 
     def find(self, text: str) -> list[str]:
-        """Select the tensors whose name, or whose producer's name, contains `text` (case-insensitive)."""
+        """Select the tensors whose name, or whose producer's name, is `text` (case-insensitive), or matches it
+        when it is a pattern (*, ?, [...])."""
         text = text.strip().lower()
         frame = self.tensors
         if not text or frame.empty:
@@ -174,7 +176,10 @@ class StudioState(param.Parameterized):
         self.select(hits)
         with param.edit_constant(self):
             self.param.update(focus=hits[0] if hits else "",
-                              message=f"{len(hits)} tensor(s) match {text!r}" if hits else f"nothing matches {text!r}")
+                              message=f"{len(hits)} tensor(s) match {text!r}" if hits else
+                              f"nothing matches {text!r}" if is_pattern(text) else
+                              f"no tensor or node is called {text!r}; for part of a name, use a pattern such as "
+                              f"*{text}*")
         return hits
 
     def promote_selected(self) -> PrecisionPlan:

@@ -15,6 +15,7 @@ from .lanes import session_document
 from .model_panel import ModelPanel
 from .pareto import ParetoPlot
 from .run_panel import RunPanel
+from .search_card import SearchCard
 from .state import StudioState
 from .table import SensitivityTable
 
@@ -35,6 +36,7 @@ class Studio(View):
         self.export = ExportPanel(state=self.state)
         self.model = ModelPanel(state=self.state)
         self.job_bar = JobBar(state=self.state)
+        self.search_card = SearchCard(state=self.state)
 
     def status(self):
         """The last message on one line of fixed height, and the error (if any) as a dismissible toast that
@@ -73,6 +75,7 @@ class Studio(View):
         return pn.Column(
             self.job_bar,
             self.status(),
+            self.search_card,
             pn.Row(pn.Column(self.graph, sizing_mode="stretch_both", min_width=480),
                    pn.Column(self.pareto, self.table, sizing_mode="stretch_both", min_width=420),
                    sizing_mode="stretch_both"),

@@ -1,0 +1,141 @@
+"""SearchCard: a search's answer as a card the user can read: the recommended plan and why it was picked, the
+plans scored on the CPU and on the HTP side by side, where the two disagree, and the alternatives worth a look."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import panel as pn
+import param
+
+from ..search.recommend import LITTLE_MORE, MUCH_BETTER, estimate_ms
+from ..search.targets import meets
+from .base import View, laid_out_once
+from .state import StudioState
+
+_CELL = "padding:2px 8px;border-bottom:1px solid #e3e8ee;text-align:right"
+_HEAD = "padding:2px 8px;border-bottom:1px solid #9aa0a6;text-align:right;font-weight:600"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f} ms" if math.isfinite(value) else "-"
+
+
+def _why(result) -> str:
+    """Why this plan: the rule the search applied, in words."""
+    r = result.recommended
+    op = ">=" if result.higher_is_better else "<="
+    target = f"{html.escape(result.metric)} {op} {result.threshold:.4f} ({html.escape(result.target)})"
+    if not result.reached:
+        return (f"No evaluated plan reaches {target}; this is the closest (no evaluated plan is more accurate), "
+                f"{result.misses_by:.4f} short.")
+    where = f" on {html.escape(r.accuracy_source)}" if result.confirmed else ""
+    text = (f"The cheapest plan by estimated latency that reaches {target}{where}, "
+            f"{result.gap:.4f} better than needed.")
+    if result.walk_pick is not None:
+        w = result.walk_pick
+        text += (f" The walk on {html.escape(w.accuracy_source)} picked plan {w.plan_id} {html.escape(w.name)} "
+                 f"({w.value:.4f} there); the HTP's numbers changed the pick.")
+    ratio = result.latency_ratio()
+    if ratio is not None:
+        text += f" Its estimated latency is {ratio:.2f}x a16w8's."
+    return text
+
+
+def _confirmation_table(result) -> str:
+    if not result.confirmations:
+        note = html.escape(result.confirm_note) if result.confirm_note else \
+            "The search scored plans on one backend only (no confirmation was asked for)."
+        return f"<p style='color:#555'>{note}</p>"
+    first = result.confirmations[0]
+    walk, confirmed = html.escape(first.walk.accuracy_source), html.escape(first.confirmed.accuracy_source)
+    rows = []
+    for c in sorted(result.confirmations, key=lambda c: estimate_ms(c.walk)):
+        cells = []
+        for e in (c.walk, c.confirmed):
+            ok = meets(e.value, result.threshold, result.higher_is_better)
+            colour = "#1a7f37" if ok else "#b42318"
+            cells.append(f"<td style='{_CELL}'>{e.value:.4f} <span style='color:{colour}'>"
+                         f"{'reaches' if ok else 'misses'}</span></td>")
+        mark = " style='background:#fff4d6'" if c.walk.plan_id == result.recommended.plan_id else ""
+        rows.append(f"<tr{mark}><td style='{_CELL}'>{c.walk.plan_id}</td><td style='{_CELL};text-align:left'>"
+                    f"{html.escape(c.walk.name)}</td>{''.join(cells)}<td style='{_CELL}'>"
+                    f"{_ms(estimate_ms(c.walk))}</td></tr>")
+    return (f"<table style='border-collapse:collapse;font-size:12px;margin:4px 0'><tr><th style='{_HEAD}'>plan</th>"
+            f"<th style='{_HEAD};text-align:left'>name</th><th style='{_HEAD}'>{walk}</th>"
+            f"<th style='{_HEAD}'>{confirmed}</th><th style='{_HEAD}'>estimate</th></tr>{''.join(rows)}</table>")
+
+
+def _disagreements(result) -> str:
+    if not result.confirmations:
+        return ""
+    found = result.disagreements
+    if not found:
+        return "<p style='color:#1a7f37'>CPU and HTP agree on these plans (the same ones reach the target, in " \
+               "the same order).</p>"
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in found)
+    return f"<p style='margin:4px 0'><b>CPU and HTP disagree:</b></p><ul style='margin:0 0 4px 16px'>{items}</ul>"
+
+
+def _alternatives(result) -> str:
+    if not result.alternatives:
+        return "<p style='color:#555'>No plan of the front is much better for little more latency.</p>"
+    base = estimate_ms(result.recommended)
+    rule = ("at least 3 dB more" if result.float_value is None else
+            f"at most {MUCH_BETTER:.0%} of the distance from the float model's value")
+    items = "".join(
+        f"<li>plan {e.plan_id} {html.escape(e.name)}: {e.value:.4f} [{html.escape(e.accuracy_source)}] for "
+        f"+{estimate_ms(e) - base:.3f} ms estimated</li>" for e in result.alternatives)
+    return (f"<p style='margin:4px 0'><b>Much better for little more</b> (at most {LITTLE_MORE:.0%} more "
+            f"estimated latency, {rule}):</p><ul style='margin:0 0 4px 16px'>{items}</ul>")
+
+
+def search_card_html(result) -> str:
+    """The card's body for a SearchResult."""
+    r = result.recommended
+    est = estimate_ms(r)
+    verdict = "reaches the target" if result.reached else "misses the target"
+    colour = "#1a7f37" if result.reached else "#b42318"
+    baselines = "; ".join(f"{html.escape(k)} {v.value:.4f}" for k, v in result.baselines.items())
+    head = (f"<div class='mpstudio-search-pick' style='font-size:14px'><b>Recommended: plan {r.plan_id} "
+            f"{html.escape(r.name)}</b> &mdash; {html.escape(result.metric)} {r.value:.4f} "
+            f"[{html.escape(r.accuracy_source)}], {_ms(est)} estimated, <span style='color:{colour}'>{verdict}"
+            f"</span></div>")
+    facts = (f"<div style='font-size:12px;color:#555'>{result.evaluations} evaluations ({result.new_evaluations} "
+             f"new){f', {len(result.confirmations)} confirming' if result.confirmed else ''}; stopped: "
+             f"{html.escape(result.stop_reason)}; baselines: {baselines}"
+             + (f"; float model {result.float_value:.4f}" if result.float_value is not None else "") + "</div>")
+    why = f"<p style='margin:6px 0'><b>Why this plan.</b> {_why(result)}</p>"
+    return (f"<div class='mpstudio-search-card' style='font-size:13px;line-height:1.4;overflow-wrap:anywhere'>"
+            f"{head}{facts}{why}{_confirmation_table(result)}{_disagreements(result)}{_alternatives(result)}</div>")
+
+
+class SearchCard(View):
+    """The last search's answer, in a card under the job bar (collapsible; hidden until a search ends)."""
+
+    state = param.ClassSelector(class_=StudioState)
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        # At most a fifth of a laptop screen: longer answers scroll inside the card, the views keep their room.
+        self._body = pn.pane.HTML("", sizing_mode="stretch_width", margin=(0, 6), max_height=170,
+                                  styles={"overflow-y": "auto"})
+        self._card = pn.Card(self._body, title="Search result", collapsible=True, sizing_mode="stretch_width",
+                             visible=False, css_classes=["mpstudio-search-result"], margin=(4, 10))
+        self.state.param.watch(self._on_result, "search_result")
+        self._on_result()
+
+    def _on_result(self, *_):
+        result = self.state.search_result
+        if result is None:
+            self._card.visible = False
+            return
+        self._body.object = search_card_html(result)
+        self._card.title = f"Search result: {result.target}"
+        self._card.collapsed = False
+        self._card.visible = True
+
+    @laid_out_once
+    def __panel__(self):
+        return self._card

@@ -1,0 +1,109 @@
+"""Page loads without browser errors: the studio loaded again and again, and in two tabs at once, while its
+analysis runs and before any plan is evaluated (an empty Pareto plot, whose legend is drawn anyway)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gui_support import chromium_path, make_small_study, studio_server, wait_for_bokeh, wait_until
+
+pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
+              pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
+
+LOADS = 20
+
+
+def _watch(page, errors: list[str]) -> None:
+    """Collect uncaught page errors and the console's errors (a missing resource offline is not one of ours)."""
+    page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+    page.on("console", lambda message: errors.append(f"console: {message.text}")
+            if message.type == "error" and "net::ERR_" not in message.text else None)
+
+
+@pytest.mark.slow
+def test_loads_and_two_tabs_raise_no_page_error(browser, tmp_path):
+    # Not analysed and no baselines: every session starts its analysis while its baselines stream into an
+    # empty Pareto plot (the points' colours then change under the legend).
+    study = make_small_study(tmp_path / "study", analyzed=False, baselines=False)
+    with studio_server(study) as studio:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        errors: list[str] = []
+        try:
+            for _ in range(LOADS):
+                page = context.new_page()
+                _watch(page, errors)
+                page.goto(studio.url)
+                wait_for_bokeh(page)
+                page.locator(".tabulator-row").first.wait_for(state="visible")
+                page.wait_for_timeout(200)  # a repaint after the first updates
+                page.close()
+            assert errors == [], errors[:5]
+            assert len(studio.states) == LOADS
+
+            first, second = context.new_page(), context.new_page()
+            for page in (first, second):
+                _watch(page, errors)
+            first.goto(studio.url)
+            second.goto(studio.url)
+            for page in (first, second):
+                wait_for_bokeh(page)
+                page.locator(".tabulator-row").first.wait_for(state="visible")
+            wait_until(lambda: all(s.report is not None for s in studio.states[-2:]), 120,
+                       message="the two tabs' analyses did not report")
+            for page in (first, second):
+                page.locator(".tabulator-cell[tabulator-field='rank']", has_text="1").first.wait_for()
+            first.wait_for_timeout(500)
+            assert errors == [], errors[:5]
+        finally:
+            context.close()
+
+
+def test_the_pareto_legend_reads_no_colour_from_data():
+    """A legend entry drawn from a renderer with data-driven colours reads them while BokehJS is still updating
+    them (RangeError in DataView.getUint32 on page loads): every key has constant colours."""
+    from bokeh.models import Legend
+
+    from mpstudio.widgets import StudioState
+    from mpstudio.widgets.pareto import ParetoPlot
+
+    figure = ParetoPlot(state=StudioState()).figure
+    legends = [item for item in figure.center + figure.above if isinstance(item, Legend)]
+    assert legends
+    for legend in legends:
+        for item in legend.items:
+            for renderer in item.renderers:
+                for visual in ("fill_color", "line_color"):
+                    value = getattr(renderer.glyph, visual, None)
+                    columns = set(renderer.data_source.data)
+                    constant = value is None or (isinstance(value, str) and value not in columns)
+                    assert constant, (item.label, visual, value)
+
+
+def test_updates_after_the_session_ended_fail_no_job(caplog):
+    """A closed tab's session: the job that posts an update of its destroyed views still finishes, with no
+    traceback (a search went on and failed with KeyError 'id' in the graph's restyle)."""
+    import logging
+
+    from bokeh.document import Document
+
+    from mpstudio.widgets.lanes import Job, Lanes
+
+    finished = []
+    lanes = Lanes(finished.append)
+    lanes._doc = Document()  # a session's document after the session ended: no session context
+
+    def update_of_a_destroyed_view():
+        raise KeyError("id")
+
+    def work(progress, cancel):
+        progress(1, 2, "half")
+        lanes.post(update_of_a_destroyed_view)
+        return 42
+
+    job = Job(kind="search", title="a search")
+    with caplog.at_level(logging.INFO):
+        lanes.submit(job, work, lambda result: update_of_a_destroyed_view())
+        assert job.wait(30)
+    lanes.close()
+    assert job.status == "done" and job.result == 42 and finished == [job]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
