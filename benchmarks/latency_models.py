@@ -262,7 +262,7 @@ def yolov8_det(size: int = 640) -> onnx.ModelProto:
 
 
 def _encoder_layer(net: Net, x: str, tokens: int, width: int, heads: int, mlp: int, mask: str | None = None,
-                   pre_norm: bool = True) -> str:
+                   pre_norm: bool = True, mlp_act: str = "gelu") -> str:
     d = width // heads
     h = net.layernorm(x, width) if pre_norm else x
     qkv = []
@@ -281,7 +281,7 @@ def _encoder_layer(net: Net, x: str, tokens: int, width: int, heads: int, mlp: i
     if not pre_norm:
         x = net.layernorm(x, width)
     h = net.layernorm(x, width) if pre_norm else x
-    x = net.op("Add", [x, net.linear(net.linear(h, width, mlp, act="gelu"), mlp, width)])
+    x = net.op("Add", [x, net.linear(net.linear(h, width, mlp, act=mlp_act), mlp, width)])
     return x if pre_norm else net.layernorm(x, width)
 
 

@@ -42,19 +42,28 @@ class CostConstants:
 
 @dataclass(frozen=True)
 class Spread:
-    """Log-scale spread of the fit's residuals (90 % two-sided: 1.645 x RMS), per quantity.
+    """Log-scale half-widths of the intervals, per quantity: each covers `coverage` of the published figures
+    that leave-one-architecture-out cross-validation predicted (benchmarks/latency_fit.py measures and prints it).
 
-    `absolute`: an all-8-bit model's ms; `wide16`: an all-16-bit model's ms; `fp16`: a float model's ms.
+    `absolute`: an all-8-bit model's ms; `wide16`: an all-16-bit model's ms; `fp16`: a float model's ms;
+    `ratio16` / `ratio_fp`: a model's w8a16/w8a8 and float/w8a8 ratios.
     An estimate's interval is ms x exp(-s) .. ms x exp(s), s interpolated by the share of 16-bit (or fp16) time.
     """
 
     absolute: float
     wide16: float
     fp16: float
+    ratio16: float = 0.0
+    ratio_fp: float = 0.0
+    coverage: float = 0.0  # share of the cross-validated rows each half-width covers (0: not cross-validated)
 
     def factor(self, share16: float = 0.0, share_fp16: float = 0.0) -> float:
         share8 = max(0.0, 1.0 - share16 - share_fp16)
         return math.exp(share8 * self.absolute + share16 * self.wide16 + share_fp16 * self.fp16)
+
+    def ratio_factor(self, quantity: str = "r16") -> float:
+        """The multiplicative half-width of an estimated w8a16/w8a8 ("r16") or float/w8a8 ("rfp") ratio."""
+        return math.exp(self.ratio16 if quantity == "r16" else self.ratio_fp)
 
 
 @dataclass(frozen=True)
