@@ -52,14 +52,14 @@ from mpstudio.latency.fitting import ABSOLUTE_TOLERANCE, FIT_ARCHS, PER_ARCH, RA
 DATA = [Path(__file__).resolve().parent / "data" / name
         for name in ("aihub_published_latency.csv", "aihub_published_latency_more.csv")]
 DEVICE_ARCH = {"Samsung Galaxy S24": "75", "Samsung Galaxy S25": "79", "QCS8550 (Proxy)": "73",
-               "Snapdragon X Elite CRD": "73"}
+               "Snapdragon X Elite CRD": "Snapdragon X Elite CRD"}  # the X Elite: v73 with its own rates
 RUNTIMES = ("qnn_dlc", "onnx")
 # Every architecture rebuilt, by the name its published figures carry.
 BUILT = {a.name: a for a in ARCHITECTURES + MORE_ARCHITECTURES if a.published}
 
 
 # ---- data ------------------------------------------------------------------------------------------------------
-def published(paths) -> pd.DataFrame:
+def published(paths, device_constants: bool = True) -> pd.DataFrame:
     """One row per (model, device, precision): latency_ms, the runtime and zoo commit it comes from, and the
     generation (`arch`) whose constants price that device."""
     frame = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
@@ -74,7 +74,10 @@ def published(paths) -> pd.DataFrame:
                          other_commit=frame["commit"] != frame["model"].map(anchor))
     frame = frame.sort_values(["other_commit", "order"], kind="stable")
     frame = frame.drop_duplicates(["model", "device", "precision"])
-    frame = frame.assign(arch=frame["device"].map(DEVICE_ARCH)).sort_values(["model", "device", "precision"])
+    arch = frame["device"].map(DEVICE_ARCH)
+    if not device_constants:
+        arch = arch.map(lambda a: fitting.FIT_DEVICES.get(a, a))
+    frame = frame.assign(arch=arch).sort_values(["model", "device", "precision"])
     return frame[["model", "device", "precision", "runtime", "commit", "latency_ms", "arch"]].reset_index(drop=True)
 
 
@@ -108,6 +111,8 @@ def write_constants(archs, spread: latency.Spread, data_names: list[str]) -> Non
     per_arch = ", ".join(f'"{a}": dict(' + ", ".join(f"{n}={_round(getattr(archs[a], n))}" for n, *_ in PER_ARCH)
                          + ")" for a in FIT_ARCHS)
     spread_text = ", ".join(f"{k}={v}" for k, v in vars(spread).items())
+    devices = ", ".join(f'"{d}": dict(arch="{a}", hmx={_round(f[0])}, clock={_round(f[1])})'
+                        for d, a in fitting.FIT_DEVICES.items() for f in [fitting.device_factors(archs, d)])
     today = datetime.date.today().isoformat()
     block = (
         "# BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)\n"
@@ -115,6 +120,7 @@ def write_constants(archs, spread: latency.Spread, data_names: list[str]) -> Non
         f"_FITTED_COSTS = dict({shared})\n"
         f"_FITTED_ARCHS = {{{per_arch}}}\n"
         f"_FITTED_SPREAD = dict({spread_text})\n"
+        f"_FITTED_DEVICES = {{{devices}}}\n"
         "# END FITTED CONSTANTS")
     block = _wrap(block)
     new = re.sub(r"# BEGIN FITTED CONSTANTS.*?# END FITTED CONSTANTS", lambda _: block, text, flags=re.S)
@@ -156,11 +162,13 @@ def main(argv=None) -> int:
                         help="published latencies (CSV; repeat for several files). Default: both files of "
                              "benchmarks/data")
     parser.add_argument("--cache", type=Path, default=None, help="where the rebuilt models are kept")
+    parser.add_argument("--shared-v73", action="store_true",
+                        help="price the X Elite with the QCS8550's v73 constants (no device constants)")
     parser.add_argument("--iterations", type=int, default=40, help="Levenberg-Marquardt iterations per fit")
     args = parser.parse_args(argv)
     paths = args.data or DATA
     cache = args.cache or cache_root() / "latency-fit"
-    data = published(paths)
+    data = published(paths, device_constants=not args.shared_v73)
     buildable = set(BUILT)
     missing = sorted(set(data["model"]) - buildable)
     data = data[data["model"].isin(buildable)].reset_index(drop=True)
@@ -169,7 +177,7 @@ def main(argv=None) -> int:
           f"{', '.join(p.name for p in paths)}; not built (left out): {', '.join(missing) or 'none'}", flush=True)
     print("building and reading the models (cached):", flush=True)
     priced = fitting.Priced(features(cache, set(data["model"])))
-    start = latency.HTP_ARCHS
+    start = {**latency.HTP_ARCHS, **latency.arch.DEVICE_ARCHS}
     t0 = time.perf_counter()
     fitted = fitting.fit_constants(priced, data, start, latency.SPREAD, args.iterations)
     print(f"fit on every row: {time.perf_counter() - t0:.1f} s", flush=True)

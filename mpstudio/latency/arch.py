@@ -6,7 +6,7 @@ benchmarks/latency_fit.py; sources: docs/latency.md, "Constants".
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from ..errors import MpstudioError
@@ -87,6 +87,7 @@ class HtpArch:
     spread: Spread
     scales: Mapping[str, float] = field(default_factory=dict)
     calibrated_on: str = ""
+    device: str = ""  # set for a device's own constants (DEVICE_ARCHS)
 
     @property
     def name(self) -> str:
@@ -94,9 +95,10 @@ class HtpArch:
 
     @property
     def where(self) -> str:
+        on = f" on {self.device}" if self.device else ""
         if self.calibrated_on:
-            return f"HTP v{self.arch} (cost model, calibrated on {self.calibrated_on})"
-        return f"HTP v{self.arch} (cost model)"
+            return f"HTP v{self.arch}{on} (cost model, calibrated on {self.calibrated_on})"
+        return f"HTP v{self.arch}{on} (cost model)"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -112,6 +114,7 @@ _FITTED_COSTS = dict(rate_16x8=1.102, rate_fp16=3.088, hvx_16bit=2.991, hvx_fp16
 _FITTED_ARCHS = {"73": dict(hmx_gmacs=11950.0, clock_ghz=0.4261, fp16_factor=1.012), "75": dict(hmx_gmacs=18420.0,
     clock_ghz=0.6925, fp16_factor=1.143), "79": dict(hmx_gmacs=25320.0, clock_ghz=1.118, fp16_factor=1.131)}
 _FITTED_SPREAD = dict(absolute=0.1438, wide16=0.1347, fp16=0.1645)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=1.0, clock=1.0)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)
@@ -122,7 +125,7 @@ _UNFITTED = {"68": (17.1 / 27.4, 0.40 / 0.70), "69": (20.6 / 27.4, 0.55 / 0.70)}
 _SOCS = {  # reference SoC, LPDDR peak GB/s, VTCM MB, devices of the fit data
     "68": ("Snapdragon 888 (SM8350)", 51.2, 4, ()),
     "69": ("Snapdragon 8 Gen 1 (SM8450)", 51.2, 8, ()),
-    "73": ("Snapdragon 8 Gen 2 (SM8550)", 67.0, 8, ("QCS8550 (Proxy)", "Snapdragon X Elite CRD")),
+    "73": ("Snapdragon 8 Gen 2 (SM8550)", 67.0, 8, ("QCS8550 (Proxy)",)),
     "75": ("Snapdragon 8 Gen 3 (SM8650)", 76.8, 8, ("Samsung Galaxy S24",)),
     "79": ("Snapdragon 8 Elite (SM8750)", 84.8, 8, ("Samsung Galaxy S25",)),
 }
@@ -146,10 +149,26 @@ def make_archs(costs: CostConstants, fitted: Mapping[str, Mapping[str, float]], 
 HTP_ARCHS: dict[str, HtpArch] = make_archs(COSTS, _FITTED_ARCHS, SPREAD)
 
 
+def device_variant(base: HtpArch, device: str, hmx: float, clock: float) -> HtpArch:
+    """`base`'s constants on another device of the same generation: its matrix rate and clock scaled."""
+    return replace(base, hmx_gmacs=base.hmx_gmacs * hmx, clock_ghz=base.clock_ghz * clock, fitted_on=(device,),
+                   device=device)
+
+
+# Devices whose published figures separate them from their generation's reference constants (the X Elite runs
+# the v73 HTP at another clock and memory system than the QCS8550 the v73 constants follow).
+DEVICE_ARCHS: dict[str, HtpArch] = {
+    device: device_variant(HTP_ARCHS[spec["arch"]], device, spec["hmx"], spec["clock"])
+    for device, spec in _FITTED_DEVICES.items()}
+
+
 def htp_arch(arch: str | int | HtpArch = "75") -> HtpArch:
-    """The constants of `arch` ("75", "v75", 75 or an HtpArch)."""
+    """The constants of `arch` ("75", "v75", 75, an HtpArch, or a device of DEVICE_ARCHS such as
+    "Snapdragon X Elite CRD")."""
     if isinstance(arch, HtpArch):
         return arch
+    if str(arch) in DEVICE_ARCHS:
+        return DEVICE_ARCHS[str(arch)]
     key = str(arch).strip().lower().removeprefix("v")
     if key not in HTP_ARCHS:
         raise MpstudioError(

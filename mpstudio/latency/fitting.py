@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import MpstudioError
-from .arch import CostConstants, HtpArch, Spread, make_archs
+from .arch import CostConstants, HtpArch, Spread, device_variant, make_archs
 from .features import OpFeatures
 
 # Free constants: name, nominal value (the pull's centre), lower and upper bound.
@@ -31,6 +31,9 @@ SHARED = [("rate_16x8", 2.0, 1.0, 4.0), ("rate_fp16", 2.5, 1.0, 6.0), ("hvx_16bi
           ("memory_efficiency", 0.7, 0.2, 1.0)]
 PER_ARCH = [("hmx_gmacs", 10000.0, 1000.0, 40000.0), ("clock_ghz", 1.0, 0.2, 3.0), ("fp16_factor", 1.0, 0.5, 2.0)]
 FIT_ARCHS = ("73", "75", "79")
+# Devices with constants of their own: (generation, nominal, lower, upper of the matrix-rate and clock factors).
+FIT_DEVICES = {"Snapdragon X Elite CRD": "73"}
+DEVICE_FACTOR = (1.0, 0.5, 2.0)
 RATIO_TOLERANCE, ABSOLUTE_TOLERANCE = 0.15, 0.30
 PULL = 0.05  # weight of the pull toward nominal values, per log unit
 POWER = 2.0  # residuals in tolerance units squared: the fit minimises their 4th powers (near minimax)
@@ -39,12 +42,25 @@ QUANTITIES = ("w8a8", "w8a16", "float", "r16", "rfp")  # absolute figures, then 
 
 # ---- constants <-> parameter vector ----------------------------------------------------------------------------
 def archs_from(theta: np.ndarray, spread: Spread) -> dict[str, HtpArch]:
+    """{generation or device: HtpArch} of a parameter vector (log constants)."""
     values = np.exp(theta)
     shared = {name: float(v) for (name, *_), v in zip(SHARED, values)}
     rest = values[len(SHARED):]
     fitted = {a: {name: float(rest[i * len(PER_ARCH) + j]) for j, (name, *_) in enumerate(PER_ARCH)}
               for i, a in enumerate(FIT_ARCHS)}
-    return make_archs(CostConstants(**shared), fitted, spread)
+    archs = make_archs(CostConstants(**shared), fitted, spread)
+    factors = rest[len(FIT_ARCHS) * len(PER_ARCH):]
+    for i, (device, arch) in enumerate(FIT_DEVICES.items()):
+        archs[device] = device_variant(archs[arch], device, float(factors[2 * i]), float(factors[2 * i + 1]))
+    return archs
+
+
+def device_factors(archs: Mapping[str, HtpArch], device: str) -> tuple[float, float]:
+    """(matrix-rate, clock) factors of `device`'s constants over its generation's (1, 1 if it has none)."""
+    if device not in archs:
+        return 1.0, 1.0
+    base = archs[FIT_DEVICES[device]]
+    return archs[device].hmx_gmacs / base.hmx_gmacs, archs[device].clock_ghz / base.clock_ghz
 
 
 def theta_from(archs: Mapping[str, HtpArch]) -> np.ndarray:
@@ -52,11 +68,13 @@ def theta_from(archs: Mapping[str, HtpArch]) -> np.ndarray:
     values = [getattr(costs, name) for name, *_ in SHARED]
     for a in FIT_ARCHS:
         values += [getattr(archs[a], name) for name, *_ in PER_ARCH]
+    for device in FIT_DEVICES:
+        values += list(device_factors(archs, device))
     return np.log(np.array(values, dtype=float))
 
 
 def bounds_and_nominal() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    specs = SHARED + PER_ARCH * len(FIT_ARCHS)
+    specs = SHARED + PER_ARCH * len(FIT_ARCHS) + [("", *DEVICE_FACTOR)] * (2 * len(FIT_DEVICES))
     return (np.log([s[2] for s in specs]), np.log([s[3] for s in specs]), np.log([s[1] for s in specs]))
 
 
