@@ -11,6 +11,7 @@ sizes Qualcomm AI Hub profiled them (benchmarks/data/aihub_published_latency_mor
     beit                           224x224      BEiT-base/16 (relative position bias, layer scale, mean pooling)
     opus_mt_en_es__OpusMTEncoder   256 tokens   MarianMT encoder (6 layers, 512 wide, SiLU)
     opus_mt_en_es__OpusMTDecoder   1 token      MarianMT decoder step, KV cache 255 (self) / 256 (cross), LM head
+    gear_guard_net                 320x192      the zoo's GearGuardNet (YOLOv5-style on DoubleBlaze blocks)
 
 BatchNorm that follows a convolution is folded into it, as exporters do.
 """
@@ -235,6 +236,47 @@ def opus_mt_decoder(past: int = 255, source: int = 256, width: int = 512, layers
     return net.model("opus_mt_decoder", inputs, _out("logits", [1, 1, vocab]) + outputs)
 
 
+def _double_blaze(net: Net, x: str, cin: int, cout: int, k: int = 5) -> str:
+    """The zoo's DoubleBlazeBlock (stride 1): two depthwise + pointwise pairs, a residual (1x1 where widths
+    differ), ReLU."""
+    hidden = max(cin, cout) // 2
+    h = net.conv(net.conv(x, cin, cin, k, group=cin), cin, hidden, 1, act="relu")
+    h = net.conv(net.conv(h, hidden, hidden, k, group=hidden), hidden, cout, 1)
+    skip = net.conv(x, cin, cout, 1) if cin != cout else x
+    return net.op("Relu", [net.op("Add", [h, skip])])
+
+
+def gear_guard_net(height: int = 320, width: int = 192, classes: int = 2) -> onnx.ModelProto:
+    """The zoo's GearGuardNet (YOLOv5-style, DoubleBlaze blocks, width 0.5, depth 0.33) with its anchor decode."""
+    net = Net(20)
+
+    def blocks(y: str, cin: int, cout: int, n: int) -> str:
+        for i in range(n):
+            y = _double_blaze(net, y, cin if i == 0 else cout, cout)
+        return y
+
+    y = net.conv("x", 3, 32, 6, 2, pad=2, act="relu")
+    b4 = blocks(net.conv(blocks(net.conv(y, 32, 64, 3, 2, act="relu"), 64, 64, 1), 64, 128, 3, 2, act="relu"),
+                128, 128, 1)
+    b6 = blocks(net.conv(b4, 128, 256, 3, 2, act="relu"), 256, 256, 3)
+    y = blocks(net.conv(b6, 256, 512, 3, 2, act="relu"), 512, 512, 1)
+    h10 = net.conv(net.conv(y, 512, 512, 3, act="relu"), 512, 256, 1, act="relu")
+    y = blocks(net.op("Concat", [net.resize(h10, 2.0, mode="nearest"), b6], axis=1), 512, 256, 1)
+    h14 = net.conv(y, 256, 128, 1, act="relu")
+    p3 = blocks(net.op("Concat", [net.resize(h14, 2.0, mode="nearest"), b4], axis=1), 256, 128, 1)
+    p4 = blocks(net.op("Concat", [net.conv(p3, 128, 128, 3, 2, act="relu"), h14], axis=1), 256, 256, 1)
+    p5 = blocks(net.op("Concat", [net.conv(p4, 256, 256, 3, 2, act="relu"), h10], axis=1), 512, 512, 1)
+    decoded, count = [], 0
+    for feat, ch, stride in ((p3, 128, 8), (p4, 256, 16), (p5, 512, 32)):
+        cells = (height // stride) * (width // stride)
+        out = net.op("Transpose", [net.conv(feat, ch, 3 * (classes + 5), 1)], perm=[0, 2, 3, 1])
+        decoded.append(net.op("Sigmoid", [net.reshape(out, [1, cells * 3, classes + 5])]))
+        count += cells * 3
+    _rename(net, net.op("Concat", decoded, axis=1), "detections")
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, height, width])]
+    return net.model("gear_guard_net", inputs, _out("detections", [1, count, classes + 5]))
+
+
 MORE_ARCHITECTURES = (
     Architecture("densenet121", densenet121, True),
     Architecture("resnext50", resnext50, True),
@@ -246,4 +288,5 @@ MORE_ARCHITECTURES = (
     Architecture("beit", beit, True),
     Architecture("opus_mt_en_es__OpusMTEncoder", opus_mt_encoder, True),
     Architecture("opus_mt_en_es__OpusMTDecoder", opus_mt_decoder, True),
+    Architecture("gear_guard_net", gear_guard_net, True),
 )
