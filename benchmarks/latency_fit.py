@@ -164,6 +164,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", type=Path, default=None, help="where the rebuilt models are kept")
     parser.add_argument("--shared-v73", action="store_true",
                         help="price the X Elite with the QCS8550's v73 constants (no device constants)")
+    parser.add_argument("--fix", action="append", default=[], metavar="CONSTANT",
+                        help="hold a shared constant at its stored value (e.g. depthwise), to see what fitting it moves")
     parser.add_argument("--iterations", type=int, default=40, help="Levenberg-Marquardt iterations per fit")
     args = parser.parse_args(argv)
     paths = args.data or DATA
@@ -179,12 +181,13 @@ def main(argv=None) -> int:
     priced = fitting.Priced(features(cache, set(data["model"])))
     start = {**latency.HTP_ARCHS, **latency.arch.DEVICE_ARCHS}
     t0 = time.perf_counter()
-    fitted = fitting.fit_constants(priced, data, start, latency.SPREAD, args.iterations)
+    fixed = tuple(args.fix)
+    fitted = fitting.fit_constants(priced, data, start, latency.SPREAD, args.iterations, fixed)
     print(f"fit on every row: {time.perf_counter() - t0:.1f} s", flush=True)
     stored_ms = fitting.estimates(start, priced, data)
     fit_ms = fitting.estimates(fitted, priced, data)
     t0 = time.perf_counter()
-    cv_ms = fitting.cross_validate(priced, data, start, args.iterations,
+    cv_ms = fitting.cross_validate(priced, data, start, args.iterations, fixed=fixed,
                                    progress=lambda m: print(f"  left out {m}: {time.perf_counter() - t0:.0f} s",
                                                             flush=True))
     result = table(data, cv_ms, fit_ms)
@@ -222,6 +225,12 @@ def main(argv=None) -> int:
         archs = fitting.with_spread(fitted, spread_fit.spread)
         write_constants(archs, spread_fit.spread, [p.name for p in paths])
         print(f"written to {Path(latency.arch.__file__).name}")
+    costs = fitted["75"].costs
+    print("fitted on every row: " + ", ".join(f"{n}={getattr(costs, n):.4g}" for n, *_ in SHARED))
+    print("  " + "; ".join(f"v{a}: " + ", ".join(f"{n}={getattr(fitted[a], n):.4g}" for n, *_ in PER_ARCH)
+                           for a in FIT_ARCHS)
+          + "; " + "; ".join(f"{d}: hmx x{f[0]:.3f}, clock x{f[1]:.3f}" for d in fitting.FIT_DEVICES
+                             for f in [fitting.device_factors(fitted, d)]))
     ok = not len(outside)
     print("\nPASS" if ok else "\nFAIL: cross-validated targets missed (ratios within +-15 %, absolute within +-30 %)")
     return 0 if ok else 1

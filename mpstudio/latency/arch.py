@@ -17,8 +17,8 @@ class CostConstants:
     """Per-op-type costs shared by every HTP generation. Sources: docs/latency.md, "Constants".
 
     Fitted (benchmarks/latency_fit.py): rate_16x8, rate_fp16, hvx_16bit, hvx_fp16, transcendental,
-    transcendental_16, transcendental_fp16, normalize, op_cycles, overlap, memory_efficiency. The others are stated
-    assumptions.
+    transcendental_16, transcendental_fp16, normalize, op_cycles, overlap, memory_efficiency, depthwise. The others
+    are stated assumptions.
     """
 
     rate_16x8: float  # HMX time of 16-bit activations x 8-bit weights relative to 8x8
@@ -32,6 +32,7 @@ class CostConstants:
     op_cycles: float  # fixed cycles per op (scheduling, synchronisation, DMA set-up)
     overlap: float  # fraction of an activation's HVX time hidden behind the matrix op that feeds it
     memory_efficiency: float  # achieved fraction of the SoC's LPDDR peak
+    depthwise: float = 1.0  # HVX instructions per vector of a depthwise convolution's MACs at 8 bits
     rate_16x16_factor: float = 2.0  # assumption: 16x16 on HMX takes twice the time of 16x8
     hvx_vectors_per_cycle: float = 2.0  # assumption: two 128-byte vector instructions per cycle on one op
     vtcm_factor: float = 3.0  # assumption: activations that fit VTCM move at 3x the DDR rate

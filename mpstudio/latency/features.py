@@ -15,7 +15,7 @@ from .ops import TYPE_BITS, HtpOp, type_bytes
 from .reading import float_io_ops, parsed_model
 
 # HVX instructions per 128-byte vector of the cost classes whose count is not a fitted constant.
-_FIXED_INSTR = {"simple": 1.0, "arith": 2.0, "resize": 4.0, "reduce": 1.0, "pool": 1.0, "depthwise": 1.0}
+_FIXED_INSTR = {"simple": 1.0, "arith": 2.0, "resize": 4.0, "reduce": 1.0, "pool": 1.0}
 
 
 def _act_type(types: Iterable[str]) -> str:
@@ -59,6 +59,7 @@ class OpFeatures:
         runs = np.isin(engine, ("hmx", "hvx", "dma", "none"))
         return {"prec": prec, "is_hmx": engine == "hmx", "is_hvx": engine == "hvx",
                 "transcendental": cls == "transcendental", "normalize": cls == "normalize", "convert": cls == "convert",
+                "depthwise": cls == "depthwise",
                 "fixed_instr": np.array([_FIXED_INSTR.get(k, 2.0) for k in self.cls], dtype=float),
                 "runs": runs, "moves": runs & (engine != "none"), "io": self.kind == _KINDS.index("io"),
                 "graph": self.kind == _KINDS.index("graph")}
@@ -74,8 +75,9 @@ class OpFeatures:
         rate = np.where((prec == 0) & self.wide_weights, c.rate_16x8, rate)
         hmx_s = np.where(is_hmx, self.hmx_macs * rate / (arch.hmx_gmacs * 1e9), 0.0)
         wide = np.select([prec == 2, prec == 1], [c.transcendental_fp16, c.transcendental_16], 1.0)
-        instr = np.select([st["transcendental"], st["normalize"], st["convert"]],
-                          [c.transcendental * wide, c.normalize * wide, c.convert_instr], st["fixed_instr"])
+        instr = np.select([st["transcendental"], st["normalize"], st["convert"], st["depthwise"]],
+                          [c.transcendental * wide, c.normalize * wide, c.convert_instr, c.depthwise],
+                          st["fixed_instr"])
         width = np.select([prec == 2, prec == 1], [c.hvx_fp16 * arch.fp16_factor, c.hvx_16bit], 1.0)
         hvx_s = np.where(is_hvx, self.work / 128 * instr * width / (c.hvx_vectors_per_cycle * arch.clock_ghz * 1e9),
                          0.0)

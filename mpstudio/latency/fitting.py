@@ -28,7 +28,7 @@ SHARED = [("rate_16x8", 2.0, 1.0, 4.0), ("rate_fp16", 2.5, 1.0, 6.0), ("hvx_16bi
           ("hvx_fp16", 2.5, 1.0, 6.0), ("transcendental", 2.0, 0.5, 8.0), ("transcendental_16", 2.0, 1.0, 8.0),
           ("transcendental_fp16", 2.0, 1.0, 8.0), ("normalize", 6.0, 1.0, 30.0),
           ("op_cycles", 1500.0, 200.0, 10000.0), ("overlap", 0.5, 0.01, 1.0),
-          ("memory_efficiency", 0.7, 0.2, 1.0)]
+          ("memory_efficiency", 0.7, 0.2, 1.0), ("depthwise", 1.0, 0.1, 4.0)]
 PER_ARCH = [("hmx_gmacs", 10000.0, 1000.0, 40000.0), ("clock_ghz", 1.0, 0.2, 3.0), ("fp16_factor", 1.0, 0.5, 2.0)]
 FIT_ARCHS = ("73", "75", "79")
 # Devices with constants of their own: (generation, nominal, lower, upper of the matrix-rate and clock factors).
@@ -147,6 +147,9 @@ def least_squares(fun: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lower
     for _ in range(iterations):
         jac = np.empty((len(r), len(x)))
         for j in range(len(x)):
+            if lower[j] >= upper[j]:  # held fixed
+                jac[:, j] = 0.0
+                continue
             h = step if x[j] + step <= upper[j] else -step
             shifted = x.copy()
             shifted[j] += h
@@ -169,26 +172,31 @@ def least_squares(fun: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lower
 
 
 def fit_constants(priced: Priced, rows: pd.DataFrame, start: Mapping[str, HtpArch], spread: Spread,
-                  iterations: int = 60) -> dict[str, HtpArch]:
-    """The constants that fit `rows` best, from `start` (HtpArchs carrying `spread`)."""
+                  iterations: int = 60, fixed: tuple[str, ...] = ()) -> dict[str, HtpArch]:
+    """The constants that fit `rows` best, from `start` (HtpArchs carrying `spread`); the shared constants named
+    in `fixed` keep their start values."""
     if rows.empty:
         raise MpstudioError("no published rows to fit the cost model to; pass rows with latency_ms")
     lower, upper, nominal = bounds_and_nominal()
+    theta0 = theta_from(start)
+    for i, (name, *_) in enumerate(SHARED):
+        if name in fixed:
+            lower[i] = upper[i] = theta0[i]
     pairs = ratio_pairs(rows)
-    theta = least_squares(lambda t: residuals(t, priced, rows, pairs, nominal, spread), theta_from(start),
+    theta = least_squares(lambda t: residuals(t, priced, rows, pairs, nominal, spread), theta0,
                           lower, upper, iterations)
     return archs_from(theta, spread)
 
 
 # ---- cross-validation ------------------------------------------------------------------------------------------
 def cross_validate(priced: Priced, rows: pd.DataFrame, start: Mapping[str, HtpArch], iterations: int = 60,
-                   progress: Callable[[str], None] | None = None) -> np.ndarray:
+                   progress: Callable[[str], None] | None = None, fixed: tuple[str, ...] = ()) -> np.ndarray:
     """Each row's estimate by constants fitted without its model (leave one architecture out)."""
     spread = start[FIT_ARCHS[0]].spread
     out = np.full(len(rows), np.nan)
     for model in dict.fromkeys(rows["model"]):
         held = (rows["model"] == model).to_numpy()
-        archs = fit_constants(priced, rows[~held].reset_index(drop=True), start, spread, iterations)
+        archs = fit_constants(priced, rows[~held].reset_index(drop=True), start, spread, iterations, fixed)
         out[held] = estimates(archs, priced, rows[held].reset_index(drop=True))
         if progress:
             progress(model)
