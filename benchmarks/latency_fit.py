@@ -136,6 +136,8 @@ def _wrap(block: str, width: int = 118) -> str:
     for line in block.splitlines():
         while len(line) > width:
             cut = line.rfind(", ", 0, width) + 1
+            if cut <= 4:  # nowhere to break: keep the long line whole
+                break
             lines.append(line[:cut])
             line = " " * 4 + line[cut:].lstrip()
         lines.append(line)
