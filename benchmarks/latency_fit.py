@@ -116,7 +116,7 @@ def write_constants(archs, spread: latency.Spread, data_names: list[str]) -> Non
     today = datetime.date.today().isoformat()
     block = (
         "# BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)\n"
-        f'FIT_SOURCE = "fitted {today} by benchmarks/latency_fit.py on {" and ".join(data_names)}"\n'
+        f'FIT_SOURCE = "fitted {today} by benchmarks/latency_fit.py on {len(data_names)} published-latency file(s)"\n'
         f"_FITTED_COSTS = dict({shared})\n"
         f"_FITTED_ARCHS = {{{per_arch}}}\n"
         f"_FITTED_SPREAD = dict({spread_text})\n"
