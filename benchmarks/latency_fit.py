@@ -47,7 +47,7 @@ from latency_models_more import MORE_ARCHITECTURES
 from mpstudio import latency
 from mpstudio.cache import cache_root
 from mpstudio.latency import fitting
-from mpstudio.latency.fitting import ABSOLUTE_TOLERANCE, FIT_ARCHS, PER_ARCH, RATIO_TOLERANCE, SHARED
+from mpstudio.latency.fitting import FIT_ARCHS, PER_ARCH, SHARED
 
 DATA = [Path(__file__).resolve().parent / "data" / name
         for name in ("aihub_published_latency.csv", "aihub_published_latency_more.csv")]
@@ -167,7 +167,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shared-v73", action="store_true",
                         help="price the X Elite with the QCS8550's v73 constants (no device constants)")
     parser.add_argument("--fix", action="append", default=[], metavar="CONSTANT",
-                        help="hold a shared constant at its stored value (e.g. depthwise), to see what fitting it moves")
+                        help="hold a shared constant at its stored value (e.g. depthwise), to see what fitting "
+                             "it moves")
     parser.add_argument("--iterations", type=int, default=40, help="Levenberg-Marquardt iterations per fit")
     args = parser.parse_args(argv)
     paths = args.data or DATA
