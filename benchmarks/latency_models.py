@@ -9,7 +9,8 @@ the input size its Qualcomm AI Hub model card states (qai-hub-models `models/<id
     yolov8_det                 640x640   Ultralytics YOLOv8-N with its box-decoding head
     vit                        224x224   torchvision ViT-B/16
     deeplabv3_plus_mobilenet   513x513   DeepLabV3+ on MobileNet-v2 (output stride 16, ASPP, decoder)
-    bert_base_uncased_hf       1x384     BERT-base (12 layers, 768 wide) with attention mask
+    bert_base_uncased_hf       1x384     BERT-base (12 layers, 768 wide) with attention mask and the masked-LM
+                                         head of its model card (a 768x30522 projection at every position)
   held out (never seen by the fit):
     efficientnet_lite0         224x224   EfficientNet-Lite0 (ReLU6, no squeeze-excite)
     mobilenet_v3_small         224x224   MobileNet-v3-Small (hard-swish, squeeze-excite)
@@ -262,7 +263,7 @@ def yolov8_det(size: int = 640) -> onnx.ModelProto:
 
 
 def _encoder_layer(net: Net, x: str, tokens: int, width: int, heads: int, mlp: int, mask: str | None = None,
-                   pre_norm: bool = True) -> str:
+                   pre_norm: bool = True, mlp_act: str = "gelu") -> str:
     d = width // heads
     h = net.layernorm(x, width) if pre_norm else x
     qkv = []
@@ -281,7 +282,7 @@ def _encoder_layer(net: Net, x: str, tokens: int, width: int, heads: int, mlp: i
     if not pre_norm:
         x = net.layernorm(x, width)
     h = net.layernorm(x, width) if pre_norm else x
-    x = net.op("Add", [x, net.linear(net.linear(h, width, mlp, act="gelu"), mlp, width)])
+    x = net.op("Add", [x, net.linear(net.linear(h, width, mlp, act=mlp_act), mlp, width)])
     return x if pre_norm else net.layernorm(x, width)
 
 
@@ -324,7 +325,7 @@ def deeplabv3_plus_mobilenet(size: int = 513, classes: int = 21) -> onnx.ModelPr
 
 
 def _bert(name: str, seed: int, tokens: int, layers: int, width: int = 768, heads: int = 12,
-          vocab: int = 30522) -> onnx.ModelProto:
+          vocab: int = 30522, mlm_head: bool = False) -> onnx.ModelProto:
     net = Net(seed)
     words = net.const(net.rng.normal(0, 0.02, (vocab, width)).astype(np.float32), "words")
     y = net.op("Gather", [words, "input_ids"], axis=0)
@@ -336,14 +337,18 @@ def _bert(name: str, seed: int, tokens: int, layers: int, width: int = 768, head
     m = net.reshape(m, [1, 1, 1, tokens])
     for _ in range(layers):
         y = _encoder_layer(net, y, tokens, width, heads, 4 * width, mask=m, pre_norm=False)
-    _rename(net, y, "hidden")
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, [1, tokens]),
               helper.make_tensor_value_info("attention_mask", TensorProto.INT32, [1, tokens])]
+    if mlm_head:  # BertForMaskedLM: transform (dense, GELU, LayerNorm), then the vocabulary projection
+        y = net.linear(net.layernorm(net.linear(y, width, width, act="gelu"), width), width, vocab)
+        _rename(net, y, "logits")
+        return net.model(name, inputs, _out("logits", [1, tokens, vocab]))
+    _rename(net, y, "hidden")
     return net.model(name, inputs, _out("hidden", [1, tokens, width]))
 
 
 def bert_base_uncased_hf(tokens: int = 384) -> onnx.ModelProto:
-    return _bert("bert_base_uncased_hf", 6, tokens, 12)
+    return _bert("bert_base_uncased_hf", 6, tokens, 12, mlm_head=True)
 
 
 # ---- held-out architectures --------------------------------------------------------------------------------

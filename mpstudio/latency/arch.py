@@ -6,7 +6,7 @@ benchmarks/latency_fit.py; sources: docs/latency.md, "Constants".
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from ..errors import MpstudioError
@@ -17,8 +17,8 @@ class CostConstants:
     """Per-op-type costs shared by every HTP generation. Sources: docs/latency.md, "Constants".
 
     Fitted (benchmarks/latency_fit.py): rate_16x8, rate_fp16, hvx_16bit, hvx_fp16, transcendental,
-    transcendental_16, transcendental_fp16, normalize, op_cycles, overlap, memory_efficiency. The others are stated
-    assumptions.
+    transcendental_16, transcendental_fp16, normalize, op_cycles, overlap, memory_efficiency, depthwise. The others
+    are stated assumptions.
     """
 
     rate_16x8: float  # HMX time of 16-bit activations x 8-bit weights relative to 8x8
@@ -32,6 +32,7 @@ class CostConstants:
     op_cycles: float  # fixed cycles per op (scheduling, synchronisation, DMA set-up)
     overlap: float  # fraction of an activation's HVX time hidden behind the matrix op that feeds it
     memory_efficiency: float  # achieved fraction of the SoC's LPDDR peak
+    depthwise: float = 1.0  # HVX instructions per vector of a depthwise convolution's MACs at 8 bits
     rate_16x16_factor: float = 2.0  # assumption: 16x16 on HMX takes twice the time of 16x8
     hvx_vectors_per_cycle: float = 2.0  # assumption: two 128-byte vector instructions per cycle on one op
     vtcm_factor: float = 3.0  # assumption: activations that fit VTCM move at 3x the DDR rate
@@ -42,19 +43,28 @@ class CostConstants:
 
 @dataclass(frozen=True)
 class Spread:
-    """Log-scale spread of the fit's residuals (90 % two-sided: 1.645 x RMS), per quantity.
+    """Log-scale half-widths of the intervals, per quantity: each covers `coverage` of the published figures
+    that leave-one-architecture-out cross-validation predicted (benchmarks/latency_fit.py measures and prints it).
 
-    `absolute`: an all-8-bit model's ms; `wide16`: an all-16-bit model's ms; `fp16`: a float model's ms.
+    `absolute`: an all-8-bit model's ms; `wide16`: an all-16-bit model's ms; `fp16`: a float model's ms;
+    `ratio16` / `ratio_fp`: a model's w8a16/w8a8 and float/w8a8 ratios.
     An estimate's interval is ms x exp(-s) .. ms x exp(s), s interpolated by the share of 16-bit (or fp16) time.
     """
 
     absolute: float
     wide16: float
     fp16: float
+    ratio16: float = 0.0
+    ratio_fp: float = 0.0
+    coverage: float = 0.0  # share of the cross-validated rows each half-width covers (0: not cross-validated)
 
     def factor(self, share16: float = 0.0, share_fp16: float = 0.0) -> float:
         share8 = max(0.0, 1.0 - share16 - share_fp16)
         return math.exp(share8 * self.absolute + share16 * self.wide16 + share_fp16 * self.fp16)
+
+    def ratio_factor(self, quantity: str = "r16") -> float:
+        """The multiplicative half-width of an estimated w8a16/w8a8 ("r16") or float/w8a8 ("rfp") ratio."""
+        return math.exp(self.ratio16 if quantity == "r16" else self.ratio_fp)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,7 @@ class HtpArch:
     spread: Spread
     scales: Mapping[str, float] = field(default_factory=dict)
     calibrated_on: str = ""
+    device: str = ""  # set for a device's own constants (DEVICE_ARCHS)
 
     @property
     def name(self) -> str:
@@ -85,9 +96,10 @@ class HtpArch:
 
     @property
     def where(self) -> str:
+        on = f" on {self.device}" if self.device else ""
         if self.calibrated_on:
-            return f"HTP v{self.arch} (cost model, calibrated on {self.calibrated_on})"
-        return f"HTP v{self.arch} (cost model)"
+            return f"HTP v{self.arch}{on} (cost model, calibrated on {self.calibrated_on})"
+        return f"HTP v{self.arch}{on} (cost model)"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -96,13 +108,14 @@ class HtpArch:
 
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
-FIT_SOURCE = "fitted 2026-11-23 by benchmarks/latency_fit.py on aihub_published_latency.csv"
-_FITTED_COSTS = dict(rate_16x8=1.102, rate_fp16=3.088, hvx_16bit=2.991, hvx_fp16=1.85, transcendental=4.313,
-    transcendental_16=1.122, transcendental_fp16=2.526, normalize=5.544, op_cycles=1300.0, overlap=1.0,
-    memory_efficiency=1.0)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=11950.0, clock_ghz=0.4261, fp16_factor=1.012), "75": dict(hmx_gmacs=18420.0,
-    clock_ghz=0.6925, fp16_factor=1.143), "79": dict(hmx_gmacs=25320.0, clock_ghz=1.118, fp16_factor=1.131)}
-_FITTED_SPREAD = dict(absolute=0.1438, wide16=0.1347, fp16=0.1645)
+FIT_SOURCE = "fitted 2026-11-25 by benchmarks/latency_fit.py on 2 published-latency file(s)"
+_FITTED_COSTS = dict(rate_16x8=2.203, rate_fp16=2.637, hvx_16bit=4.0, hvx_fp16=3.474, transcendental=1.948,
+    transcendental_16=3.45, transcendental_fp16=7.707, normalize=2.474, op_cycles=9998.0, overlap=0.01,
+    memory_efficiency=1.0, depthwise=1.052)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=19270.0, clock_ghz=1.448, fp16_factor=1.021), "75": dict(hmx_gmacs=31250.0,
+    clock_ghz=2.026, fp16_factor=1.107), "79": dict(hmx_gmacs=40000.0, clock_ghz=3.0, fp16_factor=0.9345)}
+_FITTED_SPREAD = dict(absolute=0.4098, wide16=0.4172, fp16=0.478, ratio16=0.4107, ratio_fp=0.4319, coverage=0.8)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9296, clock=0.9322)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)
@@ -113,7 +126,7 @@ _UNFITTED = {"68": (17.1 / 27.4, 0.40 / 0.70), "69": (20.6 / 27.4, 0.55 / 0.70)}
 _SOCS = {  # reference SoC, LPDDR peak GB/s, VTCM MB, devices of the fit data
     "68": ("Snapdragon 888 (SM8350)", 51.2, 4, ()),
     "69": ("Snapdragon 8 Gen 1 (SM8450)", 51.2, 8, ()),
-    "73": ("Snapdragon 8 Gen 2 (SM8550)", 67.0, 8, ("QCS8550 (Proxy)", "Snapdragon X Elite CRD")),
+    "73": ("Snapdragon 8 Gen 2 (SM8550)", 67.0, 8, ("QCS8550 (Proxy)",)),
     "75": ("Snapdragon 8 Gen 3 (SM8650)", 76.8, 8, ("Samsung Galaxy S24",)),
     "79": ("Snapdragon 8 Elite (SM8750)", 84.8, 8, ("Samsung Galaxy S25",)),
 }
@@ -137,10 +150,26 @@ def make_archs(costs: CostConstants, fitted: Mapping[str, Mapping[str, float]], 
 HTP_ARCHS: dict[str, HtpArch] = make_archs(COSTS, _FITTED_ARCHS, SPREAD)
 
 
+def device_variant(base: HtpArch, device: str, hmx: float, clock: float) -> HtpArch:
+    """`base`'s constants on another device of the same generation: its matrix rate and clock scaled."""
+    return replace(base, hmx_gmacs=base.hmx_gmacs * hmx, clock_ghz=base.clock_ghz * clock, fitted_on=(device,),
+                   device=device)
+
+
+# Devices whose published figures separate them from their generation's reference constants (the X Elite runs
+# the v73 HTP at another clock and memory system than the QCS8550 the v73 constants follow).
+DEVICE_ARCHS: dict[str, HtpArch] = {
+    device: device_variant(HTP_ARCHS[spec["arch"]], device, spec["hmx"], spec["clock"])
+    for device, spec in _FITTED_DEVICES.items()}
+
+
 def htp_arch(arch: str | int | HtpArch = "75") -> HtpArch:
-    """The constants of `arch` ("75", "v75", 75 or an HtpArch)."""
+    """The constants of `arch` ("75", "v75", 75, an HtpArch, or a device of DEVICE_ARCHS such as
+    "Snapdragon X Elite CRD")."""
     if isinstance(arch, HtpArch):
         return arch
+    if str(arch) in DEVICE_ARCHS:
+        return DEVICE_ARCHS[str(arch)]
     key = str(arch).strip().lower().removeprefix("v")
     if key not in HTP_ARCHS:
         raise MpstudioError(

@@ -28,7 +28,7 @@ class LatencyEstimate:
 
     `latency` includes the CPU's graph-input quantize and output dequantize (what an application running the
     QDQ model through ORT's QNN EP waits for); `htp` is the HTP's graph alone (how AI Hub publishes its figures).
-    Both carry the interval from the fit's residuals (or the calibration's).
+    Both carry the interval from the fit's cross-validated errors (or the calibration's residuals).
 
     `ops` has one row per op the HTP (or, for graph I/O, the CPU) runs, columns:
       node: the ONNX node (a convert is named by its quantize node; "graph execute" is the per-call cost)
@@ -128,6 +128,9 @@ def estimate_latency(qdq_model, htp_arch: str | int | HtpArch = "75") -> Latency
               f"{int((ops['engine'] != 'fused').sum()) - 1} ops; {FIT_SOURCE}")
     if parsed.unknown_shapes:
         detail += f"; {parsed.unknown_shapes} tensors of unknown shape counted as 1 element"
+    if arch.spread.coverage and not arch.calibrated_on:
+        detail += (f"; the interval covers {arch.spread.coverage:.0%} of the published figures predicted by "
+                   "leave-one-architecture-out cross-validation")
     on_htp = ops["kind"] != "io"
     htp_ms = float(ops.loc[on_htp, "ms"].sum())
     factor = _interval_factor(ops[on_htp], arch)

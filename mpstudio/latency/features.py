@@ -4,6 +4,7 @@ on one HTP generation (`OpFeatures.costs`)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -14,7 +15,7 @@ from .ops import TYPE_BITS, HtpOp, type_bytes
 from .reading import float_io_ops, parsed_model
 
 # HVX instructions per 128-byte vector of the cost classes whose count is not a fitted constant.
-_FIXED_INSTR = {"simple": 1.0, "arith": 2.0, "resize": 4.0, "reduce": 1.0, "pool": 1.0, "depthwise": 1.0}
+_FIXED_INSTR = {"simple": 1.0, "arith": 2.0, "resize": 4.0, "reduce": 1.0, "pool": 1.0}
 
 
 def _act_type(types: Iterable[str]) -> str:
@@ -48,33 +49,45 @@ class OpFeatures:
     weight_bytes: np.ndarray
     hidden_by: np.ndarray  # index of the matrix op that can hide this op's HVX time, -1 if none
 
+    @functools.cached_property
+    def _static(self) -> dict[str, np.ndarray]:
+        """The masks and per-op numbers the pricing reads that no constant changes (computed once: a fit prices
+        the same features thousands of times)."""
+        prec = np.array([_PRECISION.get(t, 0) for t in self.act_type], dtype=int)
+        cls = self.cls.astype(str) if len(self.cls) else np.array([], dtype=str)
+        engine = self.engine.astype(str) if len(self.engine) else np.array([], dtype=str)
+        runs = np.isin(engine, ("hmx", "hvx", "dma", "none"))
+        return {"prec": prec, "is_hmx": engine == "hmx", "is_hvx": engine == "hvx",
+                "transcendental": cls == "transcendental", "normalize": cls == "normalize", "convert": cls == "convert",
+                "depthwise": cls == "depthwise",
+                "fixed_instr": np.array([_FIXED_INSTR.get(k, 2.0) for k in self.cls], dtype=float),
+                "runs": runs, "moves": runs & (engine != "none"), "io": self.kind == _KINDS.index("io"),
+                "graph": self.kind == _KINDS.index("graph")}
+
     def costs(self, arch: HtpArch) -> dict[str, np.ndarray]:
         """compute_ms, memory_ms, overhead_ms, hidden_ms and ms of every op on `arch`."""
-        c = arch.costs
-        prec = np.array([_PRECISION.get(t, 0) for t in self.act_type])
-        is_hmx, is_hvx = self.engine == "hmx", self.engine == "hvx"
+        c, st = arch.costs, self._static
+        prec = st["prec"]
+        is_hmx, is_hvx = st["is_hmx"], st["is_hvx"]
         rate_16x16 = c.rate_16x8 * c.rate_16x16_factor
         rate = np.select([prec == 2, prec == 1],
                          [c.rate_fp16 * arch.fp16_factor, np.where(self.wide_weights, rate_16x16, c.rate_16x8)], 1.0)
         rate = np.where((prec == 0) & self.wide_weights, c.rate_16x8, rate)
         hmx_s = np.where(is_hmx, self.hmx_macs * rate / (arch.hmx_gmacs * 1e9), 0.0)
         wide = np.select([prec == 2, prec == 1], [c.transcendental_fp16, c.transcendental_16], 1.0)
-        instr = np.select(
-            [self.cls == "transcendental", self.cls == "normalize", self.cls == "convert"],
-            [c.transcendental * wide, c.normalize * wide, c.convert_instr],
-            np.array([_FIXED_INSTR.get(k, 2.0) for k in self.cls]))
+        instr = np.select([st["transcendental"], st["normalize"], st["convert"], st["depthwise"]],
+                          [c.transcendental * wide, c.normalize * wide, c.convert_instr, c.depthwise],
+                          st["fixed_instr"])
         width = np.select([prec == 2, prec == 1], [c.hvx_fp16 * arch.fp16_factor, c.hvx_16bit], 1.0)
         hvx_s = np.where(is_hvx, self.work / 128 * instr * width / (c.hvx_vectors_per_cycle * arch.clock_ghz * 1e9),
                          0.0)
         ddr = arch.ddr_gbs * c.memory_efficiency * 1e9
         fits = self.act_bytes + self.weight_bytes <= arch.vtcm_mb * 2**20 / 2
         memory_s = self.act_bytes / np.where(fits, c.vtcm_factor * ddr, ddr) + self.weight_bytes / ddr
-        runs = np.isin(self.engine, ("hmx", "hvx", "dma", "none"))
-        memory_s = np.where(runs & (self.engine != "none"), memory_s, 0.0)
-        overhead_s = np.where(runs, c.op_cycles / (arch.clock_ghz * 1e9), 0.0)
-        io = self.kind == _KINDS.index("io")
-        memory_s = np.where(io, self.act_bytes / (c.cpu_io_gbs * 1e9), memory_s)
-        overhead_s = np.where(self.kind == _KINDS.index("graph"), c.graph_overhead_us * 1e-6, overhead_s)
+        memory_s = np.where(st["moves"], memory_s, 0.0)
+        overhead_s = np.where(st["runs"], c.op_cycles / (arch.clock_ghz * 1e9), 0.0)
+        memory_s = np.where(st["io"], self.act_bytes / (c.cpu_io_gbs * 1e9), memory_s)
+        overhead_s = np.where(st["graph"], c.graph_overhead_us * 1e-6, overhead_s)
         compute_s = hmx_s + hvx_s
         busy = np.maximum(compute_s, memory_s)
         hidden_s = np.zeros_like(busy)

@@ -1,4 +1,5 @@
-"""The fusions QNN makes before the HTP runs a graph: SiLU, hard-swish and GELU patterns become one op, and the
+"""The fusions QNN makes before the HTP runs a graph: SiLU, hard-swish and GELU (erf or tanh form) patterns become
+one op, and the
 activation after a matrix op fuses into it (no cost of its own) or overlaps with it on the vector unit."""
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def fuse(ops: list[HtpOp]) -> None:
             _fuse_gated(graph, op, "HardSwish")
         elif op.op_type == "Erf":
             _fuse_gelu(graph, op)
+        elif op.op_type == "Tanh":
+            _fuse_tanh_gelu(graph, op)
     _fuse_activations(ops, _OpGraph(ops))
 
 
@@ -95,6 +98,55 @@ def _fuse_gelu(graph: _OpGraph, erf: HtpOp) -> None:
             last.absorbed += [name for name, _, _ in op.outputs]
     last.op_type, last.cls, last.engine = "Gelu", "transcendental", "hvx"
     last.inputs = [(x, pre.inputs[0][1], pre.inputs[0][2])]
+
+
+def _producer(graph: _OpGraph, name: str, op_type: str, inputs: int) -> HtpOp | None:
+    """The op that makes `name`, if it is an `op_type` reading `inputs` activations (constants not counted)."""
+    op = graph.ops[graph.producer[name]] if name in graph.producer else None
+    return op if op is not None and op.op_type == op_type and len(op.inputs) == inputs else None
+
+
+def _fuse_tanh_gelu(graph: _OpGraph, tanh: HtpOp) -> None:
+    """The tanh GELU written out (transformers' gelu_new): 0.5 x (1 + tanh(c (x + 0.044715 x^3))), seven or
+    eight element-wise ops, -> one Gelu op (the device's layer counts show one)."""
+    scale = _producer(graph, tanh.inputs[0][0], "Mul", 1) if tanh.inputs else None
+    inner = _producer(graph, scale.inputs[0][0], "Add", 2) if scale is not None else None
+    if inner is None:
+        return
+    group = [scale, inner, tanh]
+    for x, cubed in ((inner.inputs[0], inner.inputs[1]), (inner.inputs[1], inner.inputs[0])):
+        coeff = _producer(graph, cubed[0], "Mul", 1)
+        cube = _producer(graph, coeff.inputs[0][0], "Pow", 1) if coeff is not None else None
+        if cube is not None and cube.inputs[0][0] == x[0]:
+            group += [coeff, cube]
+            break
+    else:
+        return
+    x = x[0]
+    add = graph.sole_reader(tanh)
+    mul = graph.sole_reader(add) if add is not None and add.op_type == "Add" and len(add.inputs) == 1 else None
+    if mul is None or mul.op_type != "Mul":
+        return
+    group += [add, mul]
+    other = graph.source(mul, add.outputs[0][0])
+    last = mul
+    if other == x:  # x (1 + tanh) first, then * 0.5
+        after = graph.sole_reader(mul)
+        if after is not None and after.op_type == "Mul" and len(after.inputs) == 1:
+            last = after
+            group.append(after)
+    else:  # (0.5 x) (1 + tanh)
+        half = _producer(graph, other, "Mul", 1) if other else None
+        if half is None or half.inputs[0][0] != x:
+            return
+        group.append(half)
+    received = next(i for i in inner.inputs if i[0] == x)
+    for op in group:
+        if op is not last:
+            op.engine = "fused"
+            last.absorbed += [name for name, _, _ in op.outputs]
+    last.op_type, last.cls, last.engine = "Gelu", "transcendental", "hvx"
+    last.inputs = [received]
 
 
 def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
