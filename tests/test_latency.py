@@ -358,16 +358,10 @@ def test_mobilenet_v2_matches_its_published_figures(tmp_path):
     a8, a16 = q.generate(PrecisionPlan.a8w8()), q.generate(PrecisionPlan.a16w8())
     # AI Hub, MobileNet-v2 (QNN DLC; benchmarks/data): w8a8, w8a16, float ms on S24 (v75) and S25 (v79).
     for arch, published in (("75", (0.326, 0.572, 0.603)), ("79", (0.223, 0.375, 0.444))):
-        estimates = [estimate_latency(m, arch) for m in (a8, a16, q.float_path)]
-        ms = [e.htp_ms for e in estimates]
-        spread = estimates[0].arch.spread
-        # Fitted on 17 architectures, MobileNet-v2's w8a8 is over-estimated (+43 % S24, +53 % S25 in the
-        # benchmark's in-sample table; it was +5/+9 % when fitted on six): held to +-60 %, and its ratios to the
-        # cross-validated ratio intervals (benchmarks/latency_fit.py prints their coverage).
-        assert ms[0] == pytest.approx(published[0], rel=0.6)
-        r16, rfp = (ms[1] / ms[0]) / (published[1] / published[0]), (ms[2] / ms[0]) / (published[2] / published[0])
-        assert 1 / spread.ratio_factor("r16") <= r16 <= spread.ratio_factor("r16")
-        assert 1 / spread.ratio_factor("rfp") <= rfp <= spread.ratio_factor("rfp")
+        ms = [estimate_latency(m, arch).htp_ms for m in (a8, a16, q.float_path)]
+        assert ms[0] == pytest.approx(published[0], rel=0.3)
+        assert ms[1] / ms[0] == pytest.approx(published[1] / published[0], rel=0.15)
+        assert ms[2] / ms[0] == pytest.approx(published[2] / published[0], rel=0.15)
 
 
 # ---- fusions QNN makes -----------------------------------------------------------------------------------------

@@ -108,14 +108,14 @@ class HtpArch:
 
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
-FIT_SOURCE = "fitted 2026-11-25 by benchmarks/latency_fit.py on 2 published-latency file(s)"
-_FITTED_COSTS = dict(rate_16x8=2.203, rate_fp16=2.637, hvx_16bit=4.0, hvx_fp16=3.474, transcendental=1.948,
-    transcendental_16=3.45, transcendental_fp16=7.707, normalize=2.474, op_cycles=9998.0, overlap=0.01,
-    memory_efficiency=1.0, depthwise=1.052)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=19270.0, clock_ghz=1.448, fp16_factor=1.021), "75": dict(hmx_gmacs=31250.0,
-    clock_ghz=2.026, fp16_factor=1.107), "79": dict(hmx_gmacs=40000.0, clock_ghz=3.0, fp16_factor=0.9345)}
-_FITTED_SPREAD = dict(absolute=0.4098, wide16=0.4172, fp16=0.478, ratio16=0.4107, ratio_fp=0.4319, coverage=0.8)
-_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9296, clock=0.9322)}
+FIT_SOURCE = "fitted 2026-11-23 by benchmarks/latency_fit.py on aihub_published_latency.csv"
+_FITTED_COSTS = dict(rate_16x8=1.102, rate_fp16=3.088, hvx_16bit=2.991, hvx_fp16=1.85, transcendental=4.313,
+    transcendental_16=1.122, transcendental_fp16=2.526, normalize=5.544, op_cycles=1300.0, overlap=1.0,
+    memory_efficiency=1.0)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=11950.0, clock_ghz=0.4261, fp16_factor=1.012), "75": dict(hmx_gmacs=18420.0,
+    clock_ghz=0.6925, fp16_factor=1.143), "79": dict(hmx_gmacs=25320.0, clock_ghz=1.118, fp16_factor=1.131)}
+_FITTED_SPREAD = dict(absolute=0.1438, wide16=0.1347, fp16=0.1645)
+_FITTED_DEVICES: dict = {}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)
