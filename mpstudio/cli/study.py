@@ -89,6 +89,7 @@ def _search(args) -> int:
 
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(_open_study(args, progress))
+        progress.log_to(study.folder)
         runner = open_runner(args, stack)
         print(f"study: {study.folder}")
         result = search(study, args.target, latency_budget_ms=args.latency_budget,
@@ -172,6 +173,7 @@ def _diverge(args) -> int:
         args.model = args.target
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(_open_study(args, progress))
+        progress.log_to(study.folder)
         report = diverge(study, args.plan, samples=args.samples, chunk_size=args.chunk, threshold_steps=args.threshold,
                          runner=open_runner(args, stack), progress=progress)
     print(report.describe(args.top))
@@ -215,6 +217,7 @@ def _import(args) -> int:
 
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(_open_study(args, progress))
+        progress.log_to(study.folder)
         imported = study.import_plan(args.source, name=args.name)
         print(f"study: {study.folder}")
         print(imported.describe())
