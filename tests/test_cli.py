@@ -164,3 +164,23 @@ def test_native_log_lines_go_to_the_log_not_the_terminal(tmp_path):
     log = (tmp_path / "mpstudio.log").read_text()
     assert "onnxruntime" in log and "python stderr line" in log
     assert result.stderr.splitlines() == ["mpstudio: scoring tensors (1/2)"], result.stderr
+
+
+def test_phase_bars_draw_one_bar_per_phase_a_few_times_a_second():
+    """1,000 progress calls over three phases, some with a new plan in each message: three bars, few redraws."""
+    import io
+
+    from mpstudio.cli.progress import PhaseBars
+
+    stream = io.StringIO()
+    bars = PhaseBars(stream)
+    for i in range(400):
+        bars(i, 400, "scoring tensors")
+    for i in range(300):
+        bars(i % 30, 30, f"search: plan {i // 30} output SNR (dB) {i / 7:.2f}")
+    for i in range(300):
+        bars(i, 300, f"running g{i // 50}-abc.onnx on htp (2 workers)")
+    bars.close()
+    draws = [part for part in stream.getvalue().split("\r") if part.strip()]
+    assert {part.split(":")[0].strip() for part in draws} == {"scoring tensors", "search", "running ... on htp"}
+    assert len(draws) < 30, draws
