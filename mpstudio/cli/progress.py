@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +17,8 @@ from ..search.run import LineProgress, phase_of
 LOG_NAME = "mpstudio.log"
 # Seconds between two redraws of a bar: a few a second reads as live without flooding a slow terminal.
 REDRAW_INTERVAL = 0.25
+# No rate or time left: a phase's steps (plans, models) restart its count, so tqdm's estimates would mislead.
+_BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
 
 
 class PhaseBars:
@@ -26,24 +27,23 @@ class PhaseBars:
 
     def __init__(self, stream):
         self.stream = stream
-        self._bar, self._phase, self._drawn = None, None, 0.0
+        self._bar, self._phase = None, None
 
     def __call__(self, done: int, total: int, message: str) -> None:
         from tqdm import tqdm
 
-        phase, now = phase_of(message), time.monotonic()
+        phase = phase_of(message)
         if phase != self._phase or self._bar is None:
             self.close()
             self._bar = tqdm(total=total, desc=phase, file=self.stream, leave=False, dynamic_ncols=True,
-                             mininterval=REDRAW_INTERVAL)
-            self._phase, self._drawn = phase, -REDRAW_INTERVAL
+                             mininterval=REDRAW_INTERVAL, miniters=1, bar_format=_BAR_FORMAT)
+            self._phase = phase
         bar = self._bar
-        bar.total, bar.n = total, done
-        if now - self._drawn >= REDRAW_INTERVAL:
-            detail = message[len(phase):].lstrip(": ") if message.startswith(phase) else message
-            bar.set_postfix_str(detail[:60], refresh=False)
-            bar.refresh()
-            self._drawn = now
+        bar.total = total
+        if done < bar.n:  # the next step of the phase (another plan, another model) counts from its start
+            bar.n = bar.last_print_n = done
+        bar.set_postfix_str(_detail(message, phase), refresh=False)
+        bar.update(done - bar.n)  # tqdm redraws at most every `mininterval` seconds
 
     def close(self) -> None:
         if self._bar is not None:
@@ -98,6 +98,15 @@ class Console:
             self.terminal.write(self._scratch.read().decode(errors="replace"))
         self._scratch.close()
         self.terminal.close()
+
+
+def _detail(message: str, phase: str) -> str:
+    """What a message says beyond its phase (the plan, its value, the model file), shortened for a bar."""
+    if message.startswith(phase):
+        rest = message[len(phase):].lstrip(": ")
+    else:
+        rest = " ".join(word for word in message.split() if word not in phase.split())
+    return rest if len(rest) <= 48 else rest[:47] + "…"
 
 
 def _is_tty(stream) -> bool:
