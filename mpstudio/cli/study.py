@@ -149,6 +149,7 @@ def _study_resume(args) -> int:
 
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(Study.open(args.folder))
+        progress.log_to(study.folder)
         done, searches = resume(study, open_runner(args, stack), progress=progress)
         print(f"{len(done)} pending evaluation(s) run, {len(searches)} search(es) continued")
         for result in searches:
