@@ -272,6 +272,12 @@ def create_session(
     return session
 
 
+def quiet_native_logs(severity: int = 3) -> None:
+    """Keep ONNX Runtime's default logger (environment creation, provider registration) to errors and worse
+    (3) by default; sessions take their own level from `create_session(log_severity=...)`."""
+    ort.set_default_logger_severity(severity)
+
+
 _stdout_quieted = False
 
 

@@ -119,3 +119,68 @@ def test_evaluate_scores_one_plan_of_a_study(tmp_path):
         assert set(study.evaluations()["name"]) == {"a16w8-pc", "mine"}
     bad = run("evaluate", str(tmp_path / "s"), "--plan", "nonesuch", "--quiet")
     assert bad.returncode == 2 and "unknown plan" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_search_progress_is_a_few_lines_and_native_logs_go_to_the_study(tmp_path):
+    """A search that evaluates several plans (and confirms one on the HTP emulator) prints one progress line per
+    phase through a pipe, not one per sample; the study keeps the native log; an error is one line naming it."""
+    from conftest import chain_feeds, make_chain_model
+
+    model = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=4, size=16), model)
+    FeedList(chain_feeds(12, size=16)).save_npz(tmp_path / "data")
+    study = tmp_path / "study"
+    result = run("search", str(model), "--data", str(tmp_path / "data"), "--study", str(study), "--target",
+                 "a16w8+2%", "--max-evaluations", "6", "--confirm-plans", "1")
+    assert result.returncode in (0, 1), result.stderr
+    lines = result.stderr.splitlines()
+    assert 3 <= len(lines) < 40, result.stderr
+    assert all(line.startswith("mpstudio: ") for line in lines), result.stderr
+    assert not any("onnxruntime" in line or "[W:" in line or "[E:" in line for line in lines), result.stderr
+    assert "evaluations along the way" in result.stdout
+    assert (study / "mpstudio.log").exists()
+
+    failed = run("search", "--study", str(study), "--target", "no such plan+2%")
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert failed.stderr.count("\n") == 1 and str(study / "mpstudio.log") in failed.stderr, failed.stderr
+
+
+def test_native_log_lines_go_to_the_log_not_the_terminal(tmp_path):
+    """ONNX Runtime's C++ logger writes to file descriptor 2; after `log_to`, its lines land in the log."""
+    model = tmp_path / "m.onnx"
+    onnx.save(make_conv_model(), model)
+    code = (
+        "import onnxruntime as ort, sys\n"
+        "from mpstudio.cli.progress import progress_bar\n"
+        f"with progress_bar() as progress:\n"
+        f"    progress.log_to({str(tmp_path)!r})\n"
+        "    so = ort.SessionOptions(); so.log_severity_level = 0\n"
+        f"    ort.InferenceSession({str(model)!r}, so, providers=['CPUExecutionProvider'])\n"
+        "    print('python stderr line', file=sys.stderr)\n"
+        "    progress(1, 2, 'scoring tensors')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "mpstudio.log").read_text()
+    assert "onnxruntime" in log and "python stderr line" in log
+    assert result.stderr.splitlines() == ["mpstudio: scoring tensors (1/2)"], result.stderr
+
+
+def test_phase_bars_draw_one_bar_per_phase_a_few_times_a_second():
+    """1,000 progress calls over three phases, some with a new plan in each message: three bars, few redraws."""
+    import io
+
+    from mpstudio.cli.progress import PhaseBars
+
+    stream = io.StringIO()
+    bars = PhaseBars(stream)
+    for i in range(400):
+        bars(i, 400, "scoring tensors")
+    for i in range(300):
+        bars(i % 30, 30, f"search: plan {i // 30} output SNR (dB) {i / 7:.2f}")
+    for i in range(300):
+        bars(i, 300, f"running g{i // 50}-abc.onnx on htp (2 workers)")
+    bars.close()
+    draws = [part for part in stream.getvalue().split("\r") if part.strip()]
+    assert {part.split(":")[0].strip() for part in draws} == {"scoring tensors", "search", "running ... on htp"}
+    assert len(draws) < 30, draws

@@ -41,6 +41,7 @@ def _evaluate(args) -> int:
                             "MODEL --data DIR --study DIR")
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(Study.open(args.folder))
+        progress.log_to(study.folder)
         plan = resolve(study, args.plan)
         done = study.evaluate(plan, args.backend, open_runner(args, stack), origin="evaluate", progress=progress)
     if args.json:

@@ -95,6 +95,8 @@ def _analyze(args) -> int:
         print(f"note: {len(nodes)} node(s) would run on CPU on QNN HTP: {', '.join(nodes[:5])}"
               + (" ..." if len(nodes) > 5 else "") + " (mpstudio prepare MODEL says why)")
     with progress_bar(not args.quiet) as progress:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        progress.log_to(args.out)  # the report's folder keeps the native log of its runs
         if args.exhaustive:
             report = analyze(quantizer, data, plan, isolation=not args.no_isolation,
                              isolation_samples=args.isolation_samples, selection=args.select or (), progress=progress)

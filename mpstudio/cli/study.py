@@ -89,6 +89,7 @@ def _search(args) -> int:
 
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(_open_study(args, progress))
+        progress.log_to(study.folder)
         runner = open_runner(args, stack)
         print(f"study: {study.folder}")
         result = search(study, args.target, latency_budget_ms=args.latency_budget,
@@ -148,6 +149,7 @@ def _study_resume(args) -> int:
 
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(Study.open(args.folder))
+        progress.log_to(study.folder)
         done, searches = resume(study, open_runner(args, stack), progress=progress)
         print(f"{len(done)} pending evaluation(s) run, {len(searches)} search(es) continued")
         for result in searches:
@@ -172,6 +174,7 @@ def _diverge(args) -> int:
         args.model = args.target
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(_open_study(args, progress))
+        progress.log_to(study.folder)
         report = diverge(study, args.plan, samples=args.samples, chunk_size=args.chunk, threshold_steps=args.threshold,
                          runner=open_runner(args, stack), progress=progress)
     print(report.describe(args.top))
@@ -215,6 +218,7 @@ def _import(args) -> int:
 
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
         study = stack.enter_context(_open_study(args, progress))
+        progress.log_to(study.folder)
         imported = study.import_plan(args.source, name=args.name)
         print(f"study: {study.folder}")
         print(imported.describe())
