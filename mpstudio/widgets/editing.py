@@ -58,3 +58,12 @@ def matching_tensors(frame: pd.DataFrame, text: str) -> list[str]:
     else:
         hit = (tensors == text) | (nodes == text)
     return frame[hit.astype(bool)]["tensor"].tolist()
+
+
+def find_message(text: str, hits: list[str]) -> str:
+    """What a Find of `text` says: how many tensors match, or how to look for part of a name."""
+    if hits:
+        return f"{len(hits)} tensor(s) match {text!r}"
+    if is_pattern(text):
+        return f"nothing matches {text!r}"
+    return f"no tensor or node is called {text!r}; for part of a name, use a pattern such as *{text}*"

@@ -19,7 +19,7 @@ from ..sources import LATENCY_SOURCES
 from ..study import Study
 from . import analyses
 from .agents import RUNNERS, AgentClients
-from .editing import edit_plan, is_pattern, matching_tensors
+from .editing import edit_plan, find_message, matching_tensors
 from .lanes import Job, Lanes, session_document
 from .opening import demo_study, model_study, open_arguments
 from .plan_evaluation import PlanEvaluations
@@ -169,17 +169,12 @@ class StudioState(param.Parameterized):
         """Select the tensors whose name, or whose producer's name, is `text` (case-insensitive), or matches it
         when it is a pattern (*, ?, [...])."""
         text = text.strip().lower()
-        frame = self.tensors
-        if not text or frame.empty:
+        if not text or self.tensors.empty:
             return []
-        hits = matching_tensors(frame, text)
+        hits = matching_tensors(self.tensors, text)
         self.select(hits)
         with param.edit_constant(self):
-            self.param.update(focus=hits[0] if hits else "",
-                              message=f"{len(hits)} tensor(s) match {text!r}" if hits else
-                              f"nothing matches {text!r}" if is_pattern(text) else
-                              f"no tensor or node is called {text!r}; for part of a name, use a pattern such as "
-                              f"*{text}*")
+            self.param.update(focus=hits[0] if hits else "", message=find_message(text, hits))
         return hits
 
     def promote_selected(self) -> PrecisionPlan:
