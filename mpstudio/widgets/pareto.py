@@ -27,11 +27,11 @@ _PROVISIONAL = ["plan_hash", "name", "value", "low", "high", "latency_ms", "stat
 # The same plans scored by another accuracy source (a search's HTP confirmation), linked to their point.
 _CHECKS = ["plan_id", "name", "latency_ms", "value", "other_value", "other_source"]
 _XY = ["x", "y"]
+_LABELS = ["x", "y", "text"]
 # The plot never gets less height than this (toolbar, legend, axes and a readable frame): a short window scrolls
 # the page instead of squeezing the axis into the ranking below.
 PLOT_MIN_HEIGHT = 300
 NOTE_MIN_HEIGHT = 60  # the note's three short lines at the narrowest layout
-_LABELS = ["x", "y", "text"]
 
 _SHORT_AXIS = {"estimate": "latency (ms, estimate by the HTP cost model)",
                "emulator": "emulator host time (ms, not device latency)",

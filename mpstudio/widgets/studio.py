@@ -20,8 +20,9 @@ from .state import StudioState
 from .table import TABLE_MIN_HEIGHT, SensitivityTable
 
 TITLE = "mpstudio: mixed precision for Qualcomm NPUs"
-# The views' least height (job bar, message line, the Pareto plot over the ranking): a shorter window scrolls.
-MAIN_MIN_HEIGHT = 100 + PLOT_MIN_HEIGHT + 110 + TABLE_MIN_HEIGHT + 80
+# The views' least height, a shorter window scrolls: the job bar and message line, the Pareto plot with its header
+# and note, the ranking table with its caption and status.
+MAIN_MIN_HEIGHT = 100 + (PLOT_MIN_HEIGHT + 110) + (TABLE_MIN_HEIGHT + 80)
 
 
 class Studio(View):
