@@ -227,9 +227,14 @@ def test_a_static_save_renders_offline(browser, study, tmp_path):
         text = saved.read_text()
         assert not re.findall(r"<script[^>]*\bsrc=[\"']https?://", text), saved
         assert "Bokeh.set_log_level" in text or "BokehJS" in text  # BokehJS itself is in the page
+        # Panel's models' stylesheets are in the page too, not imported from its CDN or a server's static path.
+        imported = re.findall(r'"name":"ImportedStyleSheet","id":"[^"]+","attributes":\{"url":"([^"]+)"', text)
+        assert imported == [], (saved, imported)
     context = browser.new_context(viewport={"width": 1600, "height": 1000}, offline=True)
     try:
         page = context.new_page()
+        requested = []
+        page.on("request", lambda request: requested.append(request.url))
         page.route("http*://**", lambda route: route.abort())  # nothing from the network
         page.goto(path.as_uri())
         wait_for_bokeh(page, 120000)
@@ -238,6 +243,9 @@ def test_a_static_save_renders_offline(browser, study, tmp_path):
         # The graph's canvas has been painted: nodes and edges, not a blank rectangle.
         painted = wait_until(lambda: page.evaluate(PAINTED, "graph") or None, 60, message="the graph is blank")
         assert painted > 200, painted
+        page.locator(".tabulator-row").first.wait_for(state="visible")
+        stylesheets = [url for url in requested if ".css" in url]
+        assert stylesheets == [], f"the saved page asks the network for stylesheets: {stylesheets}"
     finally:
         context.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import panel as pn
 
@@ -34,13 +35,19 @@ def shows_errors(handler):
 
 
 def save_inline(view, filename, resources="inline", **kwargs):
-    """`view.save(filename)` with BokehJS and Panel's scripts inlined: Panel's default loads them from a CDN,
-    which leaves the page blank offline."""
+    """`view.save(filename)` with BokehJS, Panel's scripts and its models' stylesheets inlined: Panel's default
+    loads them from a CDN, which leaves the page blank (or its table unreadable) offline."""
     from bokeh.resources import INLINE
 
-    if resources == "inline":
+    inline = resources == "inline"
+    if inline:
         resources = INLINE
-    return pn.panel(view).save(filename, resources=resources, **kwargs)
+    saved = pn.panel(view).save(filename, resources=resources, **kwargs)
+    if inline and isinstance(filename, (str, os.PathLike)):
+        from .offline_page import make_offline
+
+        make_offline(filename)  # and the stylesheets Panel's models import from its CDN
+    return saved
 
 
 class View(pn.viewable.Viewer):

@@ -14,6 +14,7 @@ import param
 
 from ..data import Cancelled
 from ..errors import MpstudioError, brief
+from .closed_tabs import open_connections, quiet_closed_streams
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,9 @@ class Lanes:
         self.on_finished = on_finished
         self.lock = threading.RLock()
         self._doc = session_document()
+        self._connected = False  # whether the session's tab has connected yet (a tab that left never returns)
+        if self._doc is not None:
+            quiet_closed_streams()
         # One queue and worker thread per lane, so opening a model (and its errors) never waits behind an
         # analysis or a search: "open" for opening studies, "long" for work on the open study.
         self._queues: dict[str, queue.Queue] = {lane: queue.Queue() for lane in LANES}
@@ -201,7 +205,7 @@ class Lanes:
             with self.lock:
                 fn()
             return
-        if doc.session_context is None:  # the tab closed: its views are gone, and so is any reader of them
+        if doc.session_context is None or self._tab_gone(doc):  # its views are gone, and so is any reader of them
             self._after_session(fn)
             return
         # Next-tick callbacks each wait for the document's lock and may run out of order; one drain at a time
@@ -213,6 +217,14 @@ class Lanes:
                 return
             self._draining = True
         doc.add_next_tick_callback(lambda: self._drain(doc))
+
+    def _tab_gone(self, doc) -> bool:
+        """True once the session's tab has connected and every connection has closed: Panel would write the
+        update to a closed websocket. (Before its first connection a new tab's updates are kept for it.)"""
+        count = open_connections(doc)
+        if count:
+            self._connected = True
+        return self._connected and count == 0
 
     def _after_session(self, fn: Callable[[], None]) -> None:
         """An update posted after the session ended: jobs still finish (a waiter wakes), but a view's update of

@@ -61,7 +61,9 @@ class ModelPanel(View):
     def _report(study) -> str:
         if study is None:
             return ""
-        return (f"<pre class='qnn-report' style='font-size:11px;white-space:pre-wrap'>"
+        # Hashes and paths are long unbroken words: they break anywhere rather than run out of the card.
+        return (f"<pre class='qnn-report' style='font-size:11px;white-space:pre-wrap;overflow-wrap:anywhere;"
+                f"word-break:break-all'>"
                 f"{html.escape(study.prepared.report())}</pre>")
 
     @shows_errors

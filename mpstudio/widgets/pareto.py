@@ -28,6 +28,10 @@ _PROVISIONAL = ["plan_hash", "name", "value", "low", "high", "latency_ms", "stat
 _CHECKS = ["plan_id", "name", "latency_ms", "value", "other_value", "other_source"]
 _XY = ["x", "y"]
 _LABELS = ["x", "y", "text"]
+# The plot never gets less height than this (toolbar, legend, axes and a readable frame): a short window scrolls
+# the page instead of squeezing the axis into the ranking below.
+PLOT_MIN_HEIGHT = 300
+NOTE_MIN_HEIGHT = 60  # the note's three short lines at the narrowest layout
 
 _SHORT_AXIS = {"estimate": "latency (ms, estimate by the HTP cost model)",
                "emulator": "emulator host time (ms, not device latency)",
@@ -53,7 +57,7 @@ class ParetoPlot(View):
         self.points.selected.on_change("indices", self._on_tap)
         self._source = pn.widgets.RadioButtonGroup.from_param(self.state.param.latency_source, button_type="light",
                                                               name="latency")
-        self._note = pn.pane.HTML("", margin=(0, 10))
+        self._note = pn.pane.HTML("", margin=(0, 10), sizing_mode="stretch_width", min_height=NOTE_MIN_HEIGHT)
         self.state.param.watch(self._update, ["evaluations"])
         self.state.param.watch(self._update_provisional, ["provisional"])
         self.state.param.watch(self._update_current, ["plan", "plan_id"])
@@ -61,11 +65,14 @@ class ParetoPlot(View):
 
     @laid_out_once
     def __panel__(self):
-        return pn.Column(pn.Row(pn.pane.HTML("<b>Accuracy vs latency</b>", margin=(8, 10)), self._source),
-                         self._note, pn.pane.Bokeh(self.figure, sizing_mode="stretch_both"), sizing_mode="stretch_both")
+        # Every part above the plot declares its least height: a column's least height is the sum of its parts,
+        # and the plot's frame would otherwise be drawn below its box, over the ranking.
+        return pn.Column(pn.Row(pn.pane.HTML("<b>Accuracy vs latency</b>", margin=(8, 10)), self._source, height=44),
+                         self._note, pn.pane.Bokeh(self.figure, sizing_mode="stretch_both", min_height=PLOT_MIN_HEIGHT),
+                         sizing_mode="stretch_both")
 
     def _figure(self):
-        fig = figure(tools="pan,wheel_zoom,box_zoom,reset", sizing_mode="stretch_both", min_height=260,
+        fig = figure(tools="pan,wheel_zoom,box_zoom,reset", sizing_mode="stretch_both", min_height=PLOT_MIN_HEIGHT,
                      min_width=300, toolbar_location="above", name="pareto")
         fig.step("x", "y", source=self.front, mode="after", line_color="#d62728", line_width=2, line_alpha=0.7)
         points = fig.scatter("latency_ms", "value", source=self.points, marker="marker", size="size",

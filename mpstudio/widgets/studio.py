@@ -13,13 +13,16 @@ from .graph_view import GraphView
 from .jobs import JobBar
 from .lanes import session_document
 from .model_panel import ModelPanel
-from .pareto import ParetoPlot
+from .pareto import PLOT_MIN_HEIGHT, ParetoPlot
 from .run_panel import RunPanel
 from .search_card import SearchCard
 from .state import StudioState
-from .table import SensitivityTable
+from .table import TABLE_MIN_HEIGHT, SensitivityTable
 
 TITLE = "mpstudio: mixed precision for Qualcomm NPUs"
+# The views' least height, a shorter window scrolls: the job bar and message line, the Pareto plot with its header
+# and note, the ranking table with its caption and status.
+MAIN_MIN_HEIGHT = 100 + (PLOT_MIN_HEIGHT + 110) + (TABLE_MIN_HEIGHT + 80)
 
 
 class Studio(View):
@@ -51,11 +54,14 @@ class Studio(View):
 
     def _error_toast(self):
         error = pn.pane.Alert(pn.bind(_text, self.state.param.error), alert_type="danger", sizing_mode="stretch_width",
-                              css_classes=["mpstudio-error"], margin=(5, 5), min_height=40)
+                              css_classes=["mpstudio-error"], margin=(5, 5), min_height=40,
+                              styles={"max-height": "66px", "overflow-y": "auto"})
         dismiss = pn.widgets.Button(name="\u2715", button_type="light", width=36, height=32, margin=(8, 5),
                                     description="Dismiss this message", css_classes=["mpstudio-dismiss"])
         dismiss.on_click(self._on_dismiss)
-        return pn.Row(error, dismiss, visible=self.state.param.error.rx().rx.bool(), width=560,
+        # Over the job bar's right end and the message line, never lower: a long message scrolls in its box
+        # rather than growing over the Pareto plot's header.
+        return pn.Row(error, dismiss, visible=self.state.param.error.rx().rx.bool(), width=480,
                       css_classes=["mpstudio-toast"],
                       styles={"position": "fixed", "top": "64px", "right": "24px", "z-index": "1000",
                               "background": "white", "border-radius": "6px",
@@ -79,13 +85,13 @@ class Studio(View):
             pn.Row(pn.Column(self.graph, sizing_mode="stretch_both", min_width=480),
                    pn.Column(self.pareto, self.table, sizing_mode="stretch_both", min_width=420),
                    sizing_mode="stretch_both"),
-            sizing_mode="stretch_both", min_height=760,
+            sizing_mode="stretch_both", min_height=MAIN_MIN_HEIGHT,
         )
 
     @laid_out_once
     def __panel__(self):
         return pn.Row(pn.Column(*self.sidebar(), width=320), self.main(), sizing_mode="stretch_both",
-                      min_height=800)
+                      min_height=MAIN_MIN_HEIGHT + 40)
 
     def servable(self, title: str = TITLE, **kwargs):
         """In `panel serve`: the studio in a template (and the session's jobs stopped when it closes)."""

@@ -18,6 +18,9 @@ COLUMNS = {"rank": "rank", "tensor": "tensor", "op": "op", "bits": "bits", "snr_
            "local_snr_8": "local SNR 8b", "local_snr_16": "local SNR 16b", "isolation_gain": "isolation gain",
            "latency_share": "latency share", "namespace": "namespace"}
 
+# The ranking table's least height: its header filters, a few rows and the pager.
+TABLE_MIN_HEIGHT = 280
+
 
 def ranking_frame(tensors: pd.DataFrame) -> pd.DataFrame:
     """The table's rows: ranked tensors first (rank 1 on top), then the unranked in graph order."""
@@ -52,7 +55,7 @@ class SensitivityTable(View):
         number = NumberFormatter(format="0.00")
         self.table = pn.widgets.Tabulator(
             ranking_frame(self.state.tensors), show_index=False, selectable=True, disabled=True,
-            sizing_mode="stretch_both", min_height=260, layout="fit_data_table", titles=COLUMNS,
+            sizing_mode="stretch_both", min_height=TABLE_MIN_HEIGHT, layout="fit_data_table", titles=COLUMNS,
             header_filters={"tensor": {"type": "input", "func": "like", "placeholder": "filter"},
                             "op": {"type": "input", "func": "like", "placeholder": "op"},
                             "bits": {"type": "number", "func": "=", "placeholder": "bits"},
@@ -63,6 +66,7 @@ class SensitivityTable(View):
             frozen_columns=["rank", "tensor"], pagination="local", page_size=20,
         )
         self.status = pn.pane.HTML(ranking_status(self.state.report), margin=(0, 10), name="sensitivity-status",
+                                   sizing_mode="stretch_width", min_height=36,
                                    css_classes=["mpstudio-ranking-status"])
         self.table.param.watch(self._on_table_selection, "selection")
         self.state.param.watch(self._on_tensors, "tensors")
@@ -71,10 +75,13 @@ class SensitivityTable(View):
 
     @laid_out_once
     def __panel__(self):
-        return pn.Column(pn.Row(pn.pane.HTML("<b>Sensitivity ranking</b> <span style='color:#666;font-size:12px'>"
-                                             "(promote from the top; click a header to sort, type in it to filter)"
-                                             "</span>", margin=(0, 0, 0, 10)), self.status),
-                         self.table, sizing_mode="stretch_both")
+        caption = pn.pane.HTML("<b>Sensitivity ranking</b> <span style='color:#666;font-size:12px'>(promote from the "
+                               "top; click a header to sort, type in it to filter)</span>", margin=(4, 10, 0, 10),
+                               sizing_mode="stretch_width", min_height=40,
+                               css_classes=["mpstudio-ranking-caption"])
+        # The caption and the analysis' status are full-width lines that wrap, never cut at the right edge; the
+        # column keeps room for them and a page of rows, so nothing above is drawn over them.
+        return pn.Column(caption, self.status, self.table, sizing_mode="stretch_both")
 
     def _on_report(self, *_):
         self.status.object = ranking_status(self.state.report)

@@ -1,0 +1,57 @@
+"""A saved studio page that renders offline: the stylesheets Panel's models import by URL (its CDN, or the
+server's static path) put inline in the page, read from the installed Panel's own files.
+
+Bokeh's inline resources put BokehJS and Panel's scripts in the page, but each Panel model still names its
+stylesheets as `ImportedStyleSheet` URLs; offline, those fail and the ranking table is unreadable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+_IMPORTED = re.compile(r'\{"type":"object","name":"ImportedStyleSheet","id":"(?P<id>[^"]+)",'
+                       r'"attributes":\{"url":"(?P<url>[^"]+)"\}\}')
+# Panel's files under its dist folder, as its CDN and a server's static route name them.
+_PANEL_URL = re.compile(r"^(?:https?://cdn\.holoviz\.org/panel/[^/]+/dist/|(?:\./)?static/extensions/panel/)"
+                        r"(?P<path>[^?#]+)")
+_ICON_LINK = re.compile(r'<link rel="(?:apple-touch-icon|icon)"[^>]*href="https?://[^"]*"[^>]*>')
+
+
+def panel_file(url: str) -> Path | None:
+    """The installed Panel's copy of the file `url` names, or None (another site's file, or not installed)."""
+    import panel
+
+    match = _PANEL_URL.match(url)
+    if match is None:
+        return None
+    dist = (Path(panel.__file__).parent / "dist").resolve()
+    path = (dist / match["path"]).resolve()
+    return path if path.is_file() and path.is_relative_to(dist) else None
+
+
+@lru_cache(maxsize=64)
+def _css(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def inline_stylesheets(page: str) -> str:
+    """`page` (a saved Bokeh/Panel document) with every stylesheet of Panel's that its models import by URL
+    inlined, and the CDN's favicon links dropped; stylesheets of other sites are left as they are."""
+    def inline(match: re.Match) -> str:
+        path = panel_file(match["url"])
+        if path is None:
+            return match[0]
+        # JSON inside a <script> element: "</" would end the element, and "<\/" is the same JSON string.
+        css = json.dumps(_css(path)).replace("</", "<\\/")
+        return f'{{"type":"object","name":"InlineStyleSheet","id":"{match["id"]}","attributes":{{"css":{css}}}}}'
+
+    return _ICON_LINK.sub("", _IMPORTED.sub(inline, page))
+
+
+def make_offline(filename) -> None:
+    """Rewrite the saved page `filename` in place so it renders without a network."""
+    path = Path(filename)
+    path.write_text(inline_stylesheets(path.read_text(encoding="utf-8")), encoding="utf-8")
