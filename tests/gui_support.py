@@ -61,6 +61,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def accepts_connections(port: int) -> bool:
+    """A server listens on `port` of loopback (checked without opening a session, which would start a studio)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def wait_until(condition, timeout: float = 30.0, interval: float = 0.05, message: str = ""):
     """Poll `condition` until it returns something truthy; its value, or AssertionError after `timeout` s."""
     deadline = time.monotonic() + timeout

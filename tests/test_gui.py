@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gui_support import (chromium_path, drag_box, free_port, make_small_study, open_studio, screen_points,
-                         selected_rows, source_column, studio_server, table_selection, visible_rows, wait_for_bokeh,
-                         wait_until)
+from gui_support import (accepts_connections, chromium_path, drag_box, free_port, make_small_study, open_studio,
+                         screen_points, selected_rows, source_column, studio_server, table_selection, visible_rows,
+                         wait_for_bokeh, wait_until)
 
 pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
@@ -118,7 +118,7 @@ def test_panel_serve_app_opens_the_demo(page, tmp_path):
                                "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{port}"], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: _responds(port), 60, message="panel serve app.py did not start")
+        wait_until(lambda: accepts_connections(port), 60, message="panel serve app.py did not start")
         page.goto(f"http://127.0.0.1:{port}/app")
         wait_for_bokeh(page)
         # The demo study is created (model prepared, lines rendered), then its graph appears: 404 nodes + input.
@@ -136,13 +136,3 @@ def test_panel_serve_app_opens_the_demo(page, tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
 
-
-def _responds(port: int) -> bool:
-    """The server accepts connections (without opening a session, which would start a second studio)."""
-    import socket
-
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False

@@ -11,23 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from gui_support import chromium_path, free_port, make_small_study, wait_for_bokeh, wait_until
+from gui_support import accepts_connections, chromium_path, free_port, make_small_study, wait_for_bokeh, wait_until
 
 pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
 
 ROOT = Path(__file__).resolve().parent.parent
 CLOSED_STREAM = ("WebSocketClosedError", "StreamClosedError", "Task exception was never retrieved", "Traceback")
-
-
-def _responds(port: int) -> bool:
-    import socket
-
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def test_closing_tabs_while_a_job_posts_leaves_no_traceback(browser, tmp_path):
@@ -41,7 +31,7 @@ def test_closing_tabs_while_a_job_posts_leaves_no_traceback(browser, tmp_path):
                                    str(study.folder), "--root", str(tmp_path)], cwd=ROOT, env=env,
                                   stdout=subprocess.DEVNULL, stderr=stderr)
     try:
-        wait_until(lambda: _responds(port), 60, message="panel serve app.py did not start")
+        wait_until(lambda: accepts_connections(port), 60, message="panel serve app.py did not start")
         for _ in range(3):
             context = browser.new_context(viewport={"width": 1600, "height": 1000})
             page = context.new_page()
