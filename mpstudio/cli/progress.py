@@ -120,8 +120,8 @@ def _is_tty(stream) -> bool:
 def progress_bar(enabled: bool = True):
     """A `Console`: a `progress(done, total, message)` callback for the command (see the module docstring).
 
-    Once `log_to(folder)` was called, an error leaves as one `MpstudioError` line naming the log, and its
-    traceback goes to the log."""
+    Once `log_to(folder)` was called, an error leaves as one `MpstudioError` naming the log (a user's mistake
+    whole, anything else as its first line), and its traceback goes to the log."""
     console = Console(enabled)
     try:
         yield console
@@ -129,8 +129,10 @@ def progress_bar(enabled: bool = True):
         console.close(exc)
         if console.log_path is None:
             raise
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise MpstudioError(f"{first} (details in {console.log_path})") from exc
+        # A user's mistake is explained whole (what is wrong, what to do); anything else in its first line.
+        text = str(exc).strip() if isinstance(exc, MpstudioError) else \
+            (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise MpstudioError(f"{text} (details in {console.log_path})") from exc
     except BaseException as exc:
         console.close(exc)
         raise
