@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 
 from ..errors import MpstudioError
 from ..sources import Latency
-from .folder import atomic_write
+from .folder import atomic_write, is_finite_number, read_saved_json
 
 CALIBRATION_FILE = "calibration.json"  # the cost model's scales refitted on a device
 # A fitted scale outside this range is no device's: the file was damaged or edited by hand.
@@ -27,10 +26,7 @@ def read_calibration(path: Path) -> tuple[dict[str, float], str]:
         return MpstudioError(f"{path} is damaged ({what}); delete it to go back to the uncalibrated cost model, "
                              "then recalibrate the study (Study.recalibrate) to fit it again")
 
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise damaged(f"not readable JSON: {exc}") from None
+    saved = read_saved_json(path, damaged)
     if not isinstance(saved, dict) or not isinstance(saved.get("scales"), dict) \
             or not isinstance(saved.get("calibrated_on"), str) or not saved["calibrated_on"]:
         raise damaged("it needs an object with 'scales' and 'calibrated_on'")
@@ -39,8 +35,7 @@ def read_calibration(path: Path) -> tuple[dict[str, float], str]:
     for name, value in saved["scales"].items():
         if name not in OP_CLASSES:
             raise damaged(f"unknown cost class {name!r}; known: {', '.join(OP_CLASSES)}")
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
-                or not low <= value <= high:
+        if not is_finite_number(value) or not low <= value <= high:
             raise damaged(f"the scale of {name!r} is {value!r}, outside {low:g}..{high:g}")
         scales[name] = float(value)
     return scales, saved["calibrated_on"]

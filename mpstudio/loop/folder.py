@@ -4,6 +4,7 @@ committed results that tells a complete store from a damaged one."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -30,6 +31,19 @@ def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")  # threads and processes write too
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def read_saved_json(path: Path, damaged):
+    """What a study file written as JSON holds; `damaged(why)` is the error raised when it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise damaged(f"not readable JSON: {exc}") from None
+
+
+def is_finite_number(value) -> bool:
+    """A JSON number (not a boolean) that is finite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def metric_parts(metric) -> tuple[MetricSpec, TaskMetric | None]:

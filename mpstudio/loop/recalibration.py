@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Callable
 
@@ -12,7 +11,7 @@ import pandas as pd
 from ..errors import MpstudioError
 from ..store import StudyStore
 from .cost_model import CostModel
-from .folder import atomic_write
+from .folder import atomic_write, is_finite_number, read_saved_json
 
 PROFILES_DIR = "profiles"  # per-op profiles of device runs, one folder per device
 
@@ -44,16 +43,13 @@ def read_kept_profile(path: Path) -> dict:
         return MpstudioError(f"the kept profile {path} is damaged ({what}); delete it (the study loses only that "
                              "profile) and evaluate the plan on the device again to keep a new one")
 
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise damaged(f"not readable JSON: {exc}") from None
+    saved = read_saved_json(path, damaged)
     if not isinstance(saved, dict):
         raise damaged("not a JSON object")
     plan_id, device, total = saved.get("plan_id"), saved.get("device"), saved.get("total_ms")
     if not isinstance(plan_id, int) or isinstance(plan_id, bool) or not isinstance(device, str) or not device:
         raise damaged("plan_id or device missing or mistyped")
-    if not isinstance(total, (int, float)) or isinstance(total, bool) or not (math.isfinite(total) and total > 0):
+    if not is_finite_number(total) or total <= 0:
         raise damaged(f"total_ms is {total!r}, not a positive number of milliseconds")
     try:
         profile = OpProfile.from_dict(saved["profile"])
