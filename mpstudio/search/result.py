@@ -17,8 +17,8 @@ from .targets import meets
 class SearchResult:
     """What a search found. `path` is every evaluation it used, in order (baselines first).
 
-    When the target is missed, `recommended` is the closest plan (`closest_plan`: no evaluated plan is more
-    accurate). `alternatives` are plans of the search's front that are much better for little more latency
+    `recommended` is chosen over every plan the study holds (`choice.choose`): the cheapest that reaches the
+    target, else the most accurate within the budget, never a dominated plan. `alternatives` are plans of the search's front that are much better for little more latency
     than the recommended one (`better_for_little_more`). `float_value` is the float model's own value of the
     metric (None for output SNR).
     """
@@ -151,7 +151,7 @@ class SearchResult:
             ms = f"{c.estimate_ms:.3f} ms" if np.isfinite(c.estimate_ms) else "no estimate"
             lines.append(f"  plan {c.plan_id:>4} {c.name[:28]:<28} {self.metric} {c.value:.4f} {ms:>10}  {c.verdict}")
         if self.skipped:
-            lines.append(f"not evaluated (a stored plan as good for no more estimated latency): "
+            lines.append("not evaluated (a stored plan as good for no more estimated latency): "
                          + ", ".join(f"{k} promoted (plan {plan_id} {name})" for k, plan_id, name in self.skipped))
         return lines
 
