@@ -55,6 +55,10 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS searches (
     id INTEGER PRIMARY KEY, spec TEXT NOT NULL, status TEXT NOT NULL, result TEXT, created REAL NOT NULL,
     updated REAL NOT NULL, owner TEXT);
+CREATE TABLE IF NOT EXISTS build_failures (
+    id INTEGER PRIMARY KEY, plan_id INTEGER NOT NULL REFERENCES plans(id), backend TEXT NOT NULL, target TEXT NOT NULL,
+    htp_arch TEXT NOT NULL, error TEXT NOT NULL, qnn TEXT NOT NULL, node TEXT NOT NULL, toolchain TEXT NOT NULL,
+    attempts INTEGER NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, UNIQUE (plan_id, target));
 """
 # Columns added after the first format; added to older stores when they are opened.
 # Latency scope and interval: empty in rows stored before them (Latency fills the scope in, no interval).
@@ -392,6 +396,15 @@ class StudyStore:
         # An empty column reads back as NaN, not None: only text is JSON.
         frame["result"] = frame["result"].map(lambda r: json.loads(r) if isinstance(r, str) else None)
         return _settle(frame, running_gone="interrupted", now=self.clock())
+
+    # ---- rows other rooms keep (`store_builds`) ----
+    def write(self):
+        """A write transaction (a context manager yielding the connection), for rooms that keep rows of their own."""
+        return self._transaction()
+
+    def read(self, sql: str) -> pd.DataFrame:
+        """The rows of one query, read under the store's lock (a store's own error on failure)."""
+        return self._query(sql)
 
     # ---- housekeeping ----
     def checkpoint(self) -> None:

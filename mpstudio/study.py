@@ -23,6 +23,7 @@ import pandas as pd
 from .data import DataSource, Progress, TaskMetric
 from .errors import MpstudioError
 from .loop import front as fronts
+from .loop.build_failures import BuildFailed, BuildFailure, BuildFailures
 from .loop.cost_model import CALIBRATION_FILE, CostModel
 from .loop.evaluation import PlanEvaluation, Scoring
 from .loop.folder import RESULTS_FILE, STUDY_FILE, STUDY_FORMAT, ResultCount, create_study, open_study
@@ -39,6 +40,7 @@ from .plan import PrecisionPlan
 from .quantize import Quantizer
 from .runtime import BACKENDS
 from .store import DB_FILE, EVALUATION_COLUMNS, Evaluation, StudyStore
+from .store_builds import BuildRows
 
 
 class Study:
@@ -222,6 +224,9 @@ class Study:
         With `partial`, the evaluation streams: a seeded random `first_samples` (default
         `preview.FIRST_SAMPLES`) first, then chunks doubling what has run, with a `preview.PartialAccuracy` passed
         to `partial` after each chunk but the last. Only the result on every sample is stored.
+
+        A plan the HTP cannot build raises `loop.build_failures.BuildFailed` (an MpstudioError) and is stored as a
+        result (`build_failures`); it is not built again until the toolchain changes.
         """
         if backend not in BACKENDS:
             raise MpstudioError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -231,11 +236,15 @@ class Study:
         found = self.store.evaluation(plan_id, target.source)
         if found is not None:
             return found
+        builds = BuildFailures(BuildRows(self.store))
+        if backend == "htp" and (known := builds.known(plan_id, target)) is not None:
+            raise BuildFailed(known, known=True)
         evaluation = PlanEvaluation(self.quantizer, self.evaluation_data, self.float_reference,
                                     Scoring(self.metric_spec, self.prepared, self.task_metric()), self.cost_model,
                                     self.store, self.result_count, self._profiled)
-        return evaluation.run(plan, plan_id, target, measure_latency=measure_latency, profile=profile,
-                              progress=progress, cancel=cancel, partial=partial, first_samples=first_samples)
+        with builds.building(plan_id, self.store.plan_row(plan_id)[1], target, lambda: self._failed_build(plan)):
+            return evaluation.run(plan, plan_id, target, measure_latency=measure_latency, profile=profile,
+                                  progress=progress, cancel=cancel, partial=partial, first_samples=first_samples)
 
     def predict(self, plan: PrecisionPlan, report=None, accuracy_source: str | None = None,
                 evaluated: pd.DataFrame | None = None):
@@ -357,7 +366,20 @@ class Study:
                            lambda plan_id: self.quantizer.generate(self.plan(plan_id)), device,
                            allow_emulator=allow_emulator)
 
+    def build_failures(self) -> list[BuildFailure]:
+        """The plans a backend could not build, with where and why (`loop.build_failures`), oldest first."""
+        return BuildFailures(BuildRows(self.store)).all()
+
     # ---- internals ----
+    def _failed_build(self, plan: PrecisionPlan) -> Path:
+        """The QDQ model of a plan that did not build, with its estimate stored (the plot places it by it)."""
+        path = self.quantizer.generate(plan)
+        latency = self.cost_model.estimate(path)
+        plan_id = self.plan_id(plan)
+        if latency is not None and plan_id is not None:
+            self.store.record_latency(plan_id, latency)
+        return path
+
     def _target(self, backend: str, runs) -> Target:
         return Target.of(backend, runs, self.htp_arch, len(self.cpu_fallback_nodes))
 
