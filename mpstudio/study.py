@@ -329,7 +329,7 @@ class Study:
         front = self.front(latency_source)
         return summary_text(self.name, self.folder, self.metric_spec, len(self.evaluation_data), self.htp_arch, front,
                             self.cross_checks(latency_source, front), self.stored_float_value() if len(front) else None,
-                            latency_source)
+                            latency_source, self.build_failures())
 
     # ---- the study's caches: sensitivity reports, the float model's outputs ----
     def sensitivity(self, *, samples: int = 32, isolation_samples: int = 8, progress: Progress | None = None,

@@ -1,5 +1,5 @@
 """A study as plain text (`mpstudio study show`): what it is, every evaluation of one latency source with the
-front marked, and the plans another accuracy source scored too."""
+front marked, the plans another accuracy source scored too, and the plans a backend could not build."""
 
 from __future__ import annotations
 
@@ -11,10 +11,30 @@ from ..metrics import MetricSpec
 
 
 def summary_text(name: str, folder: Path, spec: MetricSpec, samples: int, htp_arch: str, front: pd.DataFrame,
-                 checks: pd.DataFrame, float_value: float | None, latency_source: str) -> str:
+                 checks: pd.DataFrame, float_value: float | None, latency_source: str, unbuilt=()) -> str:
     """Study `name` in `folder` (metric `spec`, `samples` evaluation samples, target `htp_arch`), then `front`
-    (`front.front` of `latency_source`) as a table, then `checks` (`front.cross_checks`). `float_value`: the
-    float model's metric when it is known."""
+    (`front.front` of `latency_source`) as a table, then `checks` (`front.cross_checks`), then `unbuilt` (the
+    `build_failures.BuildFailure`s of the study). `float_value`: the float model's metric when it is known."""
+    return "\n".join([_evaluated(name, folder, spec, samples, htp_arch, front, checks, float_value, latency_source),
+                      *unbuilt_lines(unbuilt)])
+
+
+def unbuilt_lines(unbuilt) -> list[str]:
+    """One line per plan a backend could not build: "cannot build on <backend>: <reason>", its estimate, tries."""
+    lines = []
+    for f in unbuilt:
+        estimate = f"; estimated {f.estimate_ms:.3f} ms" if f.estimate_ms is not None else ""
+        tried = (f"; built {f.attempts} times, the last with onnxruntime-qnn {f.toolchain.get('onnxruntime_qnn')}"
+                 if f.attempts > 1 else "")
+        lines.append(f"plan {f.plan_id} {f.name} cannot build on {f.where} ({f.target}): {f.reason}{estimate}{tried}")
+    if lines:
+        lines.append(f"{len(lines)} plan(s) cannot be built; a search avoids them, and they are built again only when "
+                     "onnxruntime, onnxruntime-qnn or the target architecture changes")
+    return lines
+
+
+def _evaluated(name: str, folder: Path, spec: MetricSpec, samples: int, htp_arch: str, front: pd.DataFrame,
+               checks: pd.DataFrame, float_value: float | None, latency_source: str) -> str:
     metric_name = spec.name
     lines = [f"study {name} ({folder})",
              f"metric: {spec.describe()} ({'higher' if spec.higher_is_better else 'lower'} is better); "
