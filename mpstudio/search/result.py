@@ -45,6 +45,7 @@ class SearchResult:
     choice: str = ""  # why the recommended plan, in words
     weights_note: str = ""  # which weight form the walk started from, and why
     skipped: tuple = ()  # of (k, plan_id, name): prefixes not evaluated, and the stored plan that made each pointless
+    unbuildable: tuple = ()  # of loop.build_failures.BuildFailure: plans the confirming backend could not build
 
     @property
     def confirmed(self) -> bool:
@@ -92,7 +93,8 @@ class SearchResult:
                 "choice": self.choice, "considered": [c.to_json() for c in self.considered],
                 "weights": self.weights_note,
                 "skipped": [{"promoted": k, "because_plan_id": plan_id, "because_name": name}
-                            for k, plan_id, name in self.skipped]}
+                            for k, plan_id, name in self.skipped],
+                "unbuildable": [f.to_json() for f in self.unbuildable]}
 
     def describe(self) -> str:
         r = self.recommended
@@ -113,6 +115,7 @@ class SearchResult:
                      + (f" and {len(self.confirmations)} confirming ones" if self.confirmed else ""))
         if self.confirmed:
             lines += self._describe_confirmations()
+        lines += [f"cannot build on {f.where}: plan {f.plan_id} {f.name}: {f.reason}" for f in self.unbuildable]
         if self.confirm_note:
             lines.append(self.confirm_note)
         if self.reached:
