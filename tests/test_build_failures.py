@@ -36,7 +36,7 @@ def lrn_model(channels: int = 8, size: int = 16, seed: int = 0) -> onnx.ModelPro
     rng = np.random.default_rng(seed)
     inits, nodes, current, cin = [], [], "x", 3
     for i in range(2):
-        w = rng.uniform(-1, 1, (channels, cin, 3, 3)).astype(np.float32) / np.sqrt(cin * 9)
+        w = (rng.uniform(-1, 1, (channels, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"conv{i}.weight"))
         nodes += [helper.make_node("Conv", [current, f"conv{i}.weight"], [f"conv{i}_out"], name=f"/conv{i}/Conv",
                                    pads=[1, 1, 1, 1]),
