@@ -31,18 +31,20 @@ from mpstudio.study import Study
 LRN_NODE = "/norm/LRN"
 
 
-def lrn_model(channels: int = 8, size: int = 16, seed: int = 0) -> onnx.ModelProto:
-    """x[1,3,size,size] -> /conv0/Conv -> /conv0/Relu -> /norm/LRN -> /conv1/Conv -> /conv1/Relu -> /head/Conv -> y."""
+def lrn_model(channels: int = 8, size: int = 16, blocks: int = 2, activation: str = "Relu", lrn_after: int = 0,
+              seed: int = 0) -> onnx.ModelProto:
+    """x[1,3,size,size] -> `blocks` x (/convI/Conv -> /convI/<activation>) -> /head/Conv -> y, with /norm/LRN after
+    block `lrn_after`."""
     rng = np.random.default_rng(seed)
     inits, nodes, current, cin = [], [], "x", 3
-    for i in range(2):
+    for i in range(blocks):
         w = (rng.uniform(-1, 1, (channels, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"conv{i}.weight"))
         nodes += [helper.make_node("Conv", [current, f"conv{i}.weight"], [f"conv{i}_out"], name=f"/conv{i}/Conv",
                                    pads=[1, 1, 1, 1]),
-                  helper.make_node("Relu", [f"conv{i}_out"], [f"relu{i}_out"], name=f"/conv{i}/Relu")]
-        current, cin = f"relu{i}_out", channels
-        if i == 0:
+                  helper.make_node(activation, [f"conv{i}_out"], [f"act{i}_out"], name=f"/conv{i}/{activation}")]
+        current, cin = f"act{i}_out", channels
+        if i == lrn_after:
             nodes.append(helper.make_node("LRN", [current], ["norm_out"], name=LRN_NODE, size=3))
             current = "norm_out"
     inits.append(numpy_helper.from_array(rng.uniform(-0.5, 0.5, (4, channels, 1, 1)).astype(np.float32), "head.weight"))
@@ -52,9 +54,9 @@ def lrn_model(channels: int = 8, size: int = 16, seed: int = 0) -> onnx.ModelPro
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
 
 
-def _feeds(n: int, seed: int) -> list[dict]:
+def _feeds(n: int, seed: int, size: int = 16) -> list[dict]:
     rng = np.random.default_rng(seed)
-    return [{"x": rng.normal(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(n)]
+    return [{"x": rng.normal(0, 1, (1, 3, size, size)).astype(np.float32)} for _ in range(n)]
 
 
 @pytest.fixture
@@ -99,8 +101,13 @@ def test_walk_front_passes_over_plans_that_cannot_be_built():
 
     # The pick cannot be built: the dearer plan reaches, so cheaper ones follow (the pick passed over) until one misses.
     assert run([False, True, True, None, True]) == [3, 4, 2, 1, 0]
-    # Nothing dearer builds: the nearest cheaper plan that builds sets the direction (it misses: nothing dearer left).
-    assert run([False, False, False, None, None]) == [3, 4, 2]
+    # Nothing dearer builds: the nearest cheaper plan that builds sets the direction; it misses, nothing dearer is
+    # left to reach the target, so the cheaper plans are what remains to recommend from.
+    assert run([False, False, False, None, None]) == [3, 4, 2, 1, 0]
+    assert run([False, True, False, None, None]) == [3, 4, 2, 1, 0]
+    assert run([True, True, False, False, None]) == [3, 4, 2, 1, 0]
+    assert run([True, False, True, False, None]) == [3, 4, 2, 1]
+    assert run([False, False, False, None, None], budget=2) == [3, 4, 2, 1]
     # A cheaper plan that cannot be built is passed over, not taken for the edge.
     assert run([True, False, None, True, True]) == [3, 2, 1]
     # Nothing builds: every plan is tried once.
@@ -185,19 +192,24 @@ def test_a_known_failure_is_built_again_when_the_toolchain_changes(lrn_study):
 
 @pytest.mark.htp
 @requires_qnn
-def test_the_search_passes_over_a_plan_the_htp_cannot_build_and_recommends_one_that_builds(lrn_study):
-    """Target a16w8: on the CPU only a16w8 (and plans as good) reach it, so the walk picks it; the HTP cannot build
-    it, so the confirmation goes on to the next plans of the front and recommends one the HTP built."""
-    study = lrn_study
-    result = search(study, "a16w8", weights="per-tensor", max_evaluations=6, confirm_plans=3, quiet=True)
-    unbuilt = {f.plan_id: f for f in result.unbuildable}
-    a16 = study.plan_id(PrecisionPlan.a16w8())
-    assert a16 in unbuilt and unbuilt[a16].node == LRN_NODE
-    assert result.confirmed and result.recommended.backend == "htp"
-    assert result.recommended.plan_id not in unbuilt
-    assert all(c.confirmed.backend == "htp" for c in result.confirmations)
-    text = result.describe()
-    assert f"cannot build on HTP v75: plan {a16} a16w8" in text
-    record = study.searches()["result"].iloc[-1]
-    assert a16 in [f["plan_id"] for f in record["unbuildable"]]
-    assert record["recommended_plan_id"] == result.recommended.plan_id
+def test_the_search_passes_over_a_plan_the_htp_cannot_build_and_recommends_one_that_builds(tmp_path):
+    """The LRN in the last block matters most: the walk's pick on the CPU promotes it and so does a16w8, and the HTP
+    can build neither; the confirmation goes on to the plans of the front that build and recommends one of them."""
+    onnx.save(lrn_model(channels=16, size=32, blocks=6, activation="Sigmoid", lrn_after=5), tmp_path / "deep.onnx")
+    with Study.create(tmp_path / "deep", tmp_path / "deep.onnx", FeedList(_feeds(8, 1, 32)),
+                      FeedList(_feeds(4, 5, 32))) as study:
+        result = search(study, "a16w8+2%", weights="per-tensor", max_evaluations=8, confirm_plans=3, quiet=True)
+        unbuilt = {f.plan_id: f for f in result.unbuildable}
+        a16 = study.plan_id(PrecisionPlan.a16w8())
+        assert result.walk_pick is not None and {a16, result.walk_pick.plan_id} <= set(unbuilt)
+        assert all(f.node == LRN_NODE for f in unbuilt.values())
+        assert result.confirmed and result.recommended.backend == "htp"
+        assert result.recommended.plan_id not in unbuilt
+        assert "the walk's pick cannot be built there" in result.stop_reason
+        # Recommended among the plans that built, on the HTP's numbers: none of them did better there.
+        assert result.recommended.value == max(c.confirmed.value for c in result.confirmations)
+        text = result.describe()
+        assert f"cannot build on HTP v75: plan {a16} a16w8" in text
+        record = study.searches()["result"].iloc[-1]
+        assert {a16, result.walk_pick.plan_id} <= {f["plan_id"] for f in record["unbuildable"]}
+        assert record["recommended_plan_id"] == result.recommended.plan_id

@@ -102,6 +102,17 @@ def walk_front(n: int, at: int, check, full) -> None:
             if found is not None and found != (step == -1):
                 return  # a cheaper one misses, or a dearer one reaches it: the edge is found
         i += step
+    if step == 1:
+        # No dearer plan that builds reaches the target: the cheaper ones are what is left to recommend from.
+        reached = False
+        for i in range(anchor - 1, -1, -1):
+            if full():
+                return
+            if i not in tried:
+                found = verdict(i)
+                if reached and found is False:
+                    return
+                reached = reached or bool(found)
 
 
 def _front(walk: Walk, recommended: Evaluation) -> list[Evaluation]:
