@@ -1,7 +1,9 @@
 """ParetoPlot: accuracy against latency of every evaluated plan; the front highlighted, baselines marked, the
 latency source in the axis label; a click on a point loads that plan. A plan being evaluated shows first as a
 predicted point (a hollow diamond), then as a partial measurement with its interval (a whisker), until its
-full result is stored. The figure is built once; a refresh patches and streams its sources."""
+full result is stored. A plan the HTP cannot build is a cross at its estimated latency (over its point when the
+plot shows one, else along the bottom edge), its tooltip saying why. The figure is built once; a refresh patches
+and streams its sources."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ _PROVISIONAL = ["plan_hash", "name", "value", "low", "high", "latency_ms", "stat
                 "accuracy_source"]
 # The same plans scored by another accuracy source (a search's HTP confirmation), linked to their point.
 _CHECKS = ["plan_id", "name", "latency_ms", "value", "other_value", "other_source"]
+# Plans a backend could not build: at their estimate, over their point or along the plot's bottom edge.
+_UNBUILT = ["plan_id", "name", "latency_ms", "value", "where", "reason", "shown"]
 _XY = ["x", "y"]
 _LABELS = ["x", "y", "text"]
 # The plot never gets less height than this (toolbar, legend, axes and a readable frame): a short window scrolls
@@ -51,6 +55,7 @@ class ParetoPlot(View):
         self.current = ColumnDataSource(data=_empty(_XY))
         self.labels = ColumnDataSource(data=_empty(_LABELS))
         self.checks = ColumnDataSource(data=_empty(_CHECKS))
+        self.unbuilt = ColumnDataSource(data=_empty(_UNBUILT))
         self.predicted = ColumnDataSource(data=_empty(_PROVISIONAL))
         self.partial = ColumnDataSource(data=_empty(_PROVISIONAL))
         self.figure = self._figure()
@@ -90,6 +95,8 @@ class ParetoPlot(View):
                     line_dash="dotted", line_width=1.5)
         checks = fig.scatter("latency_ms", "other_value", source=self.checks, marker="inverted_triangle", size=12,
                              fill_color=None, line_color="#6a3d9a", line_width=2, name="cross_checks")
+        unbuilt = fig.scatter("latency_ms", "value", source=self.unbuilt, marker="x", size=16, line_color="#b00020",
+                              line_width=3, name="unbuilt")
         fig.scatter("x", "y", source=self.current, marker="circle", size=24, fill_color=None, line_color="#d6008f",
                     line_width=2.5)
         fig.add_layout(LabelSet(x="x", y="y", text="text", source=self.labels, y_offset=9, text_align="center",
@@ -106,7 +113,11 @@ class ParetoPlot(View):
         fig.add_tools(HoverTool(renderers=[checks], tooltips=[
             ("plan", "@plan_id: @name"), ("accuracy", "@other_value{0.0000} (@value{0.0000} on the front's source)"),
             ("accuracy from", "@other_source"), ("latency", "@latency_ms{0.000} ms")]))
+        fig.add_tools(HoverTool(renderers=[unbuilt], tooltips=[
+            ("plan", "@plan_id: @name"), ("cannot build on", "@where"), ("why", "@reason"),
+            ("latency", "@latency_ms{0.000} ms (estimate by the HTP cost model)"), ("accuracy", "@shown")]))
         self._checks_item = LegendItem(label="same plan, other backend", renderers=[checks], visible=False)
+        self._unbuilt_item = LegendItem(label="cannot build on the HTP", renderers=[unbuilt], visible=False)
         # The legend draws a key of constant colours, not the points' renderer: BokehJS updates a glyph's data
         # before its colours, and a legend painted in between reads a colour past the end (a RangeError).
         measured_key = fig.scatter(x=[], y=[], marker="circle", size=10, fill_color="#d62728", line_color="#222",
@@ -114,7 +125,7 @@ class ParetoPlot(View):
         fig.add_layout(Legend(items=[LegendItem(label="measured", renderers=[measured_key]),
                                      LegendItem(label="predicted", renderers=[predicted]),
                                      LegendItem(label="measured so far (95 % interval)", renderers=[partial]),
-                                     self._checks_item],
+                                     self._checks_item, self._unbuilt_item],
                               orientation="horizontal", label_text_font_size="11px",
                               glyph_height=14, glyph_width=14, spacing=6, padding=4, margin=4,
                               background_fill_alpha=0.7, border_line_alpha=0, name="pareto_legend"), "above")
@@ -145,9 +156,14 @@ class ParetoPlot(View):
             sources = list(dict.fromkeys(checks["other_source"]))
             self._checks_item.label = {"value": "on " + ", ".join(sources)}
         self._checks_item.visible = bool(checks_data["plan_id"])
+        unbuilt = _unbuilt(self.state.build_failures if study is not None else [], data, self.state.latency_source)
+        self._unbuilt_item.visible = bool(unbuilt["plan_id"])
+        if unbuilt["plan_id"]:
+            self._unbuilt_item.label = {"value": "cannot build on " + ", ".join(dict.fromkeys(unbuilt["where"]))}
         self._syncing = True
         try:
             update_source(self.checks, checks_data)
+            update_source(self.unbuilt, unbuilt)
             self.points.selected.indices = []
             update_source(self.points, data)
             update_source(self.front, front)
@@ -233,6 +249,28 @@ def _points(frame: pd.DataFrame) -> dict[str, list]:
         "latency_label": frame["latency_label"].tolist(),
         "interval": [_interval(lo, hi) for lo, hi in zip(frame["latency_low_ms"], frame["latency_high_ms"])],
     }
+
+
+def _unbuilt(failures, points: dict[str, list], latency_source: str) -> dict[str, list]:
+    """The crosses of plans a backend could not build (`build_failures.BuildFailure`s): over the plan's point when
+    `points` (the plotted `_points`) has one, else at its estimate along the bottom edge of the points (only on the
+    estimate axis: it is the one latency such a plan has)."""
+    values = points["value"]
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    edge = low - 0.08 * ((high - low) or 1.0)
+    at = {pid: (x, y, source) for pid, x, y, source in zip(points["plan_id"], points["latency_ms"], values,
+                                                           points["accuracy_source"])}
+    rows = _empty(_UNBUILT)
+    for f in failures:
+        if f.plan_id in at:
+            x, y, shown = at[f.plan_id][0], at[f.plan_id][1], f"{at[f.plan_id][1]:.4f} on {at[f.plan_id][2]}"
+        elif latency_source == "estimate" and f.estimate_ms is not None:
+            x, y, shown = f.estimate_ms, edge, f"none: not built on {f.where}"
+        else:
+            continue
+        for column, value in zip(_UNBUILT, (f.plan_id, f.name, x, y, f.where, f.reason, shown)):
+            rows[column].append(value)
+    return rows
 
 
 def _front(frame: pd.DataFrame) -> dict[str, list]:

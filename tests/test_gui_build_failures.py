@@ -1,0 +1,89 @@
+"""The Pareto plot's mark for plans the HTP cannot build: a cross at the plan's estimated latency (over its point
+when the plot shows one, along the bottom edge otherwise), with QNN's reason in its tooltip; in the state and in
+headless Chromium."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+import pytest
+
+from conftest import requires_qnn
+from gui_support import (chromium_path, open_studio, screen_points, source_column, studio_server, wait_until)
+from mpstudio.data import FeedList
+from mpstudio.loop.build_failures import BuildFailed
+from mpstudio.plan import PrecisionPlan
+from mpstudio.study import Study
+from test_build_failures import LRN_NODE, _feeds, lrn_model
+
+pytestmark = [pytest.mark.htp, requires_qnn, pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """The LRN model's study: both baselines on the CPU; on the HTP, a8w8 built, and two plans that cannot be
+    built there (a16w8, which the CPU scored too, and the LRN's tensors promoted, which nothing scored)."""
+    folder = tmp_path_factory.mktemp("unbuilt")
+    onnx.save(lrn_model(), folder / "lrn.onnx")
+    study = Study.create(folder / "study", folder / "lrn.onnx", FeedList(_feeds(8, 1)), FeedList(_feeds(4, 5)))
+    study.sensitivity(samples=8, isolation_samples=4)
+    study.baselines("cpu")
+    study.evaluate(PrecisionPlan.a8w8(name="a8w8"), "htp")
+    for plan in (PrecisionPlan.a16w8(name="a16w8"),
+                 PrecisionPlan.a8w8().promote(["act0_out", "norm_out"], name="lrn-16")):
+        with pytest.raises(BuildFailed):
+            study.evaluate(plan, "htp")
+    yield study
+    study.close()
+
+
+def test_the_plot_marks_plans_that_cannot_be_built(study):
+    from mpstudio.widgets import StudioState
+    from mpstudio.widgets.pareto import ParetoPlot
+
+    state = StudioState(study, auto_analyze=False, evaluate_on_edit=False)
+    try:
+        plot = ParetoPlot(state=state)
+        crosses = plot.unbuilt.data
+        points = dict(zip(plot.points.data["plan_id"], zip(plot.points.data["latency_ms"], plot.points.data["value"])))
+        a16, lrn16 = study.plan_id(PrecisionPlan.a16w8()), study.plan_id(PrecisionPlan.a8w8().promote(
+            ["act0_out", "norm_out"]))
+        assert sorted(crosses["plan_id"]) == sorted([a16, lrn16])
+        row = {pid: i for i, pid in enumerate(crosses["plan_id"])}
+        # a16w8 has a CPU point: the cross is drawn over it.
+        assert (crosses["latency_ms"][row[a16]], crosses["value"][row[a16]]) == points[a16]
+        # The promoted plan has no point: at its estimate, below every point.
+        assert lrn16 not in points
+        estimate = next(f.estimate_ms for f in state.build_failures if f.plan_id == lrn16)
+        assert crosses["latency_ms"][row[lrn16]] == pytest.approx(estimate)
+        assert crosses["value"][row[lrn16]] < min(plot.points.data["value"])
+        assert all(LRN_NODE in reason and "3110" in reason for reason in crosses["reason"])
+        assert set(crosses["where"]) == {"HTP v75"} and plot._unbuilt_item.visible
+        # On another latency axis the plan that has no point has no latency to be drawn at.
+        state.latency_source = "emulator"
+        state.refresh_evaluations()
+        assert lrn16 not in plot.unbuilt.data["plan_id"]
+    finally:
+        state.close()
+
+
+@pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser")
+def test_the_cross_shows_why_in_its_tooltip(page, study, tmp_path):
+    with studio_server(study) as studio:
+        state = open_studio(page, studio)
+        wait_until(lambda: len(source_column(page, "unbuilt", "plan_id") or []) == 2, 30,
+                   message="the plot shows no crosses for the plans that cannot be built")
+        xs, ys = source_column(page, "unbuilt", "latency_ms"), source_column(page, "unbuilt", "value")
+        names = source_column(page, "unbuilt", "name")
+        (sx, sy), = screen_points(page, "pareto", [xs[names.index("lrn-16")]], [ys[names.index("lrn-16")]])
+        page.mouse.move(sx, sy)
+        tooltip = page.locator(".bk-Tooltip", has_text="cannot build on")
+        tooltip.first.wait_for(state="visible", timeout=10000)
+        text = tooltip.first.inner_text()
+        assert "lrn-16" in text and "HTP v75" in text and LRN_NODE in text and "3110" in text
+        # A picture to look at: $MPSTUDIO_SCREENSHOTS keeps it.
+        shot = Path(os.environ.get("MPSTUDIO_SCREENSHOTS", tmp_path)) / "pareto-unbuilt.png"
+        page.screenshot(path=str(shot))
+        assert state.build_failures and shot.stat().st_size > 0
