@@ -30,6 +30,10 @@ _PROVISIONAL = ["plan_hash", "name", "value", "low", "high", "latency_ms", "stat
 _CHECKS = ["plan_id", "name", "latency_ms", "value", "other_value", "other_source"]
 # Plans a backend could not build: at their estimate, over their point or along the plot's bottom edge.
 _UNBUILT = ["plan_id", "name", "latency_ms", "value", "where", "reason", "shown"]
+_UNBUILT_TOOLTIP = """<div style="max-width: 420px; white-space: normal; font-size: 12px">
+<b>plan @plan_id: @name</b> cannot build on @where<br>
+<span style="color: #b00020">@reason</span><br>
+latency: @latency_ms{0.000} ms (estimate by the HTP cost model)<br>accuracy: @shown</div>"""
 _XY = ["x", "y"]
 _LABELS = ["x", "y", "text"]
 # The plot never gets less height than this (toolbar, legend, axes and a readable frame): a short window scrolls
@@ -113,9 +117,8 @@ class ParetoPlot(View):
         fig.add_tools(HoverTool(renderers=[checks], tooltips=[
             ("plan", "@plan_id: @name"), ("accuracy", "@other_value{0.0000} (@value{0.0000} on the front's source)"),
             ("accuracy from", "@other_source"), ("latency", "@latency_ms{0.000} ms")]))
-        fig.add_tools(HoverTool(renderers=[unbuilt], tooltips=[
-            ("plan", "@plan_id: @name"), ("cannot build on", "@where"), ("why", "@reason"),
-            ("latency", "@latency_ms{0.000} ms (estimate by the HTP cost model)"), ("accuracy", "@shown")]))
+        # QNN's words run long: a template wraps them (fields in a template are escaped as in the list form).
+        fig.add_tools(HoverTool(renderers=[unbuilt], tooltips=_UNBUILT_TOOLTIP))
         self._checks_item = LegendItem(label="same plan, other backend", renderers=[checks], visible=False)
         self._unbuilt_item = LegendItem(label="cannot build on the HTP", renderers=[unbuilt], visible=False)
         # The legend draws a key of constant colours, not the points' renderer: BokehJS updates a glyph's data
