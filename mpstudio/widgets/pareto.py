@@ -159,7 +159,8 @@ class ParetoPlot(View):
             sources = list(dict.fromkeys(checks["other_source"]))
             self._checks_item.label = {"value": "on " + ", ".join(sources)}
         self._checks_item.visible = bool(checks_data["plan_id"])
-        unbuilt = _unbuilt(self.state.build_failures if study is not None else [], data, self.state.latency_source)
+        # Read with the evaluations they go with (a refresh of the evaluations is a refresh of these too).
+        unbuilt = _unbuilt(study.build_failures() if study is not None else [], data, self.state.latency_source)
         self._unbuilt_item.visible = bool(unbuilt["plan_id"])
         if unbuilt["plan_id"]:
             self._unbuilt_item.label = {"value": "cannot build on " + ", ".join(dict.fromkeys(unbuilt["where"]))}

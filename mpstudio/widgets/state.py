@@ -64,8 +64,6 @@ class StudioState(param.Parameterized):
     cross_checks = param.DataFrame(default=pd.DataFrame(), constant=True,
                                    doc="study.cross_checks(latency_source): plans of that front another accuracy "
                                        "source scored too (a search's HTP confirmation)")
-    build_failures = param.List(default=[], constant=True,
-                                doc="study.build_failures(): the plans a backend could not build, with why")
     focus = param.String("", constant=True, doc="A tensor the graph should scroll to")
     divergence = param.DataFrame(default=None, allow_None=True, constant=True, precedence=-1,
                                  doc="The current plan's divergence table (mpstudio.diverge.COLUMNS)")
@@ -275,9 +273,8 @@ class StudioState(param.Parameterized):
         study = self.study
         frame = study.front(self.latency_source) if study is not None else pd.DataFrame()
         checks = study.cross_checks(self.latency_source, frame) if study is not None else pd.DataFrame()
-        failures = study.build_failures() if study is not None else []
-        with param.edit_constant(self):  # the plot redraws on evaluations
-            self.param.update(cross_checks=checks, build_failures=failures, evaluations=frame)
+        with param.edit_constant(self):
+            self.param.update(cross_checks=checks, evaluations=frame)  # the plot redraws on evaluations
 
     def export(self, formats: tuple[str, ...], out_dir: str | Path | None = None):
         """Write the current plan in `formats` (see mpstudio.export.FORMATS) -> mpstudio.export.ExportResult."""
