@@ -81,6 +81,11 @@ def _rows(folder) -> list[tuple]:
      "OpType:GatherND with domain:com.ms.internal.nhwc was inserted", "/enc/GatherND"),
     ("the model cannot run on the HTP backend; QNN refused 1 node(s): node 'mask_gather' (GatherND): 3110.",
      "mask_gather"),
+    ("agent http://127.0.0.1:1: 422 the model cannot run on the HTP backend; QNN refused 3 node(s): node "
+     "'DequantizeLinear_token_5' (DequantizeLinear): Failed to add node; node '/norm/LRN_token_7' (LRN): Failed to add "
+     "node; node 'l0_QuantizeLinear' (QuantizeLinear): Failed to add node.", "/norm/LRN"),
+    ("Unsupported nodes in QNN EP: { name: , type: QuantizeLinear }{ name: /a/Resize_token_2, type: Resize }",
+     "/a/Resize"),
     ("ONNX Runtime could not create a htp session: [ONNXRuntimeError] : 11 : EP_FAIL : Failed to finalize QNN graph. "
      "Error: QNN_COMMON_ERROR_MEM_ALLOC: Memory allocation related error., Code: 1002", ""),
 ])
@@ -213,3 +218,25 @@ def test_the_search_passes_over_a_plan_the_htp_cannot_build_and_recommends_one_t
         record = study.searches()["result"].iloc[-1]
         assert {a16, result.walk_pick.plan_id} <= {f["plan_id"] for f in record["unbuildable"]}
         assert record["recommended_plan_id"] == result.recommended.plan_id
+
+
+@pytest.mark.htp
+@requires_qnn
+def test_a_plan_an_agent_cannot_build_is_stored_with_the_agents_toolchain(lrn_study):
+    """Over a real agent process (HTTP on loopback): the agent's explanation names the node, the failure is kept
+    for the agent's accuracy source with the agent's versions, and a second evaluation asks the agent nothing."""
+    from mpstudio.agent import LocalAgent
+
+    study = lrn_study
+    with LocalAgent() as local:
+        agent = local.client
+        with pytest.raises(BuildFailed) as raised:
+            study.evaluate(PrecisionPlan.a16w8(name="a16w8"), "htp", agent)
+        failure = raised.value.failure
+        info = agent.info()
+        assert failure.node == LRN_NODE and failure.target == study.accuracy_source("htp", agent)
+        assert failure.toolchain == {"onnxruntime": info.onnxruntime, "onnxruntime_qnn": info.onnxruntime_qnn,
+                                     "htp_arch": study.htp_arch}
+        with pytest.raises(BuildFailed) as again:
+            study.evaluate(PrecisionPlan.a16w8(name="a16w8"), "htp", agent)
+        assert again.value.known and _rows(study.folder)[0][1] == 1

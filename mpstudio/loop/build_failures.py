@@ -22,11 +22,13 @@ from .runners import Target
 # What a refused build says: this process's session (`runtime.create_session`) or an agent's (its worker's
 # `explain_failure`). Errors of a run (inputs, time-outs, a dead agent) are none of these.
 _BUILD_SIGNS = ("could not create a htp session", "cannot run on the htp backend")
-# Node names in QNN's and ORT's words, most specific first.
-_NODE_PATTERNS = (re.compile(r"Unsupported nodes in QNN EP: \{ name: ([^,}]+?)\s*, type:"),
-                  re.compile(r"failed for node `([^`]+)`"),
-                  re.compile(r"Node '([^']+)' OpType:"),
-                  re.compile(r"node '([^']+)' \("))
+# Nodes in QNN's and ORT's words, with their op type, most specific first.
+_NODE_PATTERNS = (re.compile(r"\{ name: ([^,}]*?)\s*, type: (\w+)\s*\}"),
+                  re.compile(r"failed for node `([^`]+)` of type `(\w+)`"),
+                  re.compile(r"Node '([^']+)' OpType:(\w+)"),
+                  re.compile(r"node '([^']+)' \((\w+)\)"))
+# The Q/DQ pairs around a refused op are refused with it: the op is what failed.
+_QDQ = {"QuantizeLinear", "DequantizeLinear"}
 # QNN's EP renames the nodes it lays out in NHWC ("<name>_token_7", and "_2" for the op it makes of it).
 _LAYOUT_SUFFIX = re.compile(r"_token_\d+(?:_\d+)?$")
 DIAGNOSE_TIMEOUT = 120.0  # seconds the verbose rebuild that reads QNN's words may take
@@ -88,11 +90,12 @@ def is_build_failure(exc: BaseException) -> bool:
 
 
 def first_failing_node(text: str) -> str:
-    """The first node QNN's (or ORT's) message names, under its name in the model; "" when it names none."""
+    """The first node QNN's (or ORT's) message names, under its name in the model, passing over the Q/DQ nodes
+    refused with it; "" when it names none."""
     for pattern in _NODE_PATTERNS:
-        match = pattern.search(text)
-        if match:
-            return _LAYOUT_SUFFIX.sub("", match.group(1).strip())
+        found = [(_LAYOUT_SUFFIX.sub("", name.strip()), op) for name, op in pattern.findall(text) if name.strip()]
+        if found:
+            return next((name for name, op in found if op not in _QDQ), found[0][0])
     return ""
 
 
