@@ -240,3 +240,20 @@ def test_a_plan_an_agent_cannot_build_is_stored_with_the_agents_toolchain(lrn_st
         with pytest.raises(BuildFailed) as again:
             study.evaluate(PrecisionPlan.a16w8(name="a16w8"), "htp", agent)
         assert again.value.known and _rows(study.folder)[0][1] == 1
+
+
+@pytest.mark.htp
+@requires_qnn
+def test_a_plan_an_older_toolchain_could_not_build_is_built_again_and_its_failure_forgotten(lrn_study):
+    """A failure an older onnxruntime-qnn recorded (written into the SQLite file as that version would have) for a
+    plan this toolchain builds: the plan is built, evaluated, and no longer listed as unbuildable."""
+    study = lrn_study
+    plan_id = study.add_plan(PrecisionPlan.a8w8(name="a8w8"))
+    target = Target.of("htp", runner_for(None), study.htp_arch)
+    older = {**toolchain_of(target), "onnxruntime_qnn": "2.6.0"}
+    BuildRows(study.store).record(plan_id, "htp", target.source, study.htp_arch, "Failed to finalize QNN graph", "",
+                                  "", older)
+    assert [f.plan_id for f in study.build_failures()] == [plan_id]
+    evaluation = study.evaluate(PrecisionPlan.a8w8(name="a8w8"), "htp")
+    assert evaluation.backend == "htp" and np.isfinite(evaluation.value)
+    assert study.build_failures() == [] and _rows(study.folder) == []

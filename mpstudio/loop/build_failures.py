@@ -163,7 +163,8 @@ class BuildFailures:
             if target.backend != "htp" or not is_build_failure(exc):
                 raise
             raise BuildFailed(self._record(plan_id, name, target, str(exc), model)) from exc
-        self.rows.forget(plan_id, target.source)
+        if target.backend == "htp":
+            self.rows.forget(plan_id, target.source)
 
     def _record(self, plan_id: int, name: str, target: Target, error: str, model: Callable[[], Path]) -> BuildFailure:
         words = ""
