@@ -257,3 +257,57 @@ def test_a_plan_an_older_toolchain_could_not_build_is_built_again_and_its_failur
     evaluation = study.evaluate(PrecisionPlan.a8w8(name="a8w8"), "htp")
     assert evaluation.backend == "htp" and np.isfinite(evaluation.value)
     assert study.build_failures() == [] and _rows(study.folder) == []
+
+
+@pytest.mark.htp
+@requires_qnn
+def test_a_walk_on_the_htp_whose_a16w8_cannot_be_built_says_what_to_do(lrn_study):
+    from mpstudio.errors import MpstudioError
+
+    with pytest.raises(MpstudioError, match="cannot build on HTP v75.*walk on the CPU"):
+        search(lrn_study, "a16w8+2%", backend="htp", weights="per-tensor", max_evaluations=4, quiet=True)
+    assert [f.name for f in lrn_study.build_failures()] == ["a16w8"]
+
+
+def test_the_prefix_walk_passes_over_prefixes_the_backend_cannot_build():
+    """The prefix walk of a search on the HTP (a stand-in walk; the grid is what is tested): k from 20 on cannot be
+    built, k >= 12 reaches the target. The grid passes over the unbuildable ones and pins the edge at 12."""
+    from mpstudio.loop.build_failures import BuildFailure
+    from mpstudio.search.grid import PrefixGrid
+    from mpstudio.store import Evaluation
+
+    def evaluation(k):
+        return Evaluation(k, "h", f"+{k}", "htp", "HTP", "m", 0.5 + 0.01 * k, True, None, None, 1, 0.0)
+
+    class Walk:
+        workers, hib, budget = [None], True, 12
+
+        def __init__(self):
+            self.evaluated, self.unbuilt = [], []
+
+        def left(self):
+            return self.budget - len(self.evaluated)
+
+        def reaches(self, e):
+            return e.value >= 0.62
+
+        def pointless(self, plan):
+            return None
+
+        def evaluate(self, plans, pass_over=False):
+            assert pass_over  # the grid's plans are passed over, never an error
+            out = []
+            for k in plans:
+                if k >= 20:
+                    self.unbuilt.append(k)
+                    out.append(BuildFailure(k, f"+{k}", "htp", "HTP", "75", "refused", "", "", {}))
+                else:
+                    self.evaluated.append(k)
+                    out.append(evaluation(k))
+            return out
+
+    walk = Walk()
+    grid = PrefixGrid(walk, lambda k: k, 37, {0: evaluation(0)})
+    reason = grid.run(prior=None)
+    assert walk.unbuilt and set(walk.unbuilt) == grid.unbuilt and not set(walk.unbuilt) & set(grid.known)
+    assert 12 in grid.known and 11 in grid.known and "target reached with 12 promoted" in reason

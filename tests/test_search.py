@@ -167,7 +167,7 @@ def test_the_walk_does_not_assume_accuracy_rises_with_k():
         def pointless(self, plan):
             return None
 
-        def evaluate(self, plans):
+        def evaluate(self, plans, pass_over=False):
             self.evaluated += plans
             return [Evaluation(k, "h", f"+{k}", "cpu", "CPU", "m", value(k), True, None, None, 1, 0.0) for k in plans]
 

@@ -68,7 +68,7 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
         if unbuilt and not failure:
             failure = (f"no plan of the front could be built on {unbuilt[0].where} ({len(unbuilt)} tried): the "
                        "recommendation stands on the walk's numbers alone and may not build there either")
-        return replace(result, confirm_note=failure, unbuildable=tuple(unbuilt))
+        return replace(result, confirm_note=failure, unbuildable=(*result.unbuildable, *unbuilt))
     return _recommend(walk, result, done, failure, tuple(unbuilt))
 
 
@@ -146,4 +146,5 @@ def _recommend(walk: Walk, result: SearchResult, done: list[Confirmation], failu
                    alternatives=alternatives, confirm_note=failure,
                    promoted=walk.promoted(pick, result.order) if changed else result.promoted,
                    confirmations=tuple(done), walk_pick=result.recommended if changed else None,
-                   considered=choice.considered, choice=choice.why, unbuildable=unbuilt)
+                   considered=choice.considered, choice=choice.why,
+                   unbuildable=(*result.unbuildable, *unbuilt))

@@ -2,7 +2,8 @@
 k: a coarse geometric grid over [1, cap], then refinement where the evidence points (the edge below the
 smallest k that reaches the target, else around the best values), while the evaluation budget allows. It stops
 on evidence (the edge pinned to adjacent k, or the best values' neighbours evaluated), or when the budget ends.
-Plans a stored plan makes pointless (`choice.pointless_because`) are never evaluated."""
+Plans a stored plan makes pointless (`choice.pointless_because`) are never evaluated; a plan the walk's backend
+cannot build is passed over (seen, never reaching)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class PrefixGrid:
     def __init__(self, walk, plan_k: Callable[[int], object], cap: int, known: dict[int, Evaluation]):
         self.walk, self.plan_k, self.cap, self.known = walk, plan_k, cap, known
         self.skipped: dict[int, Evaluation] = {}  # k -> the stored plan that made it pointless
+        self.unbuilt: set[int] = set()  # k whose plan the walk's backend cannot build: passed over
 
     def run(self, prior: int | None = None) -> str:
         """Walk until evidence or the budget stops it; returns why it stopped."""
@@ -52,7 +54,7 @@ class PrefixGrid:
         a k no plan can be evaluated for is remembered as skipped."""
         todo = []
         for k in sorted(set(ks)):
-            if k in self.known or k in self.skipped or not 0 < k <= self.cap:
+            if k in self.known or k in self.skipped or k in self.unbuilt or not 0 < k <= self.cap:
                 continue
             why = self.walk.pointless(self.plan_k(k))
             if why is not None:
@@ -61,12 +63,15 @@ class PrefixGrid:
                 todo.append(k)
         todo = todo[:max(1, min(self._width(), self.walk.left()))]
         if todo:
-            for k, evaluation in zip(todo, self.walk.evaluate([self.plan_k(k) for k in todo])):
-                self.known[k] = evaluation
+            for k, evaluation in zip(todo, self.walk.evaluate([self.plan_k(k) for k in todo], pass_over=True)):
+                if isinstance(evaluation, Evaluation):
+                    self.known[k] = evaluation
+                else:
+                    self.unbuilt.add(k)
 
     def _next(self) -> tuple[list[int], str]:
         """The next k to evaluate, or none and why the walk may stop."""
-        seen = sorted(set(self.known) | set(self.skipped))
+        seen = sorted(set(self.known) | set(self.skipped) | self.unbuilt)
         reaching = [k for k in self.known if self.walk.reaches(self.known[k])]
         if reaching:
             top = min(reaching)

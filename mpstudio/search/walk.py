@@ -11,6 +11,8 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 
 from ..data import Cancelled
+from ..errors import MpstudioError
+from ..loop.build_failures import BuildFailed, BuildFailure
 from ..plan import PrecisionPlan
 from ..quantize import weight_form
 from ..store import Evaluation
@@ -35,6 +37,7 @@ class Walk:
         self.study, self.search_id, self.backend, self.runner = study, search_id, backend, runner
         self.budget, self.progress, self.cancel = budget, progress, cancel
         self.path: list[Evaluation] = []
+        self.unbuilt: list = []  # of BuildFailure: plans the walk's backend could not build
         self.new = 0
         self._stored: list[Evaluation] | None = None  # the study's evaluations of the walk's source, read once
         self.weights_note = ""
@@ -47,8 +50,10 @@ class Walk:
     def left(self) -> int:
         return self.budget - len(self.path)
 
-    def evaluate(self, plans: list[PrecisionPlan]) -> list[Evaluation]:
-        """Evaluate `plans` (in parallel over the agents), counted against the budget, stored in the study."""
+    def evaluate(self, plans: list[PrecisionPlan], pass_over: bool = False) -> list:
+        """Evaluate `plans` (in parallel over the agents), counted against the budget, stored in the study. With
+        `pass_over`, a plan the walk's backend cannot build gives its `BuildFailure` in its place (kept in
+        `unbuilt`, not counted); otherwise `BuildFailed` is raised."""
         self.check_cancel()
         self.study.store.heartbeat(self.search_id)
         for plan in plans:
@@ -58,7 +63,12 @@ class Walk:
 
         def one(args):
             job_id, worker = args
-            return self.study.run_job(job_id, worker if self.runner is not None else None, cancel=self.cancel)
+            try:
+                return self.study.run_job(job_id, worker if self.runner is not None else None, cancel=self.cancel)
+            except BuildFailed as exc:
+                if not pass_over:
+                    raise
+                return exc.failure
 
         pairs = [(job, self.workers[i % len(self.workers)]) for i, job in enumerate(jobs)]
         if len(pairs) > 1 and len(self.workers) > 1:
@@ -68,6 +78,12 @@ class Walk:
             results = [one(p) for p in pairs]
         self._stored = None
         for evaluation in results:
+            if isinstance(evaluation, BuildFailure):
+                self.unbuilt.append(evaluation)
+                if self.progress:
+                    self.progress(len(self.path), self.budget, f"search: {evaluation.name} cannot be built on "
+                                                               f"{evaluation.where}; passed over")
+                continue
             self.path.append(evaluation)
             self.new += 0 if evaluation.cached else 1
             if self.progress:
@@ -81,7 +97,12 @@ class Walk:
 
     # ---- the walk ----
     def run(self, goal: Target, latency_budget_ms, weights, sensitivity_samples) -> SearchResult:
-        a8, a16 = self.evaluate([PrecisionPlan.a8w8(), PrecisionPlan.a16w8()])
+        try:
+            a8, a16 = self.evaluate([PrecisionPlan.a8w8(), PrecisionPlan.a16w8()])
+        except BuildFailed as exc:
+            raise MpstudioError(f"{exc.failure.describe()}. The walk needs both baselines on its backend: walk on "
+                                "the CPU (--backend cpu, the default), whose pick the HTP confirms while passing over "
+                                "the plans it cannot build") from exc
         self.baselines = {"a8w8": a8, "a16w8": a16}
         self.source = a8.accuracy_source
         base_plan, base, self.weights_note = weight_base(self, weights)
@@ -167,7 +188,7 @@ class Walk:
                             self.reaches(best), reason, best, self.baselines, tuple(self.path), self.new,
                             tuple(order), self.promoted(best, order), float_value, tuple(alternatives),
                             considered=choice.considered, choice=choice.why, weights_note=self.weights_note,
-                            skipped=self._skipped())
+                            skipped=self._skipped(), unbuildable=tuple(self.unbuilt))
 
     def _skipped(self) -> tuple:
         grid = getattr(self, "grid", None)
