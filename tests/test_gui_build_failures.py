@@ -102,3 +102,15 @@ def test_the_cross_shows_why_in_its_tooltip(page, study, tmp_path):
         shot = Path(os.environ.get("MPSTUDIO_SCREENSHOTS", tmp_path)) / "pareto-unbuilt.png"
         page.screenshot(path=str(shot))
         assert shot.stat().st_size > 0
+
+
+def test_the_search_card_lists_the_plans_that_cannot_be_built(study):
+    """The card of a search whose confirmation passed over plans: each with QNN's reason, escaped."""
+    from mpstudio.search import search
+    from mpstudio.widgets.search_card import search_card_html
+
+    result = search(study, "a16w8", weights="per-tensor", max_evaluations=4, confirm_plans=2, quiet=True)
+    assert result.unbuildable
+    card = search_card_html(result)
+    assert "Cannot build on HTP v75" in card and LRN_NODE in card and "`/norm/LRN_token_7`" in card
+    assert "<li>plan" in card and "{ name:" in card  # QNN's braces and backticks, as text

@@ -78,6 +78,17 @@ def _disagreements(result) -> str:
     return f"<p style='margin:4px 0'><b>CPU and HTP disagree:</b></p><ul style='margin:0 0 4px 16px'>{items}</ul>"
 
 
+def _unbuildable(result) -> str:
+    """The plans the search's backends could not build, and why (QNN's words come from a device: text, escaped)."""
+    if not result.unbuildable:
+        return ""
+    items = "".join(f"<li>plan {f.plan_id} {html.escape(f.name)}: {html.escape(f.reason)}</li>"
+                    for f in result.unbuildable)
+    where = ", ".join(dict.fromkeys(html.escape(f.where) for f in result.unbuildable))
+    return (f"<p style='margin:4px 0'><b>Cannot build on {where}</b> (passed over):</p>"
+            f"<ul style='margin:0 0 4px 16px;color:#b00020'>{items}</ul>")
+
+
 def _alternatives(result) -> str:
     if not result.alternatives:
         return "<p style='color:#555'>No plan of the front is much better for little more latency.</p>"
@@ -108,7 +119,8 @@ def search_card_html(result) -> str:
              + (f"; float model {result.float_value:.4f}" if result.float_value is not None else "") + "</div>")
     why = f"<p style='margin:6px 0'><b>Why this plan.</b> {_why(result)}</p>"
     return (f"<div class='mpstudio-search-card' style='font-size:13px;line-height:1.4;overflow-wrap:anywhere'>"
-            f"{head}{facts}{why}{_confirmation_table(result)}{_disagreements(result)}{_alternatives(result)}</div>")
+            f"{head}{facts}{why}{_confirmation_table(result)}{_unbuildable(result)}{_disagreements(result)}"
+            f"{_alternatives(result)}</div>")
 
 
 class SearchCard(View):
