@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import param
 
+from ..loop.build_failures import BuildFailed
 from ..plan import PrecisionPlan
 from ..preview import basis_ready
 from ..study import Study
@@ -56,11 +57,13 @@ class PlanEvaluations:
             try:
                 evaluation = study.evaluate(plan, backend, runner, progress=progress, cancel=cancel,
                                             partial=shown if streamed else None, first_samples=state.first_samples)
-            except BaseException:
+            except BaseException as exc:
                 def drop():  # unless a newer evaluation of the same plan draws it now
                     if not any(other.active and other.edit == plan.hash and other is not job for other in state.jobs):
                         points.drop(plan.hash)
                 state.post(drop)
+                if isinstance(exc, BuildFailed):  # a result of the study: the plot marks it at once
+                    state.post(state.refresh_evaluations)
                 raise
             if not has_baselines(study, backend, runner):
                 state.post(lambda: state.evaluate_baselines(backend))
