@@ -113,6 +113,8 @@ def test_walk_front_passes_over_plans_that_cannot_be_built():
     assert run([True, True, False, False, None]) == [3, 4, 2, 1, 0]
     assert run([True, False, True, False, None]) == [3, 4, 2, 1]
     assert run([False, False, False, None, None], budget=2) == [3, 4, 2, 1]
+    # Every plan builds: as before, a pick that misses looks only at dearer plans.
+    assert run([True, True, True, False, False]) == [3, 4]
     # A cheaper plan that cannot be built is passed over, not taken for the edge.
     assert run([True, False, None, True, True]) == [3, 2, 1]
     # Nothing builds: every plan is tried once.

@@ -77,12 +77,18 @@ def walk_front(n: int, at: int, check, full) -> None:
     reaches the target on the confirming backend (None: it cannot be built there), `full()` whether the budget is
     spent. The first plan that builds, from the pick on (dearer ones first, then cheaper), sets the direction:
     when it reaches the target, cheaper plans follow while they reach it too (the walk's backend may have been
-    pessimistic); when it misses, dearer ones until one reaches it. Plans that cannot be built are passed over."""
+    pessimistic); when it misses, dearer ones until one reaches it. Plans that cannot be built are passed over;
+    when no dearer plan that builds reaches the target and some dearer ones could not be built, the cheaper ones
+    follow (while they reach it, once one does): they are what is left to recommend from."""
     tried: set[int] = set()
+    unbuilt: set[int] = set()
 
     def verdict(i: int) -> bool | None:
         tried.add(i)
-        return check(i)
+        found = check(i)
+        if found is None:
+            unbuilt.add(i)
+        return found
 
     anchor, reaches = None, None
     for i in (at, *range(at + 1, n), *range(at - 1, -1, -1)):
@@ -102,8 +108,7 @@ def walk_front(n: int, at: int, check, full) -> None:
             if found is not None and found != (step == -1):
                 return  # a cheaper one misses, or a dearer one reaches it: the edge is found
         i += step
-    if step == 1:
-        # No dearer plan that builds reaches the target: the cheaper ones are what is left to recommend from.
+    if step == 1 and any(i > anchor for i in unbuilt):
         reached = False
         for i in range(anchor - 1, -1, -1):
             if full():
