@@ -1,4 +1,5 @@
-"""A study's results on disk: plans, accuracy and latency results, queued evaluations and searches, in SQLite.
+"""A study's results on disk: plans, accuracy and latency results, queued evaluations and searches (and the rows
+`store_builds` keeps of plans a backend could not build), in SQLite.
 
 WAL mode, each result committed in one transaction when it is measured, so a study killed at any moment
 reopens with every finished evaluation. Work in progress (a running job, a running search) belongs to an
