@@ -268,6 +268,51 @@ def test_paths_under_the_roots_are_opened(confined_state):
     assert "model file not found" in state.error and str(root / "missing.onnx") in state.error
 
 
+def _opened(state, panel, **fields) -> str:
+    """Open what the fields name as a visitor would; the error the opening ended with ("" when it opened)."""
+    jobs = len(state.jobs)
+    error = _refusal(state, panel, "_on_open_model", **fields)
+    if len(state.jobs) > jobs:
+        job = state.jobs[0]  # the newest
+        wait_until(lambda: not job.active, 300)
+    return state.error
+
+
+def test_links_inside_the_roots_to_files_outside_are_not_followed(confined_state, conv_model_path):
+    """A sample in a confined data folder, or a model's external data file, that is a link to a file outside
+    the roots is refused, not read; the same files really under the roots open."""
+    import numpy as np
+
+    state, panel, root, outside = confined_state
+    feed = {"x": np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    data = root / "data"
+    data.mkdir()
+    np.savez(data / "a.npz", **feed)
+    np.savez(outside / "b.npz", **feed)
+    (data / "b.npz").symlink_to(outside / "b.npz")
+    model = root / "model.onnx"
+    model.write_bytes(conv_model_path.read_bytes())
+    error = _opened(state, panel, model_path=str(model), data_path=str(data))
+    assert "data file" in error and "b.npz" in error and "not under the folders" in error, error
+    assert state.study is None
+
+    (data / "b.npz").unlink()
+    external = root / "external"
+    external.mkdir()
+    onnx.save(onnx.load(conv_model_path), external / "model.onnx", save_as_external_data=True,
+              all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    (external / "weights.bin").rename(outside / "weights.bin")
+    (external / "weights.bin").symlink_to(outside / "weights.bin")
+    error = _opened(state, panel, model_path=str(external / "model.onnx"), data_path=str(data))
+    assert "external data file" in error and "not under the folders" in error, error
+    assert state.study is None
+
+    (external / "weights.bin").unlink()
+    (outside / "weights.bin").rename(external / "weights.bin")
+    assert _opened(state, panel, model_path=str(external / "model.onnx"), data_path=str(data)) == ""
+    assert state.study is not None
+
+
 def test_the_export_folder_is_confined_to_the_roots(tmp_path):
     from mpstudio.errors import MpstudioError
     from mpstudio.widgets.policy import ServerPolicy

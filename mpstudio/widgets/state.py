@@ -150,12 +150,14 @@ class StudioState(param.Parameterized):
         """A new study of `model` calibrated and evaluated on the `.npz` samples in `data` (or the study
         already made from the same files). Arguments default to the model_path, data_path, input_shapes and
         allow_fallback parameters, which a visitor types: those must lie under the server's roots."""
+        typed = model is None or data is None  # a visitor's paths: what they link to is confined too
         model = model or self.policy.confine(self.model_path, "model file (.onnx)")
         data = data or self.policy.confine(self.data_path, "data folder")
         shapes = self.input_shapes if shapes is None else shapes
         fallback = self.allow_fallback if allow_fallback is None else allow_fallback
+        confine = self.policy.confine if typed and self.policy.roots is not None else None
         return self.submit("open", f"opening {Path(str(model)).name}", lambda progress, cancel: model_study(
-            model, data, shapes, fallback, self.study_folder, progress), self.set_study)
+            model, data, shapes, fallback, self.study_folder, progress, confine), self.set_study)
 
     # ---- selection and plan ---------------------------------------------------------------------------
     def select(self, tensors) -> None:
