@@ -313,8 +313,14 @@ class StudyStore:
         frame["higher_is_better"] = frame["higher_is_better"].astype(bool)
         frame["latency_label"] = [_latency_label(s, w, i) for s, w, i in
                                   zip(frame["latency_source"], frame["latency_where"], frame["latency_includes"])]
-        for column in ("latency_low_ms", "latency_high_ms"):
-            frame[column] = frame[column].astype(float)
+        for column in ("value", "snr_db", "cosine", "seconds", "latency_ms", "latency_low_ms",
+                       "latency_high_ms", "estimate_ms"):
+            numbers = pd.to_numeric(frame[column], errors="coerce").astype(float)
+            damaged = frame[column].notna() & numbers.isna()  # text where SQLite's loose typing let it in
+            if damaged.any():
+                raise MpstudioError(f"the study store {self.path} is damaged: the {column} of plan "
+                                    f"{frame['plan_id'][damaged].iloc[0]} is not a number; restore the file from a copy")
+            frame[column] = numbers
         return frame[EVALUATION_COLUMNS]
 
     # ---- jobs: queued evaluations that survive a kill ----

@@ -28,7 +28,9 @@ _CONFIG_KEYS = {"format": int, "inputs": list, "metric": dict}
 # damage, told when the study opens rather than met as a traceback when the folder is first written.
 STUDY_FOLDERS = {"cache": "cache of calibrations and generated models", "reference": "float model's outputs",
                  "sensitivity": "sensitivity reports", "exports": "exports", "imported": "imported encodings",
-                 "profiles": "kept device profiles", "data": "calibration and evaluation data"}
+                 "profiles": "kept device profiles", "data": "calibration and evaluation data",
+                 "cache/float": "float models", "cache/calibration": "calibrated ranges",
+                 "cache/models": "generated models"}
 
 
 def atomic_write(path: Path, text: str) -> None:
