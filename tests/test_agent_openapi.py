@@ -8,6 +8,7 @@ import base64
 import copy
 import hashlib
 import io
+import json
 import socket
 import time
 
@@ -199,6 +200,19 @@ def test_real_answers_match_the_documented_shapes(agent, documented, uploaded):
         refused = httpx.request(method, f"{url}{_concrete(path, model_id, '0' * 32)}", timeout=60, **kwargs)
         assert refused.status_code == 401
         documented.check(method, path, refused)
+    members = {"x": np.ones((1, 3, 16, 16), np.float32),
+               "__run__": np.frombuffer(json.dumps({"model_id": model_id, "backend": "cpu"}).encode(), np.uint8)}
+    buffer = io.BytesIO()
+    np.savez(buffer, **members)
+    response = httpx.post(f"{url}/v1/runs/npz", headers=headers, content=buffer.getvalue(), timeout=120)
+    assert response.status_code == 200, response.text
+    documented.check("POST", "/v1/runs/npz", response)
+    with np.load(io.BytesIO(response.content), allow_pickle=False) as answer:
+        result = json.loads(answer["__result__"].tobytes())
+    assert "RunSummary" in documented.operation("POST", "/v1/runs/npz")["description"]
+    errors = [e.message for e in documented.validator({"$ref": "#/components/schemas/RunSummary"}).iter_errors(result)]
+    assert not errors, f"the binary run's __result__ differs from RunSummary: {errors[:5]}"
+    run_ids.append(result["run_id"])
     for run_id in run_ids:
         response = httpx.get(f"{url}/v1/runs/{run_id}", headers=headers)
         assert response.status_code == 200

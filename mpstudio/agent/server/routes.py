@@ -112,8 +112,8 @@ async def run(body: RunRequest, state: Agent):
     summary="The same run in binary: one .npz each way, no base64 (what AgentClient uses)",
     description=(
         "The request body is an .npz of the inputs plus a uint8 member `__run__` holding the JSON of a "
-        "RunSpec. The response is an .npz of the outputs plus a uint8 member "
-        "`__result__` holding the JSON result. Pickled members are refused."
+        "RunRequest without `inputs_npz`. The response is an .npz of the outputs plus a uint8 member "
+        "`__result__` holding the JSON result (a RunSummary). Pickled members are refused."
     ),
     openapi_extra=_BINARY_BODY,
     response_class=Response,
