@@ -517,6 +517,10 @@ def _connect_once(path: Path) -> tuple[sqlite3.Connection, bool]:
         if path.exists() and ("readonly" in text or "read-only" in text or "unable to open" in text):
             return _connect_read_only(path, exc), True
         # Not damage: the store is intact, so nothing may advise moving it aside.
+        if "locked" in text:
+            raise MpstudioError(f"{path} is locked by another process (one writing to the study, or a program that "
+                                "holds it open) and stayed locked for 30 s; let that finish or stop it, then retry") \
+                from exc
         raise MpstudioError(f"{path} could not be opened ({exc}); check that this user can read and write "
                             f"{path.parent} and its files") from exc
     return db, False

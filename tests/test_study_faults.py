@@ -620,3 +620,26 @@ def test_a_damaged_study_folder_gives_one_clean_error(tmp_path, intact_study, ca
             assert state.study is not None
     finally:
         state.close()
+
+
+def test_a_store_another_process_holds_locked_is_said_to_be_locked(tmp_path, intact_study):
+    import shutil
+
+    folder = tmp_path / "study"
+    shutil.copytree(intact_study, folder)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sqlite3, sys, time
+        db = sqlite3.connect({str(folder / "study.sqlite")!r}, isolation_level=None)
+        db.execute("BEGIN EXCLUSIVE")
+        print("locked", flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(MpstudioError, match="locked by another process") as refused:
+            Study.open(folder)
+        assert "move it aside" not in str(refused.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    Study.open(folder).close()
