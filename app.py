@@ -9,9 +9,11 @@ import sys
 import panel as pn
 
 from mpstudio.errors import MpstudioError
+from mpstudio.widgets.origin_guard import refuse_websockets_without_origin
 from mpstudio.widgets.serving import policy_from, studio_parser, studio_session
 from mpstudio.widgets.studio import TITLE
 
+refuse_websockets_without_origin()  # before anything else this session does
 args = studio_parser().parse_args(sys.argv[1:])
 try:
     policy = policy_from(args)

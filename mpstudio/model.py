@@ -216,6 +216,20 @@ def _check_model(model: onnx.ModelProto, source) -> None:
         raise MpstudioError(f"the model fails ONNX's checker: {brief(exc)}") from exc
 
 
+def external_data_files(source: str | os.PathLike) -> list[Path]:
+    """The files a model file's external data lives in (by their `location`, beside the model), found without
+    reading them; none when the file cannot be read as a model (loading it reports that)."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    try:
+        header = onnx.load(str(source), load_external_data=False)
+    except Exception:
+        return []
+    folder = Path(source).parent
+    return sorted({folder / entry.value for tensor in _get_all_tensors(header) for entry in tensor.external_data
+                   if entry.key == "location"})
+
+
 def _refuse_over_protobuf_limit(source) -> None:
     """A model file whose weights (in external data) take it past protobuf's 2 GB limit: checked through its
     file, as ONNX checks large models, then refused with what is wrong, before its weights are read."""

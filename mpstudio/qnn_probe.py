@@ -201,9 +201,10 @@ def _quantized_weight(tensor: onnx.TensorProto, name: str) -> list[onnx.TensorPr
 
 # ---- running probes ------------------------------------------------------------------------------------------
 
-def _probe_worker(conn, jobs: list[tuple[str, bytes]], htp_arch: str) -> None:
-    """In a spawned process: build each probe on the HTP (fallback disabled) and send (key, accepted, reason)."""
-    os.chdir(tempfile.mkdtemp(prefix="mpstudio-probe-"))  # QNN leaves trace files in the working directory
+def _probe_worker(conn, jobs: list[tuple[str, bytes]], htp_arch: str, workdir: str) -> None:
+    """In a spawned process: build each probe on the HTP (fallback disabled) and send (key, accepted, reason).
+    `workdir` is its parent's to remove: QNN leaves trace files in the working directory."""
+    os.chdir(workdir)
     log = Path("ort.log")
     fd = os.open(log, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)  # ORT's verbose log, which alone holds QNN's reasons
@@ -238,37 +239,45 @@ def qnn_reason(log: str, error: str) -> str:
 
 def run_probes(probes: list[Probe], htp_arch: str, timeout: float = PROBE_TIMEOUT) -> dict[str, Verdict]:
     """Verdicts of `probes` by key, from the HTP in spawned processes; a probe that hangs gets no verdict."""
-    from .runtime import spawn_context
-
     verdicts: dict[str, Verdict] = {}
     pending = list({p.key: p for p in probes}.values())
-    while pending:
-        ctx = spawn_context()
-        parent, child = ctx.Pipe(duplex=False)
-        process = ctx.Process(target=_probe_worker, args=(child, [(p.key, p.model) for p in pending], htp_arch),
-                              daemon=True)
-        process.start()
-        child.close()
-        first_wait = timeout + 30  # the first answer also waits for the process to start and load QNN
+    with tempfile.TemporaryDirectory(prefix="mpstudio-probe-") as workdir:  # removed even when a probe is killed
         while pending:
-            if not parent.poll(first_wait):
-                verdicts[pending.pop(0).key] = Verdict(False, f"no answer from the HTP within {timeout:.0f} s",
-                                                      cached=False)
-                break
-            try:
-                key, accepted, reason = parent.recv()
-            except EOFError:  # the process died building this probe
-                process.join(5)
-                verdicts[pending.pop(0).key] = Verdict(False, f"QNN crashed building it (exit code {process.exitcode})")
-                break
-            verdicts[key] = Verdict(accepted, reason)
-            pending = [p for p in pending if p.key != key]
-            first_wait = timeout
-        if process.is_alive():
-            process.kill()
-        process.join(5)
-        parent.close()
+            pending = _probe_process(pending, htp_arch, timeout, workdir, verdicts)
     return verdicts
+
+
+def _probe_process(pending: list[Probe], htp_arch: str, timeout: float, workdir: str,
+                   verdicts: dict[str, Verdict]) -> list[Probe]:
+    """One spawned process answering probes in turn until one hangs or crashes it; the probes left."""
+    from .runtime import spawn_context
+
+    ctx = spawn_context()
+    parent, child = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_probe_worker, daemon=True,
+                          args=(child, [(p.key, p.model) for p in pending], htp_arch, workdir))
+    process.start()
+    child.close()
+    first_wait = timeout + 30  # the first answer also waits for the process to start and load QNN
+    while pending:
+        if not parent.poll(first_wait):
+            verdicts[pending.pop(0).key] = Verdict(False, f"no answer from the HTP within {timeout:.0f} s",
+                                                  cached=False)
+            break
+        try:
+            key, accepted, reason = parent.recv()
+        except EOFError:  # the process died building this probe
+            process.join(5)
+            verdicts[pending.pop(0).key] = Verdict(False, f"QNN crashed building it (exit code {process.exitcode})")
+            break
+        verdicts[key] = Verdict(accepted, reason)
+        pending = [p for p in pending if p.key != key]
+        first_wait = timeout
+    if process.is_alive():
+        process.kill()
+    process.join(5)
+    parent.close()
+    return pending
 
 
 # ---- the cache and the report --------------------------------------------------------------------------------

@@ -223,14 +223,30 @@ class StudyStore:
         """(plan JSON, name) of a plan by id, hash or unique hash prefix; None when there is none."""
         with self._lock:
             if isinstance(plan_id, (int, np.integer)) or str(plan_id).isdigit():
-                row = self._db.execute("SELECT plan_json, name FROM plans WHERE id = ?", (int(plan_id),)).fetchone()
+                row = self._db.execute("SELECT plan_json, name, id FROM plans WHERE id = ?",
+                                       (int(plan_id),)).fetchone()
             else:
-                rows = self._db.execute("SELECT plan_json, name FROM plans WHERE hash LIKE ?",
+                rows = self._db.execute("SELECT plan_json, name, id FROM plans WHERE hash LIKE ?",
                                         (f"{plan_id}%",)).fetchall()
                 if len(rows) > 1:
                     raise MpstudioError(f"plan hash prefix {plan_id!r} is ambiguous ({len(rows)} plans); give more of it")
                 row = rows[0] if rows else None
-        return (json.loads(row[0]), row[1]) if row else None
+        return (self._stored_json(row[0], "plans", "plan_json", row[2]), row[1]) if row else None
+
+    def _stored_json(self, text, table: str, column: str, row_id, *, optional: bool = False) -> dict | None:
+        """A JSON object the store keeps as text, checked: a damaged one is an MpstudioError naming its row."""
+        if optional and not isinstance(text, str):
+            return None  # an empty column reads back as NaN or None
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError):
+            value = None
+        if not isinstance(value, dict):
+            raise MpstudioError(f"row {row_id} of {table} in the study store {self.path} is damaged ({column} is not "
+                                f"a JSON object); the rest of the study is intact: restore the file from a copy, or "
+                                f"delete that row (sqlite3 {self.path.name} \"DELETE FROM {table} WHERE id = "
+                                f"{row_id}\")")
+        return value
 
     def plan_id(self, plan_hash: str) -> int | None:
         with self._lock:
@@ -302,8 +318,14 @@ class StudyStore:
         frame["higher_is_better"] = frame["higher_is_better"].astype(bool)
         frame["latency_label"] = [_latency_label(s, w, i) for s, w, i in
                                   zip(frame["latency_source"], frame["latency_where"], frame["latency_includes"])]
-        for column in ("latency_low_ms", "latency_high_ms"):
-            frame[column] = frame[column].astype(float)
+        for column in ("value", "snr_db", "cosine", "seconds", "latency_ms", "latency_low_ms",
+                       "latency_high_ms", "estimate_ms"):
+            numbers = pd.to_numeric(frame[column], errors="coerce").astype(float)
+            damaged = frame[column].notna() & numbers.isna()  # text where SQLite's loose typing let it in
+            if damaged.any():
+                raise MpstudioError(f"the study store {self.path} is damaged: the {column} of plan "
+                                    f"{frame['plan_id'][damaged].iloc[0]} is not a number; restore the file from a copy")
+            frame[column] = numbers
         return frame[EVALUATION_COLUMNS]
 
     # ---- jobs: queued evaluations that survive a kill ----
@@ -393,9 +415,10 @@ class StudyStore:
         None), owner. A search whose owner process is gone reads as interrupted."""
         frame = self._query("SELECT id AS search_id, spec, status, result, owner, created, updated FROM searches"
                             " ORDER BY id")
-        frame["spec"] = frame["spec"].map(json.loads)
-        # An empty column reads back as NaN, not None: only text is JSON.
-        frame["result"] = frame["result"].map(lambda r: json.loads(r) if isinstance(r, str) else None)
+        frame["spec"] = [self._stored_json(spec, "searches", "spec", i)
+                         for i, spec in zip(frame["search_id"], frame["spec"])]
+        frame["result"] = [self._stored_json(result, "searches", "result", i, optional=True)
+                           for i, result in zip(frame["search_id"], frame["result"])]
         return _settle(frame, running_gone="interrupted", now=self.clock())
 
     # ---- rows other rooms keep (`store_builds`) ----
@@ -508,6 +531,10 @@ def _connect_once(path: Path) -> tuple[sqlite3.Connection, bool]:
         if path.exists() and ("readonly" in text or "read-only" in text or "unable to open" in text):
             return _connect_read_only(path, exc), True
         # Not damage: the store is intact, so nothing may advise moving it aside.
+        if "locked" in text:
+            raise MpstudioError(f"{path} is locked by another process (one writing to the study, or a program that "
+                                "holds it open) and stayed locked for 30 s; let that finish or stop it, then retry") \
+                from exc
         raise MpstudioError(f"{path} could not be opened ({exc}); check that this user can read and write "
                             f"{path.parent} and its files") from exc
     return db, False

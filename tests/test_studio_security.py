@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from gui_support import PanelServer, free_port, make_small_study, wait_for_bokeh, wait_until
+from gui_support import PanelServer, accepts_connections, free_port, make_small_study, wait_for_bokeh, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = '<img src=x onerror="window.__pwned=1">'
@@ -76,12 +76,14 @@ def get(url: str, headers: dict | None = None, timeout: float = 30.0) -> str:
 class StudioProcess:
     """A studio server started as its user would start it, on a free port; stopped by its own pid."""
 
-    def __init__(self, argv: list[str], port: int, path: str):
+    def __init__(self, argv: list[str], port: int, path: str, open_page: bool = True):
         self.port, self.path = port, path
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True)
-        wait_until(self._up, 120, 0.25, message=f"the studio did not start: {argv}")
+        # Without open_page, nothing runs app.py before the test's first connection.
+        up = self._up if open_page else (lambda: accepts_connections(port))
+        wait_until(up, 120, 0.25, message=f"the studio did not start: {argv}")
 
     def url(self, host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.port}/{self.path}"
@@ -127,6 +129,53 @@ def test_the_readmes_studio_listens_on_loopback_only(readme_studio):
     addresses = listening_addresses(readme_studio.port)
     assert addresses, "no listening socket found"
     assert addresses <= {"127.0.0.1", "::1"}, addresses
+
+
+def websocket_answer(port: int, origin: str | None) -> str:
+    """What a raw (non-browser) websocket client gets from the studio's /app/ws with a fresh session token:
+    "ack" (a session is served), "refused NNN" (the handshake's status) or "closed"."""
+    import asyncio
+
+    from bokeh.util.token import generate_jwt_token, generate_session_id
+    from tornado.httpclient import HTTPClientError, HTTPRequest
+    from tornado.iostream import StreamClosedError
+    from tornado.websocket import WebSocketClosedError, websocket_connect
+
+    token = generate_jwt_token(generate_session_id(), secret_key=None, signed=False)
+
+    async def talk() -> str:
+        request = HTTPRequest(f"ws://127.0.0.1:{port}/app/ws", headers={"Origin": origin} if origin else {})
+        try:
+            connection = await websocket_connect(request, subprotocols=["bokeh", token])
+        except HTTPClientError as exc:
+            return f"refused {exc.code}"
+        except (StreamClosedError, WebSocketClosedError, OSError):
+            return "closed"
+        try:
+            header = await asyncio.wait_for(connection.read_message(), 120)
+        finally:
+            connection.close()
+        return "closed" if header is None else ("ack" if '"ACK"' in str(header) else f"other {header!r:.80}")
+
+    return asyncio.run(talk())
+
+
+def test_a_websocket_without_origin_is_refused_by_the_server_itself():
+    """The README's server, its first connection a raw websocket (no page asked for before): refused, and every
+    later one at the handshake; a browser's handshake (with its Origin) still gets a session."""
+    command = readme_studio_command()
+    port = free_port()
+    studio = StudioProcess([sys.executable, "-m", "panel", "serve", "app.py", *command[3:], "--port", str(port)],
+                           port, "app", open_page=False)
+    try:
+        assert websocket_answer(port, None) in ("closed", "refused 403")
+        assert websocket_answer(port, None) == "refused 403"
+        get(studio.url("localhost"))
+        assert websocket_answer(port, None) == "refused 403"
+        assert websocket_answer(port, f"http://localhost:{port}") == "ack"
+        assert websocket_answer(port, "http://evil.example") == "refused 403"
+    finally:
+        studio.stop()
 
 
 def shows_text(page, text: str, timeout_ms: int = 60000) -> bool:
@@ -217,6 +266,51 @@ def test_paths_under_the_roots_are_opened(confined_state):
     job = state.jobs[0]
     wait_until(lambda: not job.active, 60)
     assert "model file not found" in state.error and str(root / "missing.onnx") in state.error
+
+
+def _opened(state, panel, **fields) -> str:
+    """Open what the fields name as a visitor would; the error the opening ended with ("" when it opened)."""
+    jobs = len(state.jobs)
+    error = _refusal(state, panel, "_on_open_model", **fields)
+    if len(state.jobs) > jobs:
+        job = state.jobs[0]  # the newest
+        wait_until(lambda: not job.active, 300)
+    return state.error
+
+
+def test_links_inside_the_roots_to_files_outside_are_not_followed(confined_state, conv_model_path):
+    """A sample in a confined data folder, or a model's external data file, that is a link to a file outside
+    the roots is refused, not read; the same files really under the roots open."""
+    import numpy as np
+
+    state, panel, root, outside = confined_state
+    feed = {"x": np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    data = root / "data"
+    data.mkdir()
+    np.savez(data / "a.npz", **feed)
+    np.savez(outside / "b.npz", **feed)
+    (data / "b.npz").symlink_to(outside / "b.npz")
+    model = root / "model.onnx"
+    model.write_bytes(conv_model_path.read_bytes())
+    error = _opened(state, panel, model_path=str(model), data_path=str(data))
+    assert "data file" in error and "b.npz" in error and "not under the folders" in error, error
+    assert state.study is None
+
+    (data / "b.npz").unlink()
+    external = root / "external"
+    external.mkdir()
+    onnx.save(onnx.load(conv_model_path), external / "model.onnx", save_as_external_data=True,
+              all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    (external / "weights.bin").rename(outside / "weights.bin")
+    (external / "weights.bin").symlink_to(outside / "weights.bin")
+    error = _opened(state, panel, model_path=str(external / "model.onnx"), data_path=str(data))
+    assert "external data file" in error and "not under the folders" in error, error
+    assert state.study is None
+
+    (external / "weights.bin").unlink()
+    (outside / "weights.bin").rename(external / "weights.bin")
+    assert _opened(state, panel, model_path=str(external / "model.onnx"), data_path=str(data)) == ""
+    assert state.study is not None
 
 
 def test_the_export_folder_is_confined_to_the_roots(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -493,3 +494,152 @@ def test_a_read_only_study_is_shown_and_refuses_changes_without_advising_to_move
             store.close()
     finally:
         subprocess.run(["chattr", "-R", "-i", str(folder)], check=False)
+
+
+# ---- damaged study folders: one MpstudioError (or the study opens), never a traceback ----------------------------
+def _write(name: str, data: bytes):
+    def damage(folder: Path) -> None:
+        path = folder / name
+        if path.is_dir():
+            import shutil
+
+            shutil.rmtree(path)
+        path.write_bytes(data)
+    return damage
+
+
+def _folder(name: str):
+    def damage(folder: Path) -> None:
+        path = folder / name
+        path.unlink(missing_ok=True)
+        path.mkdir()
+    return damage
+
+
+def _sql(statement: str):
+    def damage(folder: Path) -> None:
+        with sqlite3.connect(folder / "study.sqlite") as connection:
+            connection.executescript(statement)
+        connection.close()
+    return damage
+
+
+def _truncated(name: str):
+    def damage(folder: Path) -> None:
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[:len(data) // 2])
+    return damage
+
+
+def _replaced_by_a_file(folder: Path) -> None:
+    import shutil
+
+    shutil.rmtree(folder)
+    folder.write_text("not a folder")
+
+
+DAMAGED_FOLDERS = {
+    "study.json missing": lambda folder: (folder / STUDY_FILE).unlink(),
+    "study.json empty": _write(STUDY_FILE, b""),
+    "study.json not an object": _write(STUDY_FILE, b"[1, 2]"),
+    "study.json wrong types": _write(STUDY_FILE, b'{"format": 1, "inputs": "x", "metric": []}'),
+    "store missing": lambda folder: (folder / "study.sqlite").unlink(),
+    "store zero bytes": _write("study.sqlite", b""),
+    "store not SQLite": _write("study.sqlite", b"not a database " * 200),
+    "store truncated": _truncated("study.sqlite"),
+    "store a folder": _folder("study.sqlite"),
+    "write-ahead log garbage": _write("study.sqlite-wal", b"garbage" * 1000),
+    "jobs for a missing plan": _sql("INSERT INTO jobs (plan_id, backend, status, created, updated) "
+                                    "VALUES (999, 'cpu', 'pending', 0, 0);"),
+    "searches not JSON": _sql("INSERT INTO searches (spec, status, result, created, updated) "
+                              "VALUES ('{bad', 'interrupted', '{bad', 0, 0);"),
+    "search spec a list": _sql("INSERT INTO searches (spec, status, created, updated) VALUES ('[1]', 'done', 0, 0);"),
+    "accuracy not a number": _sql("UPDATE accuracy SET value = 'abc';"),
+    "results count a folder": _folder("results.count"),
+    "results count not a number": _write("results.count", b"\xff\xfe"),
+    "cache a file": _write("cache", b"x"),
+    "cache of float models a file": _write("cache/float", b"x"),
+    "reference a file": _write("reference", b"x"),
+    "sensitivity a file": _write("sensitivity", b"x"),
+    "calibration.json damaged": _write("calibration.json", b"{bad"),
+    "model missing": lambda folder: (folder / "model.onnx").unlink(),
+    "model truncated": _truncated("model.onnx"),
+    "model zero bytes": _write("model.onnx", b""),
+    "model a folder": _folder("model.onnx"),
+    "data folder a file": _write("data/calibration", b"x"),
+    "study folder a file": _replaced_by_a_file,
+}
+
+
+@pytest.fixture(scope="module")
+def intact_study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("intact")
+    study = Study.create(root / "study", _model(root), FeedList(chain_feeds(4)), FeedList(chain_feeds(2, seed=3)))
+    study.evaluate(PrecisionPlan.a8w8())
+    study.close()
+    return root / "study"
+
+
+@pytest.mark.parametrize("shape", list(DAMAGED_FOLDERS))
+def test_a_damaged_study_folder_gives_one_clean_error(tmp_path, intact_study, capsys, shape):
+    """`mpstudio study show`, `study resume`, `Study.open` and the studio's open of a damaged folder: each opens
+    the study or says what is wrong in one MpstudioError; none raises anything else."""
+    import shutil
+
+    from mpstudio.cli import main
+    from gui_support import wait_until
+    from mpstudio.widgets import StudioState
+
+    folder = tmp_path / "study"
+    shutil.copytree(intact_study, folder)
+    DAMAGED_FOLDERS[shape](folder)
+    try:
+        Study.open(folder).close()
+        opened = ""
+    except MpstudioError as exc:
+        opened = str(exc)
+    for command in ("show", "resume"):
+        code = main(["study", command, str(folder)])  # anything but an MpstudioError would raise here
+        err = capsys.readouterr().err
+        assert code == 2 if opened else code in (0, 2), (command, err)
+        assert code == 0 or err.strip().splitlines()[-1].startswith("mpstudio: error: "), (command, err)
+        # A command's log keeps the traceback of its error: it must be an MpstudioError's, not a wrapped other.
+        log = folder / "mpstudio.log" if folder.is_dir() else None
+        raised = re.findall(r"^([\w.]+(?:Error|Exception)): ", log.read_text(), re.MULTILINE) \
+            if log is not None and log.is_file() else []
+        assert set(raised) <= {"mpstudio.errors.MpstudioError"}, (command, raised)
+    state = StudioState(auto_analyze=False)
+    try:
+        job = state.open_study(folder)
+        wait_until(lambda: not job.active, 120)
+        if opened:
+            assert job.error == opened, job.error  # the studio tells the same sentence, not an exception's name
+        elif job.error:  # opened, then refused when the studio read on: by an MpstudioError's sentence
+            assert not job.error.startswith(f"{job.title} failed:"), job.error
+        else:
+            assert state.study is not None
+    finally:
+        state.close()
+
+
+def test_a_store_another_process_holds_locked_is_said_to_be_locked(tmp_path, intact_study):
+    import shutil
+
+    folder = tmp_path / "study"
+    shutil.copytree(intact_study, folder)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sqlite3, sys, time
+        db = sqlite3.connect({str(folder / "study.sqlite")!r}, isolation_level=None)
+        db.execute("BEGIN EXCLUSIVE")
+        print("locked", flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(MpstudioError, match="locked by another process") as refused:
+            Study.open(folder)
+        assert "move it aside" not in str(refused.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    Study.open(folder).close()

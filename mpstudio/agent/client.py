@@ -9,6 +9,7 @@ import os
 import queue
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -296,11 +297,12 @@ class LocalAgent:
             if value is not None:
                 self._args += [flag, str(value)]
         self._args += list(extra_args)
-        self._log_dir = None
-        if log_path is None:
-            self._log_dir = tempfile.mkdtemp(prefix="mpstudio-local-agent-")
-            log_path = Path(self._log_dir) / "agent.log"
-        self.log_path = Path(log_path)
+        # A folder of this process's holds the agent's work directory and log unless they are given; made by
+        # start(), it goes when the agent is stopped, even an agent that was killed and could not remove its own.
+        self._own_dir: Path | None = None
+        self._own_workdir = workdir is None
+        self._own_log = log_path is None
+        self.log_path = Path(log_path) if log_path is not None else None
         self.url: str | None = None
         self._process: subprocess.Popen | None = None
         self._client: AgentClient | None = None
@@ -319,9 +321,16 @@ class LocalAgent:
         if self._process is not None:
             return self
         env = {**os.environ, TOKEN_ENV: self.token}  # never on the command line, where `ps` shows it
+        args = list(self._args)
+        if self._own_workdir or self._own_log:
+            self._own_dir = Path(tempfile.mkdtemp(prefix="mpstudio-local-agent-"))
+            if self._own_workdir:
+                args += ["--workdir", str(self._own_dir / "work")]
+            if self._own_log:
+                self.log_path = self._own_dir / "agent.log"
         log_file = open(self.log_path, "ab")
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "mpstudio.agent", "serve", *self._args],
+            [sys.executable, "-m", "mpstudio.agent", "serve", *args],
             stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, env=env,
         )
         log_file.close()
@@ -382,6 +391,9 @@ class LocalAgent:
                 process.wait(timeout=5)
         if process is not None and process.stdout is not None:
             process.stdout.close()
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+            self._own_dir = None
         atexit.unregister(self.stop)
 
     def __enter__(self) -> "LocalAgent":

@@ -24,6 +24,13 @@ STUDY_FILE = "study.json"
 # damaged (e.g. its write-ahead log was deleted before it was folded in).
 RESULTS_FILE = "results.count"
 _CONFIG_KEYS = {"format": int, "inputs": list, "metric": dict}
+# The folders a study keeps its files in (those it can remake and those it cannot): a file in the place of one is
+# damage, told when the study opens rather than met as a traceback when the folder is first written.
+STUDY_FOLDERS = {"cache": "cache of calibrations and generated models", "reference": "float model's outputs",
+                 "sensitivity": "sensitivity reports", "exports": "exports", "imported": "imported encodings",
+                 "profiles": "kept device profiles", "data": "calibration and evaluation data",
+                 "cache/float": "float models", "cache/calibration": "calibrated ranges",
+                 "cache/models": "generated models"}
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -161,7 +168,17 @@ def read_config(folder: Path) -> dict:
                             "description is damaged")
     if not (folder / "model.onnx").exists():
         raise MpstudioError(f"{folder} has no model.onnx; the study is incomplete")
+    check_layout(folder)
     return config
+
+
+def check_layout(folder: Path) -> None:
+    """Refuse a study folder where a file stands in the place of one of the study's own folders."""
+    for name, what in STUDY_FOLDERS.items():
+        path = folder / name
+        if path.exists() and not path.is_dir():
+            raise MpstudioError(f"{path} is a file where the study keeps its folder of {what}; the study folder "
+                                "is damaged: move that file out of it, then open the study again")
 
 
 def open_study(folder: Path, metric: TaskMetric | None):
@@ -196,6 +213,10 @@ class ResultCount:
             expected = int(path.read_text().strip()) if path.exists() else 0
         except ValueError:
             return  # a damaged count says nothing; the store itself is the truth
+        except OSError as exc:  # a folder in its place, or a file this user cannot read
+            raise MpstudioError(f"{path} cannot be read ({exc.strerror or exc}): it should be a small file with the "
+                                f"number of results committed to the study store. Remove it (the store keeps its "
+                                f"results) and open the study again") from None
         have = self.store.result_count()
         if have < expected:
             raise MpstudioError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as futures
 import os
+import shutil
 import tempfile
 import threading
 from collections import OrderedDict
@@ -86,6 +87,9 @@ def evaluate(model: str | Path, source: DataSource, metric: TaskMetric, backend:
 _pool: futures.ProcessPoolExecutor | None = None
 _pool_size = 0
 _pool_lock = threading.Lock()
+# The folders the workers work in, one per pool, made and removed by this process: a worker killed or ended
+# without its own clean-up leaves nothing behind once the pool is shut down.
+_pool_dirs: list[str] = []
 
 
 def _executor(workers: int) -> futures.ProcessPoolExecutor:
@@ -93,20 +97,23 @@ def _executor(workers: int) -> futures.ProcessPoolExecutor:
     with _pool_lock:
         if _pool is None or _pool_size != workers:
             if _pool is not None:
-                _pool.shutdown(wait=False, cancel_futures=True)
+                _pool.shutdown(wait=False, cancel_futures=True)  # its folder goes at shutdown_workers
+            _pool_dirs.append(tempfile.mkdtemp(prefix="mpstudio-htp-workers-"))
             _pool = futures.ProcessPoolExecutor(workers, mp_context=spawn_context(),
-                                                initializer=_worker_start)
+                                                initializer=_worker_start, initargs=(_pool_dirs[-1],))
             _pool_size = workers
         return _pool
 
 
 def shutdown_workers() -> None:
-    """Stop the worker processes (they are started again when needed)."""
+    """Stop the worker processes (they are started again when needed) and remove the folders they worked in."""
     global _pool
     with _pool_lock:
         if _pool is not None:
             _pool.shutdown(wait=True, cancel_futures=True)
             _pool = None
+        while _pool_dirs:
+            shutil.rmtree(_pool_dirs.pop(), ignore_errors=True)
 
 
 atexit.register(shutdown_workers)
@@ -151,9 +158,9 @@ _sessions: OrderedDict = OrderedDict()
 _KEEP_SESSIONS = 2
 
 
-def _worker_start() -> None:
-    # QNN writes trace files into the working directory: give each worker its own.
-    os.chdir(tempfile.mkdtemp(prefix="mpstudio-htp-worker-"))
+def _worker_start(pool_dir: str) -> None:
+    # QNN writes trace files into the working directory: give each worker its own, inside its pool's.
+    os.chdir(tempfile.mkdtemp(prefix="worker-", dir=pool_dir))
 
 
 def _run_chunk(model, backend: str, options, feeds: list[Feed], allow_cpu_fallback: bool = False) -> list[Feed]:

@@ -85,8 +85,10 @@ def collect_ranges(model_path: Path, calibration: DataSource, inputs, method: st
     if len(calibration) == 0:
         raise MpstudioError(f"{calibration.name} holds no samples to calibrate with")
     reader = CalibrationReader(calibration, progress, cancel, message, inputs)
-    # ORT's calibrator writes and deletes "<model>-inferred.onnx" beside the model: one process at a time.
-    with exclusive(Path(f"{model_path}.calibrate.lock")), tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
+    # ORT's calibrator writes and deletes "<model>-inferred.onnx" beside the model: one process at a time. Its
+    # augmented model goes beside it too, not to the system's temporary folder, where a killed run would leave it.
+    with exclusive(Path(f"{model_path}.calibrate.lock")), \
+            tempfile.TemporaryDirectory(prefix=".calibrating-", dir=Path(model_path).parent) as tmp:
         calibrator = create_calibrator(
             model_path,
             None,  # every float tensor: ranges must serve any plan

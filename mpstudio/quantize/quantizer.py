@@ -110,7 +110,8 @@ class Quantizer:
         out = self.cache_dir / "float" / f"{self.prepared.sha256[:16]}-weights-{self.calibration_key(plan)}.onnx"
         if out.exists():
             return out
-        with tempfile.TemporaryDirectory(prefix="mpstudio-calib-") as tmp:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".weights-", dir=out.parent) as tmp:  # a killed run leaves it here
             reference = Path(tmp) / "weights.onnx"
             self._quantize(weight_form_plan(plan or PrecisionPlan()), float_ranges, reference)
             unique = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..cache import cache_root
 from ..data import NpzFolder
 from ..errors import MpstudioError
-from ..model import parse_shape_args
+from ..model import external_data_files, parse_shape_args
 from ..study import Study
 
 _CREATING = threading.Lock()  # studies are created one at a time in this process
@@ -22,14 +22,18 @@ def demo_study(study_folder: Path | None, progress=None) -> Study:
         return Study.demo(study_folder, progress=progress)
 
 
-def model_study(model, data, shapes: str, fallback: bool, study_folder: Path | None, progress=None) -> Study:
+def model_study(model, data, shapes: str, fallback: bool, study_folder: Path | None, progress=None,
+                confine=None) -> Study:
     """The study of `model` calibrated and evaluated on the `.npz` samples in `data`: the one already made from
-    the same files (in `study_folder`, or the cache), or a new one."""
+    the same files (in `study_folder`, or the cache), or a new one. `confine(path, what)` (a served studio's
+    `ServerPolicy.confine`) refuses files that lie, or link, outside the folders visitors may open."""
     if not str(model).strip() or not str(data).strip():
         raise MpstudioError("give a model file (.onnx) and a data folder of .npz samples")
     model_path, data_path = Path(str(model).strip()).expanduser(), Path(str(data).strip()).expanduser()
     if not model_path.is_file():
         raise MpstudioError(f"model file not found: {model_path}")
+    if confine is not None:
+        confine_linked_files(model_path, data_path, confine)
     try:
         input_shapes = parse_shape_args(shapes.split()) if shapes.strip() else None
     except MpstudioError as exc:
@@ -52,6 +56,18 @@ def model_study(model, data, shapes: str, fallback: bool, study_folder: Path | N
                                 "and open the model again.")
         calibration = NpzFolder(data_path, [spec.name for spec in prepared.inputs])
         return Study.create(folder, prepared, calibration, progress=progress, allow_fallback=fallback)
+
+
+def confine_linked_files(model_path: Path, data_path: Path, confine) -> None:
+    """Refuse, before any is read, a sample in the data folder or an external data file of the model that is a
+    link to a place outside the folders visitors may open (the folder and the model themselves were confined
+    when typed)."""
+    for file in external_data_files(model_path):
+        confine(file, "model's external data file")
+    if data_path.is_dir():
+        for file in sorted(data_path.iterdir()):
+            if file.suffix in (".npz", ".npy"):
+                confine(file, "data file")
 
 
 SHAPES_FIELD = "Input shapes"

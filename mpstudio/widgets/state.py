@@ -147,15 +147,15 @@ class StudioState(param.Parameterized):
 
     def open_model(self, model: str | Path | None = None, data: str | Path | None = None,
                    shapes: str | None = None, allow_fallback: bool | None = None) -> Job:
-        """A new study of `model` calibrated and evaluated on the `.npz` samples in `data` (or the study
-        already made from the same files). Arguments default to the model_path, data_path, input_shapes and
-        allow_fallback parameters, which a visitor types: those must lie under the server's roots."""
+        """A new study of `model` on the `.npz` samples in `data` (or the one made from the same files). Arguments
+        default to the fields a visitor types, which must lie, with what they link to, under the server's roots."""
+        confine = self.policy.confine if model is None or data is None else None
         model = model or self.policy.confine(self.model_path, "model file (.onnx)")
         data = data or self.policy.confine(self.data_path, "data folder")
-        shapes = self.input_shapes if shapes is None else shapes
-        fallback = self.allow_fallback if allow_fallback is None else allow_fallback
+        shapes, fallback = (self.input_shapes if shapes is None else shapes,
+                            self.allow_fallback if allow_fallback is None else allow_fallback)
         return self.submit("open", f"opening {Path(str(model)).name}", lambda progress, cancel: model_study(
-            model, data, shapes, fallback, self.study_folder, progress), self.set_study)
+            model, data, shapes, fallback, self.study_folder, progress, confine), self.set_study)
 
     # ---- selection and plan ---------------------------------------------------------------------------
     def select(self, tensors) -> None:

@@ -11,7 +11,7 @@ from .codec import INLINE_BYTES
 from .config import HTTP_IMPLEMENTATIONS, AgentConfig, default_device_name, is_loopback
 from .routes import router
 from .state import AgentState
-from .wire import MAX_ITERATIONS, MAX_WARMUP, ContextRequest, RunRequest
+from .wire import MAX_ITERATIONS, MAX_WARMUP, ContextRequest, RunRequest, RunSpec
 
 __all__ = [
     "HTTP_IMPLEMENTATIONS",
@@ -24,6 +24,7 @@ __all__ = [
     "ContextRequest",
     "DeviceQueue",
     "RunRequest",
+    "RunSpec",
     "UploadSlots",
     "create_app",
     "default_device_name",

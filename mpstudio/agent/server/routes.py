@@ -14,11 +14,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
 
 from ..protocol import API_PREFIX, RESULT_MEMBER, RUN_MEMBER, AgentError, b64decode, b64encode
 from .codec import encoded
+from .replies import AgentInfo, RunResult, RunSummary
 from .state import AgentState
-from .wire import Context, ContextRequest, Health, ModelStatus, RunRequest, Upload, error_responses
+from .wire import Context, ContextRequest, Health, ModelStatus, RunRequest, RunSpec, Upload, error_responses
 
 ModelId = Annotated[str, PathParam(pattern=r"^[0-9a-f]{64}$", description="sha256 hex digest of the model")]
 RunId = Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$", description="uuid4 hex of a run")]
@@ -28,13 +30,28 @@ _BINARY_BODY = {"requestBody": {"content": {"application/octet-stream": {"schema
 _RUN_ERRORS = error_responses(404, 411, 413, 422, 500, 502, 504)
 
 
+class _RunIdConvertor(Convertor):
+    """Run ids only: `/v1/runs/npz` is then no run id, and a GET there is 405 as the schema says."""
+
+    regex = "[0-9a-f]{32}"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("mpstudio_run_id", _RunIdConvertor())
+
+
 def _state(request: Request) -> AgentState:
     return request.app.state.agent
 
 
 Agent = Annotated[AgentState, Depends(_state)]
 # Refusals any route can give: credentials in the URL, a wrong token, a busy agent or too many connections.
-router = APIRouter(responses=error_responses(400, 401, 503))
+router = APIRouter(responses=error_responses(400, 401, 408, 431, 503))
 
 
 @router.get("/health", summary="Liveness, worker and queue", response_model=Health)
@@ -42,7 +59,8 @@ async def health(state: Agent):
     return state.health()
 
 
-@router.get(f"{API_PREFIX}/info", summary="Platform, versions, backends and what the HTP really is")
+@router.get(f"{API_PREFIX}/info", summary="Platform, versions, backends and what the HTP really is",
+            response_model=AgentInfo)
 async def info(state: Agent):
     if state.worker.ready_info is None:  # waiting for the lock would otherwise queue behind a run
         await run_in_threadpool(state.worker.wait_ready)
@@ -80,7 +98,7 @@ async def upload_model(model_id: ModelId, request: Request, state: Agent):
 
 
 @router.post(f"{API_PREFIX}/runs", summary="Run a model and return outputs, latency, placement, profile",
-             responses=_RUN_ERRORS)
+             response_model=RunResult, responses=_RUN_ERRORS)
 async def run(body: RunRequest, state: Agent):
     state.store.existing(body.model_id)  # an unknown model is a 404 whatever the inputs
     reply, outputs = await state.run(body, b64decode(body.inputs_npz, "inputs_npz"))
@@ -95,7 +113,7 @@ async def run(body: RunRequest, state: Agent):
     description=(
         "The request body is an .npz of the inputs plus a uint8 member `__run__` holding the JSON of a "
         "RunRequest without `inputs_npz`. The response is an .npz of the outputs plus a uint8 member "
-        "`__result__` holding the JSON result. Pickled members are refused."
+        "`__result__` holding the JSON result (a RunSummary). Pickled members are refused."
     ),
     openapi_extra=_BINARY_BODY,
     response_class=Response,
@@ -108,7 +126,7 @@ async def run_npz(request: Request, state: Agent):
     if spec is None or spec.dtype != np.uint8:
         raise AgentError(f"the .npz has no uint8 {RUN_MEMBER!r} member with the run's JSON")
     try:
-        body = RunRequest.model_validate_json(spec.tobytes())
+        body = RunSpec.model_validate_json(spec.tobytes())
     except ValidationError as exc:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
     reply, outputs = await state.run(body, data, members=lambda name: name != RUN_MEMBER)
@@ -117,7 +135,8 @@ async def run_npz(request: Request, state: Agent):
     return Response(await encoded(arrays), media_type="application/octet-stream")
 
 
-@router.get(f"{API_PREFIX}/runs/{{run_id}}", summary="A past run's result (without outputs)",
+@router.get(f"{API_PREFIX}/runs/{{run_id:mpstudio_run_id}}", summary="A past run's result (without outputs)",
+            response_model=RunSummary, response_model_exclude_unset=True,
             responses=error_responses(404, 422))
 async def run_status(run_id: RunId, state: Agent):
     if run_id not in state.runs:

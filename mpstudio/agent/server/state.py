@@ -22,7 +22,7 @@ from ..worker import WorkerHandle
 from .admission import DeviceQueue, UploadSlots
 from .codec import INLINE_BYTES, decoded
 from .config import AgentConfig, default_device_name
-from .wire import ContextRequest, RunRequest
+from .wire import ContextRequest, RunSpec
 
 log = logging.getLogger("mpstudio.agent")
 
@@ -84,7 +84,7 @@ class AgentState:
 
     # ------------------------------------------------------------------ runs
 
-    async def run(self, body: RunRequest, encoded_inputs: bytes, members=None) -> tuple[dict, dict | None]:
+    async def run(self, body: RunSpec, encoded_inputs: bytes, members=None) -> tuple[dict, dict | None]:
         """Run on the worker; the result without outputs, and the outputs (None when not asked for).
 
         The inputs wait for the device as the client sent them (an .npz, often compressed) and are decoded

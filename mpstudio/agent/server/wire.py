@@ -8,19 +8,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_ITERATIONS = 100_000
 MAX_WARMUP = 1_000
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
-class RunRequest(BaseModel):
-    """One run: which model, where, with what inputs, how many times, and what to send back."""
+class RunSpec(BaseModel):
+    """One run: which model, where, how many times, and what to send back (the inputs travel beside it)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    model_id: str = Field(description="sha256 of an uploaded model")
+    model_id: str = Field(pattern=SHA256_PATTERN, description="sha256 of an uploaded model")
     backend: Literal["htp", "cpu"] = Field("htp", description="htp (QNN EP) or cpu (ORT's QDQ reference)")
     provider_options: dict[str, str | int | bool] = Field(default_factory=dict,
                                                            description="QNN EP options (whitelisted)")
-    inputs_npz: str = Field("", description="base64 of an .npz of the model inputs (no pickled arrays); "
-                                            "empty in the binary form, where the inputs are the .npz itself")
     warmup: int = Field(0, ge=0, le=MAX_WARMUP)
     iterations: int = Field(1, ge=1, le=MAX_ITERATIONS)
     return_outputs: bool = True
@@ -30,10 +29,16 @@ class RunRequest(BaseModel):
     allow_cpu_fallback: bool = Field(False, description="let nodes QNN refuses run on ORT's CPU EP")
 
 
+class RunRequest(RunSpec):
+    """The JSON form of a run: the spec and its inputs in one body."""
+
+    inputs_npz: str = Field(min_length=1, description="base64 of an .npz of the model inputs (no pickled arrays)")
+
+
 class ContextRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model_id: str
+    model_id: str = Field(pattern=SHA256_PATTERN, description="sha256 of an uploaded model")
     provider_options: dict[str, str | int | bool] = Field(default_factory=dict)
     allow_cpu_fallback: bool = False
 
@@ -78,8 +83,10 @@ _ERROR_MEANINGS = {
     400: "a corrupt upload (wrong sha256), or credentials in the URL",
     401: "missing or wrong bearer token",
     404: "the model or run is not on this agent",
+    408: "the request's head or body did not arrive within the agent's deadline",
     411: "a body without Content-Length (chunked)",
     413: "the body, the inputs once decompressed, or the model is over the agent's limits",
+    431: "the request's headers are over the agent's limit (64 KB)",
     422: "a bad request: ids, options, inputs, .npz, model, unsupported op, dynamic shape",
     500: "an internal fault of the worker",
     502: "the worker died during the request (it was replaced)",
