@@ -55,11 +55,15 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS searches (
     id INTEGER PRIMARY KEY, spec TEXT NOT NULL, status TEXT NOT NULL, result TEXT, created REAL NOT NULL,
     updated REAL NOT NULL, owner TEXT);
+CREATE TABLE IF NOT EXISTS sample_terms (
+    plan_id INTEGER NOT NULL REFERENCES plans(id), source TEXT NOT NULL, header TEXT NOT NULL, terms BLOB NOT NULL,
+    PRIMARY KEY (plan_id, source));
 """
 # Columns added after the first format; added to older stores when they are opened.
 # Latency scope and interval: empty in rows stored before them (Latency fills the scope in, no interval).
 _ADDED_COLUMNS = {"searches": {"owner": "TEXT"},
-                  "latency": {"includes": "TEXT", "low_ms": "REAL", "high_ms": "REAL"}}
+                  "latency": {"includes": "TEXT", "low_ms": "REAL", "high_ms": "REAL"},
+                  "accuracy": {"low": "REAL", "high": "REAL", "resolution": "REAL"}}
 
 # Columns of `StudyStore.evaluations()`: one row per (plan, accuracy source), with the plan's latencies.
 #   plan_id, plan_hash, name, origin, sixteen_bit (activation tensors at 16 bits), backend (cpu/htp),
@@ -67,11 +71,13 @@ _ADDED_COLUMNS = {"searches": {"owner": "TEXT"},
 #   higher_is_better, snr_db, cosine (outputs against the float model), samples, seconds,
 #   latency_ms, latency_source (estimate/measured/emulator), latency_where, latency_label (what the figure is
 #   and includes), latency_low_ms / latency_high_ms (the estimate's interval; NaN without one),
-#   plus `estimate_ms` (the cost model, always present when latency.py could read the model).
+#   plus `estimate_ms` (the cost model, always present when latency.py could read the model); value_low/high
+#   (95 % bootstrap interval) and resolution (one count's weight): NaN when unknown (older results).
 EVALUATION_COLUMNS = [
     "plan_id", "plan_hash", "name", "origin", "sixteen_bit", "backend", "accuracy_source", "metric", "value",
     "higher_is_better", "snr_db", "cosine", "samples", "seconds", "latency_ms", "latency_source",
     "latency_where", "latency_label", "latency_low_ms", "latency_high_ms", "estimate_ms", "created",
+    "value_low", "value_high", "resolution",
 ]
 
 
@@ -93,13 +99,22 @@ class Evaluation:
     seconds: float
     latencies: tuple = ()  # of latency.Latency
     cached: bool = False  # True when the study already had this result
+    low: float | None = None  # the value's 95 % interval over the samples (None: not known)
+    high: float | None = None
+    resolution: float | None = None  # one count's weight in a counted metric
 
     def latency(self, source: str = "estimate"):
         return next((lat for lat in self.latencies if lat.source == source), None)
 
+    def interval_text(self) -> str:
+        """The value's interval and resolution in words ("" when not known)."""
+        step = f", resolution {self.resolution:.4f}" if self.resolution else ""
+        return "" if self.low is None or self.high is None else \
+            f" (95 % interval {self.low:.4f}-{self.high:.4f} over {self.samples} samples{step})"
+
     def describe(self) -> str:
         lat = ", ".join(str(lat) for lat in self.latencies) or "no latency"
-        return f"{self.name}: {self.metric} {self.value:.4f} [{self.accuracy_source}]; {lat}"
+        return f"{self.name}: {self.metric} {self.value:.4f}{self.interval_text()} [{self.accuracy_source}]; {lat}"
 
 
 @dataclass(frozen=True)
@@ -115,6 +130,9 @@ class AccuracyRecord:
     cosine: float | None
     samples: int
     seconds: float
+    low: float | None = None
+    high: float | None = None
+    resolution: float | None = None
 
 
 def this_process() -> str:
@@ -238,15 +256,19 @@ class StudyStore:
                            "ORDER BY id")
 
     # ---- results ----
-    def record(self, plan_id: int, accuracy: AccuracyRecord, latencies=()) -> None:
-        """Store one evaluation's accuracy and latencies in one transaction."""
+    def record(self, plan_id: int, accuracy: AccuracyRecord, latencies=(), terms=None) -> None:
+        """Store one evaluation's accuracy, latencies and per-sample metric terms (an object with `header()` and
+        `blob()`, e.g. `metric_terms.MetricTerms`) in one transaction."""
+        a = accuracy
         with self._transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO accuracy (plan_id, backend, source, metric, value, higher_is_better, snr_db,"
-                " cosine, samples, seconds, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (plan_id, accuracy.backend, accuracy.source, accuracy.metric, float(accuracy.value),
-                 int(accuracy.higher_is_better), accuracy.snr_db, accuracy.cosine, accuracy.samples,
-                 accuracy.seconds, time.time()))
+                " cosine, samples, seconds, created, low, high, resolution) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " ?, ?, ?)", (plan_id, a.backend, a.source, a.metric, float(a.value), int(a.higher_is_better),
+                              a.snr_db, a.cosine, a.samples, a.seconds, time.time(), a.low, a.high, a.resolution))
+            if terms is not None:
+                db.execute("INSERT OR REPLACE INTO sample_terms (plan_id, source, header, terms) VALUES (?, ?, ?, ?)",
+                           (plan_id, a.source, terms.header(), sqlite3.Binary(terms.blob())))
             for latency in latencies:
                 if latency is not None:
                     self._insert_latency(db, plan_id, latency)
@@ -260,6 +282,13 @@ class StudyStore:
             except sqlite3.DatabaseError as exc:
                 raise MpstudioError(f"the study store {self.path} could not be read: {exc}") from exc
 
+    def sample_terms(self, plan_id: int, source: str) -> tuple[str, bytes] | None:
+        """(header, blob) of a result's per-sample metric terms; None when it has none (stored before them)."""
+        with self._lock:
+            row = self._db.execute("SELECT header, terms FROM sample_terms WHERE plan_id = ? AND source = ?",
+                                   (int(plan_id), source)).fetchone()
+        return (row[0], bytes(row[1])) if row else None
+
     def record_latency(self, plan_id: int, latency) -> None:
         with self._transaction() as db:
             self._insert_latency(db, plan_id, latency)
@@ -269,7 +298,7 @@ class StudyStore:
         with self._lock:
             row = self._db.execute(
                 "SELECT p.hash, p.name, a.backend, a.source, a.metric, a.value, a.higher_is_better, a.snr_db, a.cosine,"
-                " a.samples, a.seconds FROM accuracy a JOIN plans p ON p.id = a.plan_id WHERE a.plan_id = ? AND"
+                " a.samples, a.seconds, a.low, a.high, a.resolution FROM accuracy a JOIN plans p ON p.id = a.plan_id WHERE a.plan_id = ? AND"
                 " a.source = ?", (plan_id, source)).fetchone()
             if row is None:
                 return None
@@ -279,7 +308,8 @@ class StudyStore:
         latencies = tuple(Latency(ms=ms, source=src, where=place, detail=detail, includes=includes or "", low_ms=low,
                                   high_ms=high) for ms, src, place, detail, includes, low, high in lats)
         return Evaluation(plan_id, row[0], row[1], row[2], row[3], row[4], float(row[5]), bool(row[6]), row[7], row[8],
-                          int(row[9]), float(row[10]), latencies, cached=True)
+                          int(row[9]), float(row[10]), latencies, cached=True, low=row[11], high=row[12],
+                          resolution=row[13])
 
     def evaluations(self) -> pd.DataFrame:
         """Every evaluated plan with its accuracy and latency (EVALUATION_COLUMNS; one row per accuracy source
@@ -289,7 +319,8 @@ class StudyStore:
                       a.source AS accuracy_source, a.metric, a.value, a.higher_is_better, a.snr_db, a.cosine,
                       a.samples, a.seconds, l.ms AS latency_ms, l.source AS latency_source,
                       l.place AS latency_where, l.includes AS latency_includes, l.low_ms AS latency_low_ms,
-                      l.high_ms AS latency_high_ms, e.ms AS estimate_ms, a.created
+                      l.high_ms AS latency_high_ms, e.ms AS estimate_ms, a.created, a.low AS value_low,
+                      a.high AS value_high, a.resolution
                FROM accuracy a JOIN plans p ON p.id = a.plan_id
                LEFT JOIN latency l ON l.plan_id = a.plan_id
                LEFT JOIN latency e ON e.plan_id = a.plan_id AND e.source = 'estimate'
@@ -297,7 +328,7 @@ class StudyStore:
         frame["higher_is_better"] = frame["higher_is_better"].astype(bool)
         frame["latency_label"] = [_latency_label(s, w, i) for s, w, i in
                                   zip(frame["latency_source"], frame["latency_where"], frame["latency_includes"])]
-        for column in ("latency_low_ms", "latency_high_ms"):
+        for column in ("latency_low_ms", "latency_high_ms", "value_low", "value_high", "resolution"):
             frame[column] = frame[column].astype(float)
         return frame[EVALUATION_COLUMNS]
 

@@ -209,7 +209,7 @@ class Study:
     def evaluate(self, plan: PrecisionPlan, backend: str = "cpu", runner=None, *, origin: str = "user",
                  measure_latency: bool = True, profile: bool | None = None, progress: Progress | None = None,
                  cancel: threading.Event | None = None, partial: Callable | None = None,
-                 first_samples: int | None = None) -> Evaluation:
+                 first_samples: int | None = None, versus: PrecisionPlan | int | None = None) -> Evaluation:
         """Accuracy of `plan` on the evaluation data, with its latency; stored in the study at once.
 
         `runner` is None (this process: ORT's CPU QDQ run, or the local HTP backend), an AgentClient or an
@@ -221,7 +221,9 @@ class Study:
 
         With `partial`, the evaluation streams: a seeded random `first_samples` (default
         `preview.FIRST_SAMPLES`) first, then chunks doubling what has run, with a `preview.PartialAccuracy` passed
-        to `partial` after each chunk but the last. Only the result on every sample is stored.
+        to `partial` after each chunk but the last. Only the result on every sample is stored. With `versus` (a
+        plan or plan id evaluated on the same source), each partial value carries its paired difference from that
+        plan on the same samples (`PartialAccuracy.paired`, a `loop.uncertainty.PairedDifference`).
         """
         if backend not in BACKENDS:
             raise MpstudioError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -235,7 +237,48 @@ class Study:
                                     Scoring(self.metric_spec, self.prepared, self.task_metric()), self.cost_model,
                                     self.store, self.result_count, self._profiled)
         return evaluation.run(plan, plan_id, target, measure_latency=measure_latency, profile=profile,
-                              progress=progress, cancel=cancel, partial=partial, first_samples=first_samples)
+                              progress=progress, cancel=cancel, partial=partial, first_samples=first_samples,
+                              versus=self._versus_terms(versus, target.source))
+
+    def _versus_terms(self, versus, source: str):
+        if versus is None:
+            return None
+        versus_id = versus if isinstance(versus, (int, np.integer)) else self.plan_id(versus)
+        terms = self.terms(versus_id, source) if versus_id is not None else None
+        if terms is None:
+            return None
+        return (self.store.plan_row(versus_id)[1], terms)
+
+    def terms(self, plan: PrecisionPlan | int, accuracy_source: str):
+        """The per-sample metric terms (`metric_terms.MetricTerms`) of a plan's stored result from `accuracy_source`;
+        None when it has none (a metric of the whole set, a result stored before terms were kept, no result)."""
+        from .metric_terms import MetricTerms
+
+        plan_id = plan if isinstance(plan, (int, np.integer)) else self.plan_id(plan)
+        row = self.store.sample_terms(int(plan_id), accuracy_source) if plan_id is not None else None
+        return MetricTerms.read(*row) if row is not None else None
+
+    def compare(self, plan: PrecisionPlan | int, versus: PrecisionPlan | int, accuracy_source: str | None = None):
+        """`plan` minus `versus` on the same evaluation samples, with a paired bootstrap's 95 % interval
+        (`loop.uncertainty.PairedDifference`), from their stored results of `accuracy_source` (default: the first
+        source both have terms from)."""
+        from .loop.uncertainty import paired_difference
+
+        ids = [p if isinstance(p, (int, np.integer)) else self.plan_id(p) for p in (plan, versus)]
+        frame = self.evaluations()
+        sources = [s for s in dict.fromkeys(frame["accuracy_source"])
+                   if all(((frame["plan_id"] == i) & (frame["accuracy_source"] == s)).any() for i in ids)]
+        if accuracy_source is not None:
+            sources = [s for s in sources if s == accuracy_source]
+        for source in sources:
+            a, b = self.terms(ids[0], source), self.terms(ids[1], source)
+            if a is not None and b is not None and a.units == b.units:
+                return paired_difference(a, b, metric=self.metric_name, higher_is_better=self.higher_is_better,
+                                         plan_name=self.store.plan_row(ids[0])[1],
+                                         versus_name=self.store.plan_row(ids[1])[1])
+        raise MpstudioError(f"plans {ids[0]} and {ids[1]} have no results with per-sample terms from one accuracy "
+                            f"source{' ' + repr(accuracy_source) if accuracy_source else ''}; evaluate both there "
+                            "(results stored by an older mpstudio, or of a metric of the whole set, have none)")
 
     def predict(self, plan: PrecisionPlan, report=None, accuracy_source: str | None = None,
                 evaluated: pd.DataFrame | None = None):

@@ -16,7 +16,7 @@ from ..sources import Latency
 
 LEVEL = 0.95  # the intervals' coverage
 BOOTSTRAP_ROUNDS = 2000
-FIRST_SAMPLES = 12  # the streamed evaluation's first value is on this many samples
+FIRST_SAMPLES = 16  # the streamed evaluation's first value is on this many samples
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,14 @@ class PartialAccuracy:
     total: int
     accuracy_source: str
     latency: Latency | None  # the cost model's estimate of the plan
+    # The difference from another plan on the same samples (`uncertainty.PairedDifference`), when one was given
+    # and its stored result has per-sample terms.
+    paired: object | None = None
 
     def describe(self) -> str:
-        return (f"{self.metric} {self.value:.4f} on {self.samples} of {self.total} samples "
+        text = (f"{self.metric} {self.value:.4f} on {self.samples} of {self.total} samples "
                 f"({100 * LEVEL:.0f} % interval {self.low:.4f}-{self.high:.4f}) [{self.accuracy_source}]")
+        return text + (f"; {self.paired.describe()}" if self.paired is not None else "")
 
 
 class SampleTerms:
@@ -138,10 +142,10 @@ def stream_order(total: int, first: int = FIRST_SAMPLES, seed: int = 0) -> list[
 
 
 def streamed_outputs(data: DataSource, run: Callable[[DataSource, Progress | None], list[Feed]], terms: SampleTerms,
-                     first: int, on_partial: Callable[[float, float, float, int], None],
+                     first: int, on_partial: Callable[..., None],
                      progress: Progress | None = None) -> list[Feed]:
     """Every sample's outputs in sample order, `run(subset, progress)` on the `stream_order` chunks of `data`;
-    after each chunk but the last, `on_partial(value, low, high, samples so far)`."""
+    after each chunk but the last, `on_partial(value, low, high, samples so far, their outputs, their indices)`."""
     total = len(data)
     outputs: dict[int, Feed] = {}
     for chunk in stream_order(total, first):
@@ -153,8 +157,9 @@ def streamed_outputs(data: DataSource, run: Callable[[DataSource, Progress | Non
         outputs.update(zip(chunk, run(Subset(data, chunk, f"{data.name}[stream]"), step)))
         if len(outputs) < total:
             indices = sorted(outputs)
-            value, low, high = terms.partial([outputs[i] for i in indices], indices, total)
-            on_partial(value, low, high, len(indices))
+            so_far = [outputs[i] for i in indices]
+            value, low, high = terms.partial(so_far, indices, total)
+            on_partial(value, low, high, len(indices), so_far, indices)
     return [outputs[i] for i in range(total)]
 
 
