@@ -23,11 +23,15 @@ pytestmark = pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
 SAMPLES = 60
 
 
-def make_classifier(classes: int = 6, features: int = 16, hidden: int = 24, seed: int = 0) -> onnx.ModelProto:
-    """x[1,16] -> MatMul -> Relu -> MatMul -> Add -> logits[1,6]: a classifier whose top-1 quantization flips."""
+def make_classifier(classes: int = 20, features: int = 16, hidden: int = 24, seed: int = 0) -> onnx.ModelProto:
+    """x[1,16] -> MatMul -> Relu -> MatMul -> Add -> logits[1,20]: a classifier whose top-1 8-bit quantization
+    flips on some samples (one hidden unit with a wide range coarsens the 8-bit grid of the others)."""
     rng = np.random.default_rng(seed)
-    inits = [numpy_helper.from_array(rng.normal(0, 0.6, (features, hidden)).astype(np.float32), "w1"),
-             numpy_helper.from_array(rng.normal(0, 0.6, (hidden, classes)).astype(np.float32), "w2"),
+    w1 = rng.normal(0, 0.6, (features, hidden)).astype(np.float32)
+    w1[:, 0] *= 60.0
+    w2 = rng.normal(0, 0.6, (hidden, classes)).astype(np.float32)
+    w2[0, :] *= 0.001
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
              numpy_helper.from_array(rng.normal(0, 0.1, (classes,)).astype(np.float32), "b2")]
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
              helper.make_node("Relu", ["h"], ["hr"], name="relu"),
