@@ -155,6 +155,23 @@ def paired_difference(plan: MetricTerms, versus: MetricTerms, *, metric: str, hi
                             total or n, higher_is_better, resolution)
 
 
+def against_reference(plan: MetricTerms, reference: MetricTerms, margin: float, higher_is_better: bool, *,
+                      seed: int = SEED, rounds: int = ROUNDS) -> tuple[float, float]:
+    """The `LEVEL` interval of `plan`'s value minus a threshold `margin` (relative) worse than `reference`'s value,
+    both on the same samples (a paired bootstrap): the threshold moves with its reference in every resample."""
+    worse = -1.0 if higher_is_better else 1.0
+
+    def threshold(values):
+        return values + worse * margin * np.abs(values)
+    a, b = plan.columns, reference.columns
+    centre = float(plan.combine(a.sum(axis=0)) - threshold(reference.combine(b.sum(axis=0))))
+    if len(a) < 2:
+        return centre, centre
+    sums_a, sums_b = _resampled([a, b], seed, rounds)
+    bounds = _quantiles(plan.combine(sums_a) - threshold(reference.combine(sums_b)))
+    return (min(bounds[0], centre), max(bounds[1], centre)) if bounds is not None else (centre, centre)
+
+
 def target_verdict(value: float, threshold: float, higher_is_better: bool, low: float | None = None,
                    high: float | None = None, resolution: float | None = None) -> str:
     """"reaches", "misses" or "within noise": a value that meets or misses `threshold` by less than the metric's
@@ -176,5 +193,5 @@ def small_sample_factor(n: int) -> float:
     return t / z
 
 
-__all__ = ["Interval", "PairedDifference", "interval", "paired_difference", "target_verdict", "small_sample_factor",
+__all__ = ["Interval", "PairedDifference", "interval", "paired_difference", "against_reference", "target_verdict", "small_sample_factor",
            "LEVEL", "ROUNDS", "SEED"]
