@@ -169,3 +169,69 @@ def test_an_older_store_without_terms_opens_and_reads(study, tmp_path):
         assert e.low is None and e.interval_text() == "" and old.terms(e.plan_id, e.accuracy_source) is None
         with pytest.raises(Exception, match="per-sample terms"):
             old.compare(PrecisionPlan.a16w8(), PrecisionPlan.a8w8())
+
+
+def _evaluation(plan_id, value, ms, low=None, high=None):
+    from mpstudio.sources import Latency
+    from mpstudio.store import Evaluation
+
+    return Evaluation(plan_id, f"h{plan_id}", f"plan{plan_id}", "cpu", "ORT CPU", "top-1", value, True, None, None,
+                      60, 0.1, (Latency(ms=ms, source="estimate", where="HTP v75 cost model"),), low=low, high=high,
+                      resolution=1 / 60)
+
+
+def test_the_pick_prefers_a_plan_that_clearly_reaches_and_names_cheaper_ones_within_noise():
+    from mpstudio.search import choose
+
+    cheap, dear, worse = _evaluation(1, 0.80, 1.0), _evaluation(2, 0.95, 2.0), _evaluation(3, 0.5, 0.5)
+    verdicts = {1: "within noise", 2: "reaches", 3: "misses"}
+    choice = choose([cheap, dear, worse], 0.80, True, verdicts=verdicts)
+    assert choice.pick.plan_id == 2 and "clearly" in choice.why and "within noise" in choice.why
+    assert {c.plan_id: c.verdict for c in choice.considered} == {1: "within noise", 2: "picked", 3: "misses"}
+    # None clearly reaches: the cheapest within noise, said so.
+    choice = choose([cheap, worse], 0.80, True, verdicts={1: "within noise", 3: "misses"})
+    assert choice.pick.plan_id == 1 and "no stored plan clearly reaches" in choice.why
+
+
+def test_the_search_reports_a_plan_within_noise_of_its_target(tmp_path):
+    """A target half a sample above a16w8's top-1 (60 samples): a16w8 neither clearly reaches nor clearly misses
+    it, and the search says so (its printed result, its JSON), while a8w8 clearly misses."""
+    from mpstudio.search import search
+
+    onnx.save(make_classifier(), tmp_path / "classifier.onnx")
+    with Study.create(tmp_path / "s", tmp_path / "classifier.onnx", feeds(SAMPLES), metric=metric_spec("top1")) as s:
+        a16 = s.evaluate(PrecisionPlan.a16w8())
+        target = a16.value + 0.5 / SAMPLES
+        result = search(s, target, weights="per-tensor", max_evaluations=6, confirm=None, quiet=True)
+        text = result.describe()
+        assert result.verdict == "within noise" and result.within_noise
+        assert "within noise of the target" in text and "95 % interval" in text
+        considered = {c.name: c for c in result.considered}
+        assert considered["a8w8"].evidence == "misses"
+        assert considered["a16w8"].evidence == "within noise"
+        record = result.to_json()
+        assert record["verdict"] == "within noise" and record["resolution"] == pytest.approx(1 / SAMPLES)
+        low, high = record["recommended_interval"]
+        assert low <= result.recommended.value <= high
+
+
+def test_the_command_line_prints_intervals_and_a_paired_difference(study):
+    import json
+    import subprocess
+    import sys
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "mpstudio", *args], capture_output=True, text=True, timeout=300)
+
+    study.evaluate(PrecisionPlan.a8w8())
+    study.evaluate(PrecisionPlan.a16w8())
+    shown = run("evaluate", str(study.folder), "--plan", "a16w8", "--versus", "a8w8", "--quiet")
+    assert shown.returncode == 0, shown.stderr
+    assert "95 % interval" in shown.stdout and "resolution 0.0167" in shown.stdout
+    assert "paired: top-1 agreement +" in shown.stdout and "vs a8w8, 60 samples" in shown.stdout
+    record = json.loads(run("evaluate", str(study.folder), "--plan", "a16w8", "--versus", "a8w8", "--json",
+                            "--quiet").stdout)
+    assert record["interval"][0] <= record["value"] <= record["interval"][1]
+    assert record["versus"]["difference"] == pytest.approx(record["value"] - record["versus"]["versus_value"])
+    show = run("study", "show", str(study.folder))
+    assert show.returncode == 0 and "95 % interval" in show.stdout and "resolution: one count" in show.stdout
