@@ -50,7 +50,9 @@ class ParetoPlot(View):
     def __init__(self, **params):
         super().__init__(**params)
         self._syncing = False
-        self._note_base = ""  # what the note says of the evaluations; a promotion's paired first value follows it
+        self._note_base = ""  # what the note says of the evaluations, or a promotion's paired value in its place
+        self._note_axis = ""  # the latency axis's whole label, when the axis shows it shortened
+        self._note_paired = ""  # a streaming promotion's paired value
         self.points = ColumnDataSource(data=_empty(_POINTS))
         self.front = ColumnDataSource(data=_empty(_XY))
         self.current = ColumnDataSource(data=_empty(_XY))
@@ -167,6 +169,7 @@ class ParetoPlot(View):
 
     def _axis_labels(self, frame) -> None:
         study = self.state.study
+        self._note_axis = ""
         if study is None:
             return
         direction = "higher" if study.higher_is_better else "lower"
@@ -179,7 +182,13 @@ class ParetoPlot(View):
         self.figure.xaxis.axis_label = full if len(full) <= 60 else _SHORT_AXIS[self.state.latency_source]
         if len(full) > 60:
             # A device's name and a calibration's come from agents and files: text, never markup.
-            self._note_base += f"<br><span style='color:#666;font-size:12px'>{html.escape(full)}</span>"
+            self._note_axis = f"<br><span style='color:#666;font-size:12px'>{html.escape(full)}</span>"
+        self._render_note()
+
+    def _render_note(self) -> None:
+        # While a promotion streams, its paired value takes the summary's place (the note has room for three short
+        # lines at the narrowest layout; the summary is back when the evaluation ends).
+        self._note.object = (self._note_paired or self._note_base) + self._note_axis
 
     def _update_provisional(self, *_):
         """Predicted and partial points of plans being evaluated, on the estimate axis (the cost model is their
@@ -197,7 +206,8 @@ class ParetoPlot(View):
             update_source(source, _provisional(rows, kind, values) if len(rows) else _empty(_PROVISIONAL))
             if kind == "partial" and len(rows):
                 paired = _paired_note(rows)
-        self._note.object = self._note_base + paired
+        self._note_paired = paired
+        self._render_note()
         self._update_current()
 
     def _update_current(self, *_):
@@ -275,8 +285,8 @@ def _clip_limits(values) -> tuple[float, float]:
 
 def _paired_note(rows: pd.DataFrame) -> str:
     """The partial points' paired differences, one line each, coloured by what they say."""
-    lines = [f"<br><span class='mpstudio-paired' style='color:{_VERDICT_COLOURS.get(verdict, '#555')};"
-             f"font-size:12px;font-weight:600'>first value: {html.escape(text)}</span>"
+    lines = [f"<span class='mpstudio-paired' style='color:{_VERDICT_COLOURS.get(verdict, '#555')};"
+             f"font-size:12px;font-weight:600'>paired, so far: {html.escape(text)}</span>"
              for text, verdict in zip(rows["paired"], rows["verdict"]) if text]
     return "".join(lines[:1])
 
