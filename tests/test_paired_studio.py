@@ -32,7 +32,8 @@ def test_a_promotions_partial_values_are_paired_with_the_plan_it_came_from(study
         base = state.plan
         assert study.plan_id(base) is not None  # the opening plan is evaluated (the baselines)
         seen = []
-        state.param.watch(lambda event: seen.extend(event.new[["kind", "paired", "verdict", "samples"]]
+        state.param.watch(lambda event: seen.extend(event.new[["kind", "paired", "verdict", "samples", "value", "low", "high",
+                                                                  "detail"]]
                                                     .itertuples(index=False)), "provisional")
         tensors = state.tensors["tensor"].tolist()
         state.select(tensors[10:14])
@@ -44,6 +45,8 @@ def test_a_promotions_partial_values_are_paired_with_the_plan_it_came_from(study
         for row in partial:
             assert f"vs {base.name}" in row.paired and f"{row.samples} of 12 samples" in row.paired
             assert row.verdict in ("better", "worse", "within noise")
+            # Drawn at the base's value on every sample plus the difference, with the difference's interval.
+            assert "plus the paired difference" in row.detail and row.low <= row.value <= row.high
         # The final message carries the difference on every sample, as Study.compare computes it.
         final = study.compare(plan, base)
         assert final.describe() in state.message and "12 samples" in state.message

@@ -59,6 +59,15 @@ class PairedDifference:
     total: int
     higher_is_better: bool
     resolution: float | None = None
+    # `versus`'s value on every sample when the difference is on part of them: anchored there, the difference
+    # estimates `plan`'s value on every sample far more tightly than `plan`'s own part does.
+    anchor: float | None = None
+
+    def estimate(self) -> tuple[float, float, float] | None:
+        """(value, low, high): `plan`'s value on every sample estimated as `anchor` plus the difference, or None."""
+        if self.anchor is None:
+            return None
+        return self.anchor + self.difference, self.anchor + self.low, self.anchor + self.high
 
     @property
     def verdict(self) -> str:
@@ -151,8 +160,9 @@ def paired_difference(plan: MetricTerms, versus: MetricTerms, *, metric: str, hi
         if bounds is not None:
             low, high = _widened(difference, *bounds, n, total)
             low, high = min(low, difference), max(high, difference)
+    anchor = float(versus.combine(versus.columns.sum(axis=0))) if indices is not None and n < versus.units else None
     return PairedDifference(metric, plan_name, versus_name, value_a, value_b, difference, low, high, n,
-                            total or n, higher_is_better, resolution)
+                            total or n, higher_is_better, resolution, anchor)
 
 
 def against_reference(plan: MetricTerms, reference: MetricTerms, margin: float, higher_is_better: bool, *,

@@ -57,12 +57,18 @@ class PlanEvaluations:
             def apply():
                 if state.study is study and points.tracked(plan.hash):
                     paired = point.paired
-                    points.set(plan.hash, plan_name, "partial", point.value, point.low, point.high,
+                    anchored = paired.estimate() if paired is not None else None
+                    # Paired with the plan it came from, the point is that plan's value on every sample plus the
+                    # difference: a far tighter estimate than the plan's own value on a few samples.
+                    value, low, high = anchored or (point.value, point.low, point.high)
+                    detail = (f"measured on {point.samples} of {point.total} samples ({point.value:.4f} there, "
+                              f"interval {point.low:.4f}-{point.high:.4f})")
+                    if anchored:
+                        detail += (f"; drawn at {paired.versus}'s value on every sample plus the paired difference "
+                                   f"{paired.describe()}")
+                    points.set(plan.hash, plan_name, "partial", value, low, high,
                                point.latency.ms if point.latency is not None else np.nan, point.samples,
-                               point.total, point.accuracy_source,
-                               f"measured on {point.samples} of {point.total} samples; interval "
-                               f"{point.low:.4f}-{point.high:.4f}" + (f"; {paired.describe()}" if paired else ""),
-                               paired)
+                               point.total, point.accuracy_source, detail, paired)
             state.post(apply)
 
         def work(progress, cancel):
