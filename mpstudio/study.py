@@ -22,6 +22,7 @@ import pandas as pd
 
 from .data import DataSource, Progress, TaskMetric
 from .errors import MpstudioError
+from .loop import comparison
 from .loop import front as fronts
 from .loop.cost_model import CALIBRATION_FILE, CostModel
 from .loop.evaluation import PlanEvaluation, Scoring
@@ -238,47 +239,22 @@ class Study:
                                     self.store, self.result_count, self._profiled)
         return evaluation.run(plan, plan_id, target, measure_latency=measure_latency, profile=profile,
                               progress=progress, cancel=cancel, partial=partial, first_samples=first_samples,
-                              versus=self._versus_terms(versus, target.source))
+                              versus=comparison.named_terms(self.store, self._id(versus), target.source))
 
-    def _versus_terms(self, versus, source: str):
-        if versus is None:
-            return None
-        versus_id = versus if isinstance(versus, (int, np.integer)) else self.plan_id(versus)
-        terms = self.terms(versus_id, source) if versus_id is not None else None
-        if terms is None:
-            return None
-        return (self.store.plan_row(versus_id)[1], terms)
+    def _id(self, plan: PrecisionPlan | int | None) -> int | None:
+        return plan if plan is None or isinstance(plan, (int, np.integer)) else self.plan_id(plan)
 
     def terms(self, plan: PrecisionPlan | int, accuracy_source: str):
         """The per-sample metric terms (`metric_terms.MetricTerms`) of a plan's stored result from `accuracy_source`;
         None when it has none (a metric of the whole set, a result stored before terms were kept, no result)."""
-        from .metric_terms import MetricTerms
-
-        plan_id = plan if isinstance(plan, (int, np.integer)) else self.plan_id(plan)
-        row = self.store.sample_terms(int(plan_id), accuracy_source) if plan_id is not None else None
-        return MetricTerms.read(*row) if row is not None else None
+        return comparison.stored_terms(self.store, self._id(plan), accuracy_source)
 
     def compare(self, plan: PrecisionPlan | int, versus: PrecisionPlan | int, accuracy_source: str | None = None):
         """`plan` minus `versus` on the same evaluation samples, with a paired bootstrap's 95 % interval
         (`loop.uncertainty.PairedDifference`), from their stored results of `accuracy_source` (default: the first
         source both have terms from)."""
-        from .loop.uncertainty import paired_difference
-
-        ids = [p if isinstance(p, (int, np.integer)) else self.plan_id(p) for p in (plan, versus)]
-        frame = self.evaluations()
-        sources = [s for s in dict.fromkeys(frame["accuracy_source"])
-                   if all(((frame["plan_id"] == i) & (frame["accuracy_source"] == s)).any() for i in ids)]
-        if accuracy_source is not None:
-            sources = [s for s in sources if s == accuracy_source]
-        for source in sources:
-            a, b = self.terms(ids[0], source), self.terms(ids[1], source)
-            if a is not None and b is not None and a.units == b.units:
-                return paired_difference(a, b, metric=self.metric_name, higher_is_better=self.higher_is_better,
-                                         plan_name=self.store.plan_row(ids[0])[1],
-                                         versus_name=self.store.plan_row(ids[1])[1])
-        raise MpstudioError(f"plans {ids[0]} and {ids[1]} have no results with per-sample terms from one accuracy "
-                            f"source{' ' + repr(accuracy_source) if accuracy_source else ''}; evaluate both there "
-                            "(results stored by an older mpstudio, or of a metric of the whole set, have none)")
+        return comparison.compare_stored(self.store, self._id(plan), self._id(versus), self.metric_name,
+                                         self.higher_is_better, accuracy_source)
 
     def predict(self, plan: PrecisionPlan, report=None, accuracy_source: str | None = None,
                 evaluated: pd.DataFrame | None = None):

@@ -40,7 +40,7 @@ class Interval:
 
     def to_json(self) -> dict:
         return {"value": self.value, "low": self.low, "high": self.high, "level": LEVEL, "samples": self.samples,
-                "resolution": self.resolution}
+                "resolution": self.resolution, "anchor": self.anchor}
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class PairedDifference:
         return {"metric": self.metric, "plan": self.plan, "versus": self.versus, "plan_value": self.plan_value,
                 "versus_value": self.versus_value, "difference": self.difference, "low": self.low, "high": self.high,
                 "level": LEVEL, "samples": self.samples, "total": self.total, "verdict": self.verdict,
-                "resolution": self.resolution}
+                "resolution": self.resolution, "anchor": self.anchor}
 
 
 def _resampled(columns: Sequence[np.ndarray], seed: int, rounds: int) -> list[np.ndarray]:

@@ -230,10 +230,8 @@ class StudioState(param.Parameterized):
         Streamed: a first value on a few samples, with its interval, reaches the Pareto plot within seconds,
         then values on more samples, until the full result is stored. `edit` marks an evaluation started by a
         promote or demote: the next edit cancels it when it has not finished. The baselines of the backend are
-        queued in the background when the study lacks them (they never run before this evaluation). `after`:
-        a job (the plan's prediction) whose result is shown before any measured value. `versus`: the plan a
-        promotion was made from; each partial value then shows its paired difference from that plan's stored
-        result on the same samples, with its interval (`Study.compare`), and so does the final message.
+        queued in the background when the study lacks them (they never run before this evaluation). `after`: a
+        job whose result shows first (the prediction); `versus`: a plan to show the paired difference from.
         """
         return self._evaluations.evaluate(plan, streamed, edit, after, versus)
 
