@@ -213,6 +213,11 @@ def test_the_search_reports_a_plan_within_noise_of_its_target(tmp_path):
         assert record["verdict"] == "within noise" and record["resolution"] == pytest.approx(1 / SAMPLES)
         low, high = record["recommended_interval"]
         assert low <= result.recommended.value <= high
+        # The studio's search card says so too.
+        from mpstudio.widgets.search_card import search_card_html
+
+        card = search_card_html(result)
+        assert "within noise of the target" in card and "95 % interval" in card
 
 
 def test_the_command_line_prints_intervals_and_a_paired_difference(study):
