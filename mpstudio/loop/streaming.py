@@ -13,9 +13,11 @@ import numpy as np
 from ..data import DataSource, Feed, Progress, Subset
 from ..metrics import OUTPUT_SNR, SNR_CAP_DB, ErrorAccumulator, ctc_charset, ctc_greedy_decode, edit_distance
 from ..sources import Latency
+from . import uncertainty
+from .uncertainty import small_sample_factor
 
-LEVEL = 0.95  # the intervals' coverage
-BOOTSTRAP_ROUNDS = 2000
+LEVEL = uncertainty.LEVEL  # the intervals' coverage
+BOOTSTRAP_ROUNDS = uncertainty.ROUNDS
 FIRST_SAMPLES = 16  # the streamed evaluation's first value is on this many samples
 
 
@@ -73,17 +75,8 @@ class SampleTerms:
         # Percentile bootstrap intervals are too narrow on few samples: widen them as Student's t widens the
         # normal interval. The samples are drawn without replacement from a finite set: the interval shrinks to
         # nothing as they cover it.
-        shrink = _small_sample_factor(n) * math.sqrt((total - n) / (total - 1))
+        shrink = small_sample_factor(n) * math.sqrt((total - n) / (total - 1))
         return value, value - (value - float(low)) * shrink, value + (float(high) - value) * shrink
-
-
-def _small_sample_factor(n: int) -> float:
-    """t(LEVEL, n-1) / z(LEVEL), by the Cornish-Fisher expansion of Student's t (4 % low on 4 samples,
-    within 0.5 % from 8)."""
-    z = 1.959963984540054  # the normal quantile of LEVEL
-    df = max(n - 1, 1)
-    t = z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-    return t / z
 
 
 def cer_terms(references: Sequence[str], charset: list[str]) -> SampleTerms:
