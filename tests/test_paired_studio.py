@@ -98,7 +98,8 @@ def test_the_studio_shows_a_promotions_paired_first_value(page, study):
         # The browser received the note above the plot with the paired difference of the first value.
         shown = wait_until(lambda: page.evaluate("() => window.__paired"), 120,
                            message="no paired first value reached the page")
-        assert any(f"vs {base}, 4 of 12 samples" in html.unescape(s) for s in shown), shown
+        # (4 of 12 samples first, then 8; a busy server may send only the later of two quick updates.)
+        assert any(f"vs {base}, {n} of 12 samples" in html.unescape(s) for s in shown for n in (4, 8)), shown
         # Then the full result; the message bar says the difference on every sample, with its interval.
         page.get_by_text(f"vs {base}, 12 samples").first.wait_for(state="visible", timeout=120000)
         assert state.plan_id is not None and study.plan_id(PrecisionPlan.a8w8()) is not None
