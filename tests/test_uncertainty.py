@@ -240,3 +240,19 @@ def test_the_command_line_prints_intervals_and_a_paired_difference(study):
     assert record["versus"]["difference"] == pytest.approx(record["value"] - record["versus"]["versus_value"])
     show = run("study", "show", str(study.folder))
     assert show.returncode == 0 and "95 % interval" in show.stdout and "resolution: one count" in show.stdout
+
+
+def test_a_target_relative_to_a_plan_is_judged_paired_with_it(tmp_path):
+    """Target "a16w8": a16w8 itself is within noise of it (exactly on it), and a8w8 clearly misses it: paired with
+    a16w8 on the same samples its shortfall is clear, though a16w8's value lies inside a8w8's own interval."""
+    from mpstudio.search import search
+
+    onnx.save(make_classifier(), tmp_path / "classifier.onnx")
+    with Study.create(tmp_path / "s", tmp_path / "classifier.onnx", feeds(SAMPLES), metric=metric_spec("top1")) as s:
+        result = search(s, "a16w8", weights="per-tensor", max_evaluations=6, confirm=None, quiet=True)
+        considered = {c.name: c for c in result.considered}
+        a8, a16 = considered["a8w8"], considered["a16w8"]
+        assert a16.evidence == "within noise" and result.verdict == "within noise"
+        assert a8.low <= a16.value <= a8.high  # unpaired, a8w8 would be within noise too
+        assert a8.evidence == "misses"
+        assert "+0.0000 against the threshold; within noise" in result.describe()

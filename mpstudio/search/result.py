@@ -128,7 +128,7 @@ class SearchResult:
             lines += self._describe_confirmations()
         if self.confirm_note:
             lines.append(self.confirm_note)
-        if self.reached:
+        if self.reached or self.misses_by is None:  # reaches, or meets it within noise
             lines.append(f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f}{r.interval_text()} "
                          f"[{r.accuracy_source}] ({'+' if self.gap >= 0 else ''}{self.gap:.4f} against the threshold"
                          f"{self._noise_note()})" + (f", {est}" if est else ""))
