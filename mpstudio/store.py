@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
 import sqlite3
 import threading
 import time
@@ -27,11 +25,9 @@ import pandas as pd
 
 from .errors import MpstudioError
 from .sources import Latency
+from .store_owners import STALE_AFTER_S, owner_alive, settle, study_clock_offset, this_process
 
 DB_FILE = "study.sqlite"
-# A heartbeat older than this means its owner is gone (owners on another host are judged by it alone);
-# one dated further than this into the future is not believed either.
-STALE_AFTER_S = 120.0
 # How often a process refreshes the heartbeats of the work it owns, while it owns any.
 PULSE_EVERY_S = STALE_AFTER_S / 4
 # The WAL is folded into the database file at least this often while results are written.
@@ -60,11 +56,15 @@ CREATE TABLE IF NOT EXISTS build_failures (
     id INTEGER PRIMARY KEY, plan_id INTEGER NOT NULL REFERENCES plans(id), backend TEXT NOT NULL, target TEXT NOT NULL,
     htp_arch TEXT NOT NULL, error TEXT NOT NULL, qnn TEXT NOT NULL, node TEXT NOT NULL, toolchain TEXT NOT NULL,
     attempts INTEGER NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, UNIQUE (plan_id, target));
+CREATE TABLE IF NOT EXISTS sample_terms (
+    plan_id INTEGER NOT NULL REFERENCES plans(id), source TEXT NOT NULL, header TEXT NOT NULL, terms BLOB NOT NULL,
+    PRIMARY KEY (plan_id, source));
 """
 # Columns added after the first format; added to older stores when they are opened.
 # Latency scope and interval: empty in rows stored before them (Latency fills the scope in, no interval).
 _ADDED_COLUMNS = {"searches": {"owner": "TEXT"},
-                  "latency": {"includes": "TEXT", "low_ms": "REAL", "high_ms": "REAL"}}
+                  "latency": {"includes": "TEXT", "low_ms": "REAL", "high_ms": "REAL"},
+                  "accuracy": {"low": "REAL", "high": "REAL", "resolution": "REAL"}}
 
 # Columns of `StudyStore.evaluations()`: one row per (plan, accuracy source), with the plan's latencies.
 #   plan_id, plan_hash, name, origin, sixteen_bit (activation tensors at 16 bits), backend (cpu/htp),
@@ -72,11 +72,13 @@ _ADDED_COLUMNS = {"searches": {"owner": "TEXT"},
 #   higher_is_better, snr_db, cosine (outputs against the float model), samples, seconds,
 #   latency_ms, latency_source (estimate/measured/emulator), latency_where, latency_label (what the figure is
 #   and includes), latency_low_ms / latency_high_ms (the estimate's interval; NaN without one),
-#   plus `estimate_ms` (the cost model, always present when latency.py could read the model).
+#   plus `estimate_ms` (the cost model, always present when latency.py could read the model); value_low/high
+#   (95 % bootstrap interval) and resolution (one count's weight): NaN when unknown (older results).
 EVALUATION_COLUMNS = [
     "plan_id", "plan_hash", "name", "origin", "sixteen_bit", "backend", "accuracy_source", "metric", "value",
     "higher_is_better", "snr_db", "cosine", "samples", "seconds", "latency_ms", "latency_source",
     "latency_where", "latency_label", "latency_low_ms", "latency_high_ms", "estimate_ms", "created",
+    "value_low", "value_high", "resolution",
 ]
 
 
@@ -98,13 +100,22 @@ class Evaluation:
     seconds: float
     latencies: tuple = ()  # of latency.Latency
     cached: bool = False  # True when the study already had this result
+    low: float | None = None  # the value's 95 % interval over the samples (None: not known)
+    high: float | None = None
+    resolution: float | None = None  # one count's weight in a counted metric
 
     def latency(self, source: str = "estimate"):
         return next((lat for lat in self.latencies if lat.source == source), None)
 
+    def interval_text(self) -> str:
+        """The value's interval and resolution in words ("" when not known)."""
+        step = f", resolution {self.resolution:.4f}" if self.resolution else ""
+        return "" if self.low is None or self.high is None else \
+            f" (95 % interval {self.low:.4f}-{self.high:.4f} over {self.samples} samples{step})"
+
     def describe(self) -> str:
         lat = ", ".join(str(lat) for lat in self.latencies) or "no latency"
-        return f"{self.name}: {self.metric} {self.value:.4f} [{self.accuracy_source}]; {lat}"
+        return f"{self.name}: {self.metric} {self.value:.4f}{self.interval_text()} [{self.accuracy_source}]; {lat}"
 
 
 @dataclass(frozen=True)
@@ -120,39 +131,9 @@ class AccuracyRecord:
     cosine: float | None
     samples: int
     seconds: float
-
-
-def this_process() -> str:
-    """The owner name of work this process runs: host:pid, and :start (the process's start time) where it can
-    be read, which tells the owner from a later process that was given the same pid."""
-    start = _process_start(os.getpid())
-    return f"{socket.gethostname()}:{os.getpid()}" + (f":{start}" if start else "")
-
-
-def owner_alive(owner: str | None, updated: float, now: float | None = None) -> bool:
-    """Whether the process named `owner` still runs: checked directly on this host (its pid, and its start
-    time when recorded), by the age of its heartbeat (`updated`) elsewhere. `updated` and `now` are on the
-    study's clock (`StudyStore.clock`), so hosts whose clocks disagree still agree on a heartbeat's age."""
-    parts = (owner or "").split(":")
-    if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):
-        return False
-    host, pid, start = parts[0], int(parts[1]), parts[2] if len(parts) == 3 else None
-    if host == socket.gethostname():
-        return _pid_alive(pid) and (start is None or _process_start(pid) in (None, start))
-    age = (now if now is not None else time.time()) - updated
-    return -STALE_AFTER_S < age < STALE_AFTER_S
-
-
-def study_clock_offset(path: Path) -> float:
-    """Seconds to add to this host's clock to read the clock of the file system holding `path`: every host
-    writing a study dates its heartbeats on that one clock. 0 where the file cannot be touched."""
-    try:
-        before = time.time()
-        os.utime(path, None)  # None: the file system's own time (a network file system's server time)
-        after = time.time()
-        return os.stat(path).st_mtime - (before + after) / 2
-    except OSError:
-        return 0.0
+    low: float | None = None
+    high: float | None = None
+    resolution: float | None = None
 
 
 class StudyStore:
@@ -259,15 +240,19 @@ class StudyStore:
                            "ORDER BY id")
 
     # ---- results ----
-    def record(self, plan_id: int, accuracy: AccuracyRecord, latencies=()) -> None:
-        """Store one evaluation's accuracy and latencies in one transaction."""
+    def record(self, plan_id: int, accuracy: AccuracyRecord, latencies=(), terms=None) -> None:
+        """Store one evaluation's accuracy, latencies and per-sample metric terms (an object with `header()` and
+        `blob()`, e.g. `metric_terms.MetricTerms`) in one transaction."""
+        a = accuracy
         with self._transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO accuracy (plan_id, backend, source, metric, value, higher_is_better, snr_db,"
-                " cosine, samples, seconds, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (plan_id, accuracy.backend, accuracy.source, accuracy.metric, float(accuracy.value),
-                 int(accuracy.higher_is_better), accuracy.snr_db, accuracy.cosine, accuracy.samples,
-                 accuracy.seconds, time.time()))
+                " cosine, samples, seconds, created, low, high, resolution) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " ?, ?, ?)", (plan_id, a.backend, a.source, a.metric, float(a.value), int(a.higher_is_better),
+                              a.snr_db, a.cosine, a.samples, a.seconds, time.time(), a.low, a.high, a.resolution))
+            if terms is not None:
+                db.execute("INSERT OR REPLACE INTO sample_terms (plan_id, source, header, terms) VALUES (?, ?, ?, ?)",
+                           (plan_id, a.source, terms.header(), sqlite3.Binary(terms.blob())))
             for latency in latencies:
                 if latency is not None:
                     self._insert_latency(db, plan_id, latency)
@@ -281,6 +266,13 @@ class StudyStore:
             except sqlite3.DatabaseError as exc:
                 raise MpstudioError(f"the study store {self.path} could not be read: {exc}") from exc
 
+    def sample_terms(self, plan_id: int, source: str) -> tuple[str, bytes] | None:
+        """(header, blob) of a result's per-sample metric terms; None when it has none (stored before them)."""
+        with self._lock:
+            row = self._db.execute("SELECT header, terms FROM sample_terms WHERE plan_id = ? AND source = ?",
+                                   (int(plan_id), source)).fetchone()
+        return (row[0], bytes(row[1])) if row else None
+
     def record_latency(self, plan_id: int, latency) -> None:
         with self._transaction() as db:
             self._insert_latency(db, plan_id, latency)
@@ -290,7 +282,7 @@ class StudyStore:
         with self._lock:
             row = self._db.execute(
                 "SELECT p.hash, p.name, a.backend, a.source, a.metric, a.value, a.higher_is_better, a.snr_db, a.cosine,"
-                " a.samples, a.seconds FROM accuracy a JOIN plans p ON p.id = a.plan_id WHERE a.plan_id = ? AND"
+                " a.samples, a.seconds, a.low, a.high, a.resolution FROM accuracy a JOIN plans p ON p.id = a.plan_id WHERE a.plan_id = ? AND"
                 " a.source = ?", (plan_id, source)).fetchone()
             if row is None:
                 return None
@@ -300,7 +292,8 @@ class StudyStore:
         latencies = tuple(Latency(ms=ms, source=src, where=place, detail=detail, includes=includes or "", low_ms=low,
                                   high_ms=high) for ms, src, place, detail, includes, low, high in lats)
         return Evaluation(plan_id, row[0], row[1], row[2], row[3], row[4], float(row[5]), bool(row[6]), row[7], row[8],
-                          int(row[9]), float(row[10]), latencies, cached=True)
+                          int(row[9]), float(row[10]), latencies, cached=True, low=row[11], high=row[12],
+                          resolution=row[13])
 
     def evaluations(self) -> pd.DataFrame:
         """Every evaluated plan with its accuracy and latency (EVALUATION_COLUMNS; one row per accuracy source
@@ -310,7 +303,8 @@ class StudyStore:
                       a.source AS accuracy_source, a.metric, a.value, a.higher_is_better, a.snr_db, a.cosine,
                       a.samples, a.seconds, l.ms AS latency_ms, l.source AS latency_source,
                       l.place AS latency_where, l.includes AS latency_includes, l.low_ms AS latency_low_ms,
-                      l.high_ms AS latency_high_ms, e.ms AS estimate_ms, a.created
+                      l.high_ms AS latency_high_ms, e.ms AS estimate_ms, a.created, a.low AS value_low,
+                      a.high AS value_high, a.resolution
                FROM accuracy a JOIN plans p ON p.id = a.plan_id
                LEFT JOIN latency l ON l.plan_id = a.plan_id
                LEFT JOIN latency e ON e.plan_id = a.plan_id AND e.source = 'estimate'
@@ -319,7 +313,7 @@ class StudyStore:
         frame["latency_label"] = [_latency_label(s, w, i) for s, w, i in
                                   zip(frame["latency_source"], frame["latency_where"], frame["latency_includes"])]
         for column in ("value", "snr_db", "cosine", "seconds", "latency_ms", "latency_low_ms",
-                       "latency_high_ms", "estimate_ms"):
+                       "latency_high_ms", "estimate_ms", "value_low", "value_high", "resolution"):
             numbers = pd.to_numeric(frame[column], errors="coerce").astype(float)
             damaged = frame[column].notna() & numbers.isna()  # text where SQLite's loose typing let it in
             if damaged.any():
@@ -345,7 +339,7 @@ class StudyStore:
         """Columns: job_id, plan_id, backend, status (pending/running/done/failed), search_id, error, owner."""
         frame = self._query("SELECT id AS job_id, plan_id, backend, status, search_id, error, owner, created, updated"
                             " FROM jobs ORDER BY id")
-        return _settle(frame, now=self.clock())
+        return settle(frame, now=self.clock())
 
     def job(self, job_id: int) -> tuple[int, str]:
         with self._lock:
@@ -419,7 +413,7 @@ class StudyStore:
                          for i, spec in zip(frame["search_id"], frame["spec"])]
         frame["result"] = [self._stored_json(result, "searches", "result", i, optional=True)
                            for i, result in zip(frame["search_id"], frame["result"])]
-        return _settle(frame, running_gone="interrupted", now=self.clock())
+        return settle(frame, running_gone="interrupted", now=self.clock())
 
     # ---- rows other rooms keep (`store_builds`) ----
     def write(self):
@@ -559,16 +553,6 @@ def _connect_read_only(path: Path, cause: Exception) -> sqlite3.Connection:
                             "copy the study folder somewhere writable and open the copy") from exc
 
 
-def _settle(frame: pd.DataFrame, running_gone: str = "pending", now: float | None = None) -> pd.DataFrame:
-    """Rows marked running whose owner process is gone read as `running_gone` (`now` on the study's clock)."""
-    if len(frame):
-        now = time.time() if now is None else now
-        gone = [status == "running" and not owner_alive(owner, updated, now)
-                for status, owner, updated in zip(frame["status"], frame["owner"], frame["updated"])]
-        frame.loc[gone, "status"] = running_gone
-    return frame
-
-
 def _jsonable(value):
     """`value` with non-finite floats as None: JSON has no NaN, and other readers reject it."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -578,26 +562,6 @@ def _jsonable(value):
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return value
-
-
-def _process_start(pid: int) -> str | None:
-    """When process `pid` started (clock ticks since boot, from /proc), or None where that is unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return fields[19].decode()  # the 22nd field of the whole line: starttime
-    except (OSError, IndexError):
-        return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _latency_label(source, where, includes=None) -> str:

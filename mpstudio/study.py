@@ -22,8 +22,9 @@ import pandas as pd
 
 from .data import DataSource, Progress, TaskMetric
 from .errors import MpstudioError
+from .loop import comparison
 from .loop import front as fronts
-from .loop.build_failures import BuildFailed, BuildFailure, BuildFailures
+from .loop.build_failures import BuildFailed, BuildFailures
 from .loop.cost_model import CALIBRATION_FILE, CostModel
 from .loop.evaluation import PlanEvaluation, Scoring
 from .loop.folder import RESULTS_FILE, STUDY_FILE, STUDY_FORMAT, ResultCount, create_study, open_study
@@ -41,9 +42,10 @@ from .quantize import Quantizer
 from .runtime import BACKENDS
 from .store import DB_FILE, EVALUATION_COLUMNS, Evaluation, StudyStore
 from .store_builds import BuildRows
+from .study_records import StudyRecords
 
 
-class Study:
+class Study(StudyRecords):
     """Plans evaluated on one model with one metric, kept in a folder (see the module docstring)."""
 
     def __init__(self, folder: Path, config: dict, prepared: PreparedModel, calibration: DataSource,
@@ -211,7 +213,7 @@ class Study:
     def evaluate(self, plan: PrecisionPlan, backend: str = "cpu", runner=None, *, origin: str = "user",
                  measure_latency: bool = True, profile: bool | None = None, progress: Progress | None = None,
                  cancel: threading.Event | None = None, partial: Callable | None = None,
-                 first_samples: int | None = None) -> Evaluation:
+                 first_samples: int | None = None, versus: PrecisionPlan | int | None = None) -> Evaluation:
         """Accuracy of `plan` on the evaluation data, with its latency; stored in the study at once.
 
         `runner` is None (this process: ORT's CPU QDQ run, or the local HTP backend), an AgentClient or an
@@ -223,7 +225,9 @@ class Study:
 
         With `partial`, the evaluation streams: a seeded random `first_samples` (default
         `preview.FIRST_SAMPLES`) first, then chunks doubling what has run, with a `preview.PartialAccuracy` passed
-        to `partial` after each chunk but the last. Only the result on every sample is stored.
+        to `partial` after each chunk but the last. Only the result on every sample is stored. With `versus` (a
+        plan or plan id evaluated on the same source), each partial value carries its paired difference from that
+        plan on the same samples (`PartialAccuracy.paired`, a `loop.uncertainty.PairedDifference`).
 
         A plan the HTP cannot build raises `loop.build_failures.BuildFailed` (an MpstudioError) and is stored as a
         result (`build_failures`); it is not built again until the toolchain changes.
@@ -244,7 +248,8 @@ class Study:
                                     self.store, self.result_count, self._profiled)
         with builds.building(plan_id, self.store.plan_row(plan_id)[1], target, lambda: self._failed_build(plan)):
             return evaluation.run(plan, plan_id, target, measure_latency=measure_latency, profile=profile,
-                                  progress=progress, cancel=cancel, partial=partial, first_samples=first_samples)
+                                  progress=progress, cancel=cancel, partial=partial, first_samples=first_samples,
+                                  versus=comparison.named_terms(self.store, self._id(versus), target.source))
 
     def predict(self, plan: PrecisionPlan, report=None, accuracy_source: str | None = None,
                 evaluated: pd.DataFrame | None = None):
@@ -366,20 +371,7 @@ class Study:
                            lambda plan_id: self.quantizer.generate(self.plan(plan_id)), device,
                            allow_emulator=allow_emulator)
 
-    def build_failures(self) -> list[BuildFailure]:
-        """The plans a backend could not build, with where and why (`loop.build_failures`), oldest first."""
-        return BuildFailures(BuildRows(self.store)).all()
-
     # ---- internals ----
-    def _failed_build(self, plan: PrecisionPlan) -> Path:
-        """The QDQ model of a plan that did not build, with its estimate stored (the plot places it by it)."""
-        path = self.quantizer.generate(plan)
-        latency = self.cost_model.estimate(path)
-        plan_id = self.plan_id(plan)
-        if latency is not None and plan_id is not None:
-            self.store.record_latency(plan_id, latency)
-        return path
-
     def _target(self, backend: str, runs) -> Target:
         return Target.of(backend, runs, self.htp_arch, len(self.cpu_fallback_nodes))
 

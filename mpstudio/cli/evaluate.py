@@ -43,15 +43,25 @@ def _evaluate(args) -> int:
         study = stack.enter_context(Study.open(args.folder))
         progress.log_to(study.folder)
         plan = resolve(study, args.plan)
-        done = study.evaluate(plan, args.backend, open_runner(args, stack), origin="evaluate", progress=progress)
+        runner = open_runner(args, stack)
+        versus = resolve(study, args.versus) if args.versus else None
+        if versus is not None:  # the plan compared with is evaluated on the same backend and samples
+            versus = study.evaluate(versus, args.backend, runner, origin="evaluate", progress=progress)
+        done = study.evaluate(plan, args.backend, runner, origin="evaluate", progress=progress)
+        paired = study.compare(done.plan_id, versus.plan_id, done.accuracy_source) if versus is not None else None
     if args.json:
         print(json.dumps({"plan_id": done.plan_id, "name": done.name, "metric": done.metric, "value": done.value,
+                          "interval": [done.low, done.high] if done.low is not None else None,
+                          "resolution": done.resolution,
                           "accuracy_source": done.accuracy_source, "samples": done.samples, "cached": done.cached,
                           "latencies": [{"ms": lat.ms, "source": lat.source, "label": str(lat)}
-                                        for lat in done.latencies]}, indent=2))
+                                        for lat in done.latencies],
+                          "versus": paired.to_json() if paired is not None else None}, indent=2))
         return 0
-    print(f"plan {done.plan_id} {done.name}: {done.metric} {done.value:.4f} [{done.accuracy_source}, "
-          f"{done.samples} samples]" + (" (already in the study)" if done.cached else ""))
+    print(f"plan {done.plan_id} {done.name}: {done.metric} {done.value:.4f}{done.interval_text()} "
+          f"[{done.accuracy_source}, {done.samples} samples]" + (" (already in the study)" if done.cached else ""))
+    if paired is not None:
+        print(f"  paired: {paired.describe()}")
     for lat in done.latencies:
         print(f"  latency: {lat}")
     if not done.latencies:
@@ -68,6 +78,9 @@ def add_evaluate_parser(sub) -> None:
                         "or hash (see mpstudio study show)")
     e.add_argument("--backend", default="cpu", choices=["cpu", "htp"],
                    help="where accuracy is measured: ORT's CPU QDQ run, or the HTP (the local emulator, or --agent)")
+    e.add_argument("--versus", metavar="PLAN",
+                   help="also compare with this plan (same forms as --plan) on the same samples: the difference with "
+                        "its 95 %% interval (paired bootstrap), and whether it is within noise")
     e.add_argument("--json", action="store_true", help="print the result as JSON")
     add_runner_args(e)
     add_quiet_arg(e)

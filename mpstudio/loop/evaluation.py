@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..data import DataSource, Progress, TaskMetric
+from ..metric_terms import MetricTerms, metric_terms
 from ..metrics import MetricSpec, output_agreement
 from ..model import PreparedModel
 from ..plan import PrecisionPlan
@@ -21,6 +22,7 @@ from .folder import ResultCount
 from .reference import FloatReference
 from .runners import Target
 from .streaming import FIRST_SAMPLES, PartialAccuracy, SampleTerms, sample_terms, streamed_outputs
+from .uncertainty import interval, paired_difference
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +44,14 @@ class Scoring:
         value = self.metric(outputs, references) if self.metric is not None else snr
         return float(value), snr, cosine
 
+    def terms(self, outputs, references, value: float | None = None) -> MetricTerms | None:
+        """The metric's per-sample terms of `outputs` (None: a metric of the whole set only, or terms that do not
+        give the metric's `value`, which are then not kept)."""
+        terms = metric_terms(self.spec, self.model, outputs, references)
+        if terms is None or value is None:
+            return terms
+        return terms if abs(terms.value() - value) <= 1e-9 * max(1.0, abs(value)) else None
+
 
 @dataclasses.dataclass(frozen=True)
 class PlanEvaluation:
@@ -60,29 +70,37 @@ class PlanEvaluation:
 
     def run(self, plan: PrecisionPlan, plan_id: int, target: Target, *, measure_latency: bool = True,
             profile: bool | None = None, progress: Progress | None = None, cancel: threading.Event | None = None,
-            partial: Callable[[PartialAccuracy], None] | None = None, first_samples: int | None = None) -> Evaluation:
-        """Evaluate stored plan `plan_id` on `target`, record it and return it (see `Study.evaluate`)."""
+            partial: Callable[[PartialAccuracy], None] | None = None, first_samples: int | None = None,
+            versus: tuple[str, MetricTerms] | None = None) -> Evaluation:
+        """Evaluate stored plan `plan_id` on `target`, record it with its per-sample metric terms and their
+        interval, and return it (see `Study.evaluate`). `versus`: (name, terms) of a plan evaluated on the same
+        samples, which partial values are compared with (`PartialAccuracy.paired`)."""
         started = time.perf_counter()
         path = self.quantizer.generate(plan, progress, cancel)
         if partial is not None:
             # The cost model reads the new model while the first samples run (ORT releases the GIL).
             estimating = _Background(self.cost_model.estimate, path) if measure_latency else None
-            outputs = self._streamed(plan, path, target, estimating, partial, first_samples, progress, cancel)
+            outputs = self._streamed(plan, path, target, estimating, partial, first_samples, progress, cancel,
+                                     versus)
             estimate = estimating.result() if estimating is not None else None
         else:
             estimate = self.cost_model.estimate(path) if measure_latency else None
             outputs = target.outputs(path, self.data, progress, cancel)
-        value, snr, cosine = self.scoring.score(outputs, self.reference.outputs(progress, cancel))
+        references = self.reference.outputs(progress, cancel)
+        value, snr, cosine = self.scoring.score(outputs, references)
+        terms = self.scoring.terms(outputs, references, value)
+        spread = interval(terms) if terms is not None else None
         record = AccuracyRecord(target.backend, target.source, self.scoring.spec.name, value,
                                 self.scoring.spec.higher_is_better, snr, cosine, len(self.data),
-                                time.perf_counter() - started)
+                                time.perf_counter() - started, spread and spread.low, spread and spread.high,
+                                spread and spread.resolution)
         latencies, measured, profiled = [], None, None
         if measure_latency:
             latencies.append(estimate)
             if target.backend == "htp" and target.runner.agent is not None:
                 measured, profiled = target.measure(path, self.data.sample(0), profile)
                 latencies.append(measured)
-        self.store.record(plan_id, record, latencies)
+        self.store.record(plan_id, record, latencies, terms)
         self.results.write()
         # A run with nodes on the CPU times more than the HTP's profile shows: no cost-model fit on it.
         if measured is not None and profiled is not None and not target.fallback and self.on_profile is not None:
@@ -92,18 +110,30 @@ class PlanEvaluation:
         return dataclasses.replace(stored, cached=False)
 
     def _streamed(self, plan: PrecisionPlan, path: Path, target: Target, estimating: "_Background | None",
-                  partial: Callable[[PartialAccuracy], None], first_samples: int | None, progress, cancel) -> list:
+                  partial: Callable[[PartialAccuracy], None], first_samples: int | None, progress, cancel,
+                  versus: tuple[str, MetricTerms] | None = None) -> list:
         """The outputs in sample order, run in `streaming.stream_order` chunks, with a `PartialAccuracy` passed to
-        `partial` after each chunk but the last."""
-        terms = self.scoring.sample_terms(self.reference.outputs(progress, cancel))
+        `partial` after each chunk but the last (with its difference from `versus` on the same samples)."""
+        references = self.reference.outputs(progress, cancel)
+        terms = self.scoring.sample_terms(references)
         if terms is None:  # a metric of the whole set only: nothing to show before the end
             return target.outputs(path, self.data, progress, cancel)
         total = len(self.data)
+        spec = self.scoring.spec
+        if versus is not None and versus[1].units != total:
+            versus = None  # stored on other samples: nothing to pair with
 
-        def report(value: float, low: float, high: float, samples: int) -> None:
+        def report(value: float, low: float, high: float, samples: int, outputs, indices) -> None:
             estimate = estimating.result() if estimating is not None else None
-            partial(PartialAccuracy(plan.hash, self.scoring.spec.name, value, low, high, samples, total,
-                                    target.source, estimate))
+            paired = None
+            if versus is not None:
+                mine = metric_terms(spec, self.scoring.model, outputs, [references[i] for i in indices], indices)
+                if mine is not None:
+                    paired = paired_difference(mine, versus[1], metric=spec.name, higher_is_better=spec.higher_is_better,
+                                               plan_name=plan.name or plan.summary(), versus_name=versus[0],
+                                               indices=indices, total=total)
+            partial(PartialAccuracy(plan.hash, spec.name, value, low, high, samples, total, target.source, estimate,
+                                    paired))
         return streamed_outputs(self.data, lambda subset, step: target.outputs(path, subset, step, cancel), terms,
                                 first_samples or FIRST_SAMPLES, report, progress)
 

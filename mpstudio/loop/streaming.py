@@ -13,10 +13,12 @@ import numpy as np
 from ..data import DataSource, Feed, Progress, Subset
 from ..metrics import OUTPUT_SNR, SNR_CAP_DB, ErrorAccumulator, ctc_charset, ctc_greedy_decode, edit_distance
 from ..sources import Latency
+from . import uncertainty
+from .uncertainty import small_sample_factor
 
-LEVEL = 0.95  # the intervals' coverage
-BOOTSTRAP_ROUNDS = 2000
-FIRST_SAMPLES = 12  # the streamed evaluation's first value is on this many samples
+LEVEL = uncertainty.LEVEL  # the intervals' coverage
+BOOTSTRAP_ROUNDS = uncertainty.ROUNDS
+FIRST_SAMPLES = 16  # the streamed evaluation's first value is on this many samples
 
 
 @dataclass(frozen=True)
@@ -33,10 +35,14 @@ class PartialAccuracy:
     total: int
     accuracy_source: str
     latency: Latency | None  # the cost model's estimate of the plan
+    # The difference from another plan on the same samples (`uncertainty.PairedDifference`), when one was given
+    # and its stored result has per-sample terms.
+    paired: object | None = None
 
     def describe(self) -> str:
-        return (f"{self.metric} {self.value:.4f} on {self.samples} of {self.total} samples "
+        text = (f"{self.metric} {self.value:.4f} on {self.samples} of {self.total} samples "
                 f"({100 * LEVEL:.0f} % interval {self.low:.4f}-{self.high:.4f}) [{self.accuracy_source}]")
+        return text + (f"; {self.paired.describe()}" if self.paired is not None else "")
 
 
 class SampleTerms:
@@ -69,17 +75,8 @@ class SampleTerms:
         # Percentile bootstrap intervals are too narrow on few samples: widen them as Student's t widens the
         # normal interval. The samples are drawn without replacement from a finite set: the interval shrinks to
         # nothing as they cover it.
-        shrink = _small_sample_factor(n) * math.sqrt((total - n) / (total - 1))
+        shrink = small_sample_factor(n) * math.sqrt((total - n) / (total - 1))
         return value, value - (value - float(low)) * shrink, value + (float(high) - value) * shrink
-
-
-def _small_sample_factor(n: int) -> float:
-    """t(LEVEL, n-1) / z(LEVEL), by the Cornish-Fisher expansion of Student's t (4 % low on 4 samples,
-    within 0.5 % from 8)."""
-    z = 1.959963984540054  # the normal quantile of LEVEL
-    df = max(n - 1, 1)
-    t = z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-    return t / z
 
 
 def cer_terms(references: Sequence[str], charset: list[str]) -> SampleTerms:
@@ -138,10 +135,10 @@ def stream_order(total: int, first: int = FIRST_SAMPLES, seed: int = 0) -> list[
 
 
 def streamed_outputs(data: DataSource, run: Callable[[DataSource, Progress | None], list[Feed]], terms: SampleTerms,
-                     first: int, on_partial: Callable[[float, float, float, int], None],
+                     first: int, on_partial: Callable[..., None],
                      progress: Progress | None = None) -> list[Feed]:
     """Every sample's outputs in sample order, `run(subset, progress)` on the `stream_order` chunks of `data`;
-    after each chunk but the last, `on_partial(value, low, high, samples so far)`."""
+    after each chunk but the last, `on_partial(value, low, high, samples so far, their outputs, their indices)`."""
     total = len(data)
     outputs: dict[int, Feed] = {}
     for chunk in stream_order(total, first):
@@ -153,8 +150,9 @@ def streamed_outputs(data: DataSource, run: Callable[[DataSource, Progress | Non
         outputs.update(zip(chunk, run(Subset(data, chunk, f"{data.name}[stream]"), step)))
         if len(outputs) < total:
             indices = sorted(outputs)
-            value, low, high = terms.partial([outputs[i] for i in indices], indices, total)
-            on_partial(value, low, high, len(indices))
+            so_far = [outputs[i] for i in indices]
+            value, low, high = terms.partial(so_far, indices, total)
+            on_partial(value, low, high, len(indices), so_far, indices)
     return [outputs[i] for i in range(total)]
 
 

@@ -49,11 +49,19 @@ def _evaluated(name: str, folder: Path, spec: MetricSpec, samples: int, htp_arch
     if front["latency_low_ms"].notna().any():  # an estimate's interval, beside it
         show.insert(6, "interval (ms)", [f"{lo:.3f}-{hi:.3f}" if lo == lo else "-"
                                          for lo, hi in zip(front["latency_low_ms"], front["latency_high_ms"])])
+    if "value_low" in front and front["value_low"].notna().any():  # the value's interval over the samples
+        show.insert(5, "95 % interval", [f"{lo:.4f}-{hi:.4f}" if lo == lo else "-"
+                                          for lo, hi in zip(front["value_low"], front["value_high"])])
     show["pareto"] = show["pareto"].map({True: "*", False: ""})
     show = show.rename(columns={"value": metric_name, "latency_ms": "latency (ms)", "pareto": "front",
                                 "sixteen_bit": "16-bit"})
     lines.append(show.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     lines.append(f"{int(front['pareto'].sum())} plan(s) on the front; * marks them")
+    steps = front["resolution"].dropna() if "resolution" in front else ()
+    if len(steps):
+        lines.append(f"resolution: one count of {metric_name} weighs {steps.max():.4f} (a difference smaller than "
+                     "that, or inside the intervals, is within noise; compare two plans with mpstudio evaluate "
+                     "--versus)")
     for source, rows in checks.groupby("other_source", sort=False):
         lines.append(f"also scored on {source}: " + "; ".join(
             f"plan {r.plan_id} {r.name} {r.other_value:.4f} ({r.value:.4f} above)" for r in rows.itertuples()))

@@ -1,6 +1,7 @@
 """The recommendation chosen over every plan a study holds for one accuracy source (not only the plans a walk
-evaluated): the cheapest plan that reaches the target, else the most accurate within the latency budget, never
-a plan another stored plan dominates; and whether a plan is worth evaluating at all."""
+evaluated): the cheapest plan that clearly reaches the target, else the cheapest within noise of it, else the most
+accurate within the latency budget, never a plan another stored plan dominates; and whether a plan is worth
+evaluating at all."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ if TYPE_CHECKING:  # the study face is only named in annotations
 @dataclass(frozen=True)
 class Considered:
     """One stored plan the recommendation looked at, and what it made of it. `verdict` is one of "picked",
-    "reaches (dearer)", "misses", "dominated by plan N", "over the latency budget"."""
+    "reaches (dearer)", "within noise", "misses", "dominated by plan N", "over the latency budget"; `evidence`
+    is what its value says of the target: "reaches", "misses" or "within noise" (`evidence.TargetEvidence`)."""
 
     plan_id: int
     name: str
@@ -29,11 +31,15 @@ class Considered:
     estimate_ms: float
     reaches: bool
     verdict: str
+    evidence: str = ""
+    low: float | None = None  # the value's 95 % interval (None: not known)
+    high: float | None = None
 
     def to_json(self) -> dict:
         return {"plan_id": self.plan_id, "name": self.name, "value": self.value,
                 "estimate_ms": self.estimate_ms if math.isfinite(self.estimate_ms) else None,
-                "reaches": self.reaches, "verdict": self.verdict}
+                "reaches": self.reaches, "verdict": self.verdict, "evidence": self.evidence, "low": self.low,
+                "high": self.high}
 
 
 @dataclass(frozen=True)
@@ -71,10 +77,13 @@ def dominates(a: Evaluation, b: Evaluation, higher_is_better: bool) -> bool:
 
 
 def choose(evaluations, threshold: float, higher_is_better: bool,
-           latency_budget_ms: float | None = None) -> Choice:
+           latency_budget_ms: float | None = None, verdicts: dict | None = None) -> Choice:
     """The plan to recommend among `evaluations` (one accuracy source): the cheapest (estimated latency) of those
-    that reach `threshold` within the budget; when none does, the most accurate within the budget (any plan when
-    none fits it). A plan another one dominates (`dominates`) is never picked."""
+    that clearly reach `threshold` within the budget; when none does, the cheapest within noise of it; when none
+    is, the most accurate within the budget (any plan when none fits it). A plan another one dominates
+    (`dominates`) is never picked. `verdicts` (plan id: "reaches", "misses" or "within noise", from
+    `evidence.TargetEvidence`) say which plans clearly reach; without them, a value that meets the threshold
+    does."""
     unique = list({e.plan_id: e for e in evaluations}.values())
     if not unique:
         raise MpstudioError("no evaluated plan to recommend")
@@ -82,13 +91,25 @@ def choose(evaluations, threshold: float, higher_is_better: bool,
     dominated = {e.plan_id: next((o for o in unique if o.plan_id != e.plan_id and dominates(o, e, higher_is_better)),
                                  None) for e in unique}
     fits = {e.plan_id: latency_budget_ms is None or estimate_ms(e) <= latency_budget_ms for e in unique}
+    evidence = {e.plan_id: (verdicts or {}).get(e.plan_id) or
+                ("reaches" if meets(e.value, threshold, higher_is_better) else "misses") for e in unique}
     open_ = [e for e in unique if dominated[e.plan_id] is None]
-    reaching = [e for e in open_ if fits[e.plan_id] and meets(e.value, threshold, higher_is_better)]
+    reaching = [e for e in open_ if fits[e.plan_id] and evidence[e.plan_id] == "reaches"]
+    noisy = [e for e in open_ if fits[e.plan_id] and evidence[e.plan_id] == "within noise"]
     budget = f" within the latency budget of {latency_budget_ms} ms" if latency_budget_ms is not None else ""
+    cheapest = (lambda e: (estimate_ms(e), -sign * e.value, e.plan_id))
     if reaching:
-        pick = min(reaching, key=lambda e: (estimate_ms(e), -sign * e.value, e.plan_id))
-        why = (f"the cheapest by estimated latency of {len(reaching)} stored plan(s) that reach the target{budget}, "
-               f"among {len(unique)} considered")
+        pick = min(reaching, key=cheapest)
+        why = (f"the cheapest by estimated latency of {len(reaching)} stored plan(s) that "
+               f"{'clearly ' if verdicts is not None else ''}reach the target{budget}, among {len(unique)} considered")
+        cheaper = [e for e in noisy if estimate_ms(e) < estimate_ms(pick)]
+        if cheaper:
+            why += f"; {len(cheaper)} cheaper plan(s) are within noise of the target (not clearly reaching it)"
+    elif noisy:
+        pick = min(noisy, key=cheapest)
+        why = (f"no stored plan clearly reaches the target{budget}; the cheapest of {len(noisy)} within noise of it "
+               f"(value and target differ by less than the metric's resolution or the interval), among {len(unique)} "
+               "considered")
     else:
         pool = [e for e in open_ if fits[e.plan_id]]
         why = f"no stored plan reaches the target{budget}; the most accurate of {len(unique)} considered"
@@ -106,20 +127,23 @@ def choose(evaluations, threshold: float, higher_is_better: bool,
         elif not fits[e.plan_id]:
             verdict = "over the latency budget"
         else:
-            verdict = "reaches (dearer)" if ok else "misses"
-        rows.append(Considered(e.plan_id, e.name, e.value, estimate_ms(e), ok, verdict))
+            verdict = {"reaches": "reaches (dearer)"}.get(evidence[e.plan_id], evidence[e.plan_id])
+        rows.append(Considered(e.plan_id, e.name, e.value, estimate_ms(e), ok, verdict, evidence[e.plan_id],
+                               getattr(e, "low", None), getattr(e, "high", None)))
     return Choice(pick, tuple(rows), why, pick.accuracy_source)
 
 
 def pointless_because(estimate: float, stored, threshold: float, higher_is_better: bool,
-                      ceiling: float | None) -> Evaluation | None:
+                      ceiling: float | None, reaches=None) -> Evaluation | None:
     """The stored evaluation that makes a plan of estimated latency `estimate` not worth evaluating, or None: one
     at no more estimated latency that reaches the threshold (the plan cannot be the cheapest that does), or whose
-    value is at least `ceiling` (the best all-16-bit value: a partial promotion is predicted no better)."""
+    value is at least `ceiling` (the best all-16-bit value: a partial promotion is predicted no better).
+    `reaches(e)`: whether a stored plan clearly reaches the target (default: its value meets the threshold)."""
     sign = 1.0 if higher_is_better else -1.0
+    reaches = reaches or (lambda e: meets(e.value, threshold, higher_is_better))
     for e in sorted(stored, key=estimate_ms):
         if estimate_ms(e) > estimate:
             break
-        if meets(e.value, threshold, higher_is_better) or (ceiling is not None and sign * e.value >= sign * ceiling):
+        if reaches(e) or (ceiling is not None and sign * e.value >= sign * ceiling):
             return e
     return None

@@ -138,7 +138,7 @@ def _recommend(walk: Walk, result: SearchResult, done: list[Confirmation], failu
     study holds from that source, the ones just confirmed included."""
     source = done[0].confirmed.accuracy_source
     stored = stored_evaluations(walk.study, source, [c.confirmed for c in done])
-    choice = choose(stored, walk.threshold, walk.hib, walk.latency_budget_ms)
+    choice = choose(stored, walk.threshold, walk.hib, walk.latency_budget_ms, walk.evidence.verdicts(stored))
     pick = choice.pick
     changed = pick.plan_id != result.recommended.plan_id
     reason = result.stop_reason + ("; the HTP confirmation moved the pick" if changed else "")
@@ -152,4 +152,4 @@ def _recommend(walk: Walk, result: SearchResult, done: list[Confirmation], failu
                    promoted=walk.promoted(pick, result.order) if changed else result.promoted,
                    confirmations=tuple(done), walk_pick=result.recommended if changed else None,
                    considered=choice.considered, choice=choice.why,
-                   unbuildable=(*result.unbuildable, *unbuilt))
+                   unbuildable=(*result.unbuildable, *unbuilt), verdict=walk.evidence.verdict(pick))

@@ -46,6 +46,13 @@ class SearchResult:
     weights_note: str = ""  # which weight form the walk started from, and why
     skipped: tuple = ()  # of (k, plan_id, name): prefixes not evaluated, and the stored plan that made each pointless
     unbuildable: tuple = ()  # of loop.build_failures.BuildFailure: plans the confirming backend could not build
+    # What the recommended plan's value says of the target: "reaches", "misses" or "within noise" (it meets or
+    # misses the threshold by less than the metric's resolution or its interval: `evidence.TargetEvidence`).
+    verdict: str = ""
+
+    @property
+    def within_noise(self) -> bool:
+        return self.verdict == "within noise"
 
     @property
     def confirmed(self) -> bool:
@@ -81,6 +88,10 @@ class SearchResult:
                 "metric": self.metric, "reached": self.reached, "stop_reason": self.stop_reason,
                 "recommended_plan_id": self.recommended.plan_id, "recommended_name": self.recommended.name,
                 "recommended_value": self.recommended.value, "misses_by": self.misses_by,
+                "verdict": self.verdict or ("reaches" if self.reached else "misses"),
+                "recommended_interval": ([self.recommended.low, self.recommended.high]
+                                         if self.recommended.low is not None else None),
+                "resolution": self.recommended.resolution,
                 "float_value": self.float_value,
                 "promoted": self.promoted, "evaluations": self.evaluations, "new_evaluations": self.new_evaluations,
                 "path": [e.plan_id for e in self.path],
@@ -110,7 +121,9 @@ class SearchResult:
         if self.weights_note:
             lines.append(f"weights: {self.weights_note}")
         where = f" on {r.accuracy_source}" if self.confirmed else ""
-        lines.append(f"{'reached' if self.reached else 'NOT reached'}{where} ({self.stop_reason}) with "
+        status = ("within noise of the target" if self.within_noise else
+                  "reached" if self.reached else "NOT reached")
+        lines.append(f"{status}{where} ({self.stop_reason}) with "
                      f"{self.evaluations} evaluations ({self.new_evaluations} new)"
                      + (f" and {len(self.confirmations)} confirming ones" if self.confirmed else ""))
         if self.confirmed:
@@ -118,15 +131,15 @@ class SearchResult:
         lines += [f"cannot build on {f.where}: plan {f.plan_id} {f.name}: {f.reason}" for f in self.unbuildable]
         if self.confirm_note:
             lines.append(self.confirm_note)
-        if self.reached:
-            lines.append(f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} [{r.accuracy_source}] "
-                         f"({'+' if self.gap >= 0 else ''}{self.gap:.4f} against the threshold)"
-                         + (f", {est}" if est else ""))
+        if self.reached or self.misses_by is None:  # reaches, or meets it within noise
+            lines.append(f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f}{r.interval_text()} "
+                         f"[{r.accuracy_source}] ({'+' if self.gap >= 0 else ''}{self.gap:.4f} against the threshold"
+                         f"{self._noise_note()})" + (f", {est}" if est else ""))
         else:
             relative = f", {self.misses_by / abs(self.threshold):.1%} of it" if self.threshold else ""
-            lines.append(f"recommended (the closest): plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f} "
-                         f"[{r.accuracy_source}], misses the threshold by {self.misses_by:.4f}{relative}"
-                         + (f"; {est}" if est else ""))
+            lines.append(f"recommended (the closest): plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f}"
+                         f"{r.interval_text()} [{r.accuracy_source}], misses the threshold by {self.misses_by:.4f}"
+                         f"{relative}{self._noise_note()}" + (f"; {est}" if est else ""))
         if self.walk_pick is not None:
             w = self.walk_pick
             lines.append(f"  (the walk on {w.accuracy_source} picked plan {w.plan_id} {w.name}, {self.metric} "
@@ -146,13 +159,22 @@ class SearchResult:
                              f"+{more:.3f} ms (+{more / base_ms:.1%}) estimated")
         return "\n".join(lines)
 
+    def _noise_note(self) -> str:
+        if not self.within_noise:
+            return ""
+        step = self.recommended.resolution
+        return ("; within noise: " + (f"less than one step of the metric ({step:.4f}) or " if step else "")
+                + "inside the interval, so neither clearly reached nor clearly missed")
+
     def _describe_choice(self) -> list[str]:
         if not self.considered:
             return []
         lines = [f"why: {self.choice}"]
         for c in self.considered:
             ms = f"{c.estimate_ms:.3f} ms" if np.isfinite(c.estimate_ms) else "no estimate"
-            lines.append(f"  plan {c.plan_id:>4} {c.name[:28]:<28} {self.metric} {c.value:.4f} {ms:>10}  {c.verdict}")
+            spread = f"[{c.low:.4f}, {c.high:.4f}]" if c.low is not None and c.high is not None else ""
+            lines.append(f"  plan {c.plan_id:>4} {c.name[:28]:<28} {self.metric} {c.value:.4f} {spread:>18} {ms:>10}  "
+                         f"{c.verdict}")
         if self.skipped:
             lines.append("not evaluated (a stored plan as good for no more estimated latency): "
                          + ", ".join(f"{k} promoted (plan {plan_id} {name})" for k, plan_id, name in self.skipped))

@@ -17,6 +17,7 @@ from ..plan import PrecisionPlan
 from ..quantize import weight_form
 from ..store import Evaluation
 from .choice import choose, pointless_because, stored_evaluations
+from .evidence import REACHES, TargetEvidence
 from .grid import PrefixGrid, largest
 from .order import apply_steps, mixed_order, promotion_order
 from .recommend import better_for_little_more
@@ -109,7 +110,9 @@ class Walk:
         # Promotions keep the base's weights, so its all-16-bit counterpart bounds what they can give; the mixed
         # walk changes weights too, and no baseline bounds it.
         self.ceiling_form = None if weights == "mixed" else weight_form(base_plan)
-        self.goal, self.threshold = goal, goal.threshold(self._target_references(goal), self.hib)
+        references = self._target_references(goal)
+        self.goal, self.threshold = goal, goal.threshold(references, self.hib)
+        self.evidence = TargetEvidence(self.study, goal, self.threshold, self.hib, references)
         # Cheap checks first: no promotion is cheaper than an all-8-bit baseline, so one that reaches the target
         # answers the search before any sensitivity analysis.
         if any(self.reaches(e) for name, e in self.baselines.items() if name.startswith("a8w8")) or \
@@ -168,7 +171,7 @@ class Walk:
         ceiling = max((sign * e.value for name, e in self.baselines.items() if name.startswith("a16w8")
                        and weight_form(self.study.plan(e.plan_id)) == self.ceiling_form), default=None)
         return pointless_because(ms, self.stored(), self.threshold, self.hib,
-                                 None if ceiling is None else sign * ceiling)
+                                 None if ceiling is None else sign * ceiling, self.reaches)
 
     def stored(self) -> list[Evaluation]:
         """Every plan of the study evaluated on the walk's accuracy source (its own evaluations included)."""
@@ -178,7 +181,8 @@ class Walk:
 
     def _result(self, reason: str, order=()) -> SearchResult:
         """The recommendation over every stored plan of the walk's accuracy source (`choice.choose`)."""
-        choice = choose(self.stored(), self.threshold, self.hib, self.latency_budget_ms)
+        choice = choose(self.stored(), self.threshold, self.hib, self.latency_budget_ms,
+                        self.evidence.verdicts(self.stored()))
         best = choice.pick
         float_value = self._float_value()
         alternatives = better_for_little_more(best, self.stored(), self.hib, float_value,
@@ -188,7 +192,8 @@ class Walk:
                             self.reaches(best), reason, best, self.baselines, tuple(self.path), self.new,
                             tuple(order), self.promoted(best, order), float_value, tuple(alternatives),
                             considered=choice.considered, choice=choice.why, weights_note=self.weights_note,
-                            skipped=self._skipped(), unbuildable=tuple(self.unbuilt))
+                            skipped=self._skipped(), unbuildable=tuple(self.unbuilt),
+                            verdict=self.evidence.verdict(best))
 
     def _skipped(self) -> tuple:
         grid = getattr(self, "grid", None)
@@ -231,7 +236,11 @@ class Walk:
         return sum(1 for tensor in plan.overrides if tensor in ordered)
 
     def reaches(self, evaluation: Evaluation) -> bool:
-        return meets(evaluation.value, self.threshold, self.hib)
+        """Whether `evaluation` clearly reaches the target (not within noise of it: `evidence`)."""
+        evidence = getattr(self, "evidence", None)
+        if evidence is None:
+            return meets(evaluation.value, self.threshold, self.hib)
+        return evidence.verdict(evaluation) == REACHES
 
     def _better(self, a: float, b: float) -> bool:
         return a > b if self.hib else a < b

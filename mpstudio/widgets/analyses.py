@@ -61,10 +61,10 @@ def start_search(state, target: str | None, max_evaluations: int) -> Job:
         state.refresh_evaluations()
         state.set_plan(study.plan(result.recommended.plan_id))
         r = result.recommended
+        verdict = "within noise of" if result.within_noise else "reaches" if result.reached else "misses"
         with param.edit_constant(state):  # the whole answer is in the search card
             state.param.update(search_result=result, message=f"search: plan {r.plan_id} {r.name} recommended "
-                                                             f"({'reaches' if result.reached else 'misses'} "
-                                                             f"{target}); see the search result card")
+                                                             f"({verdict} {target}); see the search result card")
     return state.submit("search", search_title(target, backend, confirm_on), work, done)
 
 

@@ -1,9 +1,11 @@
 """ParetoPlot: accuracy against latency of every evaluated plan; the front highlighted, baselines marked, the
 latency source in the axis label; a click on a point loads that plan. A plan being evaluated shows first as a
-predicted point (a hollow diamond), then as a partial measurement with its interval (a whisker), until its
-full result is stored. A plan the HTP cannot build is a cross at its estimated latency (over its point when the
-plot shows one, else along the bottom edge), its tooltip saying why. The figure is built once; a refresh patches
-and streams its sources."""
+predicted point (a hollow diamond), then as a partial measurement with its interval (a whisker, clipped to at
+most the measured values' span beyond them, so one wide interval does not squash the plot), until its full result
+is stored; a promotion's partial value is also shown above the plot as its paired difference from the plan it was
+made from, with that difference's interval. A plan the HTP cannot build is a cross at its estimated latency (over
+its point when the plot shows one, else along the bottom edge), its tooltip saying why. The figure is built once;
+a refresh patches and streams its sources."""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from .state import StudioState
 _POINTS = ["plan_id", "name", "origin", "value", "latency_ms", "sixteen_bit", "front", "color", "marker", "size",
            "accuracy_source", "latency_label", "interval"]
 _PROVISIONAL = ["plan_hash", "name", "value", "low", "high", "latency_ms", "status", "interval", "detail",
-                "accuracy_source"]
+                "accuracy_source", "paired", "verdict", "low_shown", "high_shown"]
+_VERDICT_COLOURS = {"better": "#1a7f37", "worse": "#b42318", "within noise": "#555"}
 # The same plans scored by another accuracy source (a search's HTP confirmation), linked to their point.
 _CHECKS = ["plan_id", "name", "latency_ms", "value", "other_value", "other_source"]
 # Plans a backend could not build: at their estimate, over their point or along the plot's bottom edge.
@@ -54,6 +57,9 @@ class ParetoPlot(View):
     def __init__(self, **params):
         super().__init__(**params)
         self._syncing = False
+        self._note_base = ""  # what the note says of the evaluations, or a promotion's paired value in its place
+        self._note_axis = ""  # the latency axis's whole label, when the axis shows it shortened
+        self._note_paired = ""  # a streaming promotion's paired value
         self.points = ColumnDataSource(data=_empty(_POINTS))
         self.front = ColumnDataSource(data=_empty(_XY))
         self.current = ColumnDataSource(data=_empty(_XY))
@@ -88,8 +94,10 @@ class ParetoPlot(View):
                              fill_color="color", line_color="#222", selection_line_color="#d6008f",
                              selection_line_width=3, nonselection_fill_alpha=0.9, nonselection_line_alpha=0.9,
                              name="points")
-        fig.add_layout(Whisker(source=self.partial, base="latency_ms", lower="low", upper="high", dimension="height",
-                               line_color="#0b6e99", line_width=1.5))
+        fig.add_layout(Whisker(source=self.partial, base="latency_ms", lower="low_shown", upper="high_shown",
+                               dimension="height", line_color="#0b6e99", line_width=1.5))
+        for end in ("low_shown", "high_shown"):  # the whisker's ends inside the axis range (annotations are not)
+            fig.scatter("latency_ms", end, source=self.partial, size=1, fill_alpha=0, line_alpha=0)
         predicted = fig.scatter("latency_ms", "value", source=self.predicted, marker="diamond", size=20,
                                 fill_color="#e67e00", fill_alpha=0.2, line_color="#e67e00", line_width=2.5,
                                 line_dash="dashed", name="predicted")
@@ -112,6 +120,7 @@ class ParetoPlot(View):
             TapTool(renderers=[points]))
         fig.add_tools(HoverTool(renderers=[predicted, partial], tooltips=[
             ("plan", "@name"), ("status", "@status"), ("accuracy", "@value{0.0000}"), ("interval", "@interval"),
+            ("paired", "@paired"),
             ("latency", "@latency_ms{0.000} ms (estimate by the HTP cost model)"), ("how", "@detail"),
             ("accuracy from", "@accuracy_source")]))
         fig.add_tools(HoverTool(renderers=[checks], tooltips=[
@@ -143,14 +152,14 @@ class ParetoPlot(View):
         study = self.state.study
         if frame is None or frame.empty or study is None:
             data, front, labels = _empty(_POINTS), _empty(_XY), _empty(_LABELS)
-            self._note.object = ("<span style='color:#666'>no evaluations with this latency yet: evaluate a plan"
-                                 "</span>") if study is not None else ""
+            self._note_base = ("<span style='color:#666'>no evaluations with this latency yet: evaluate a plan"
+                               "</span>") if study is not None else ""
         else:
             frame = frame.reset_index(drop=True)
             data, front, labels = _points(frame), _front(frame), _baseline_labels(frame)
-            self._note.object = (f"<span style='color:#666;font-size:12px'>{len(frame)} plan(s), "
-                                 f"{int(frame['pareto'].astype(bool).sum())} on the front; accuracy from "
-                                 f"{html.escape(str(frame['accuracy_source'].iloc[0]))}</span>")
+            self._note_base = (f"<span style='color:#666;font-size:12px'>{len(frame)} plan(s), "
+                               f"{int(frame['pareto'].astype(bool).sum())} on the front; accuracy from "
+                               f"{html.escape(str(frame['accuracy_source'].iloc[0]))}</span>")
         checks = self.state.cross_checks
         if checks is None or checks.empty or study is None or frame is None or frame.empty:
             checks_data = _empty(_CHECKS)
@@ -179,6 +188,7 @@ class ParetoPlot(View):
 
     def _axis_labels(self, frame) -> None:
         study = self.state.study
+        self._note_axis = ""
         if study is None:
             return
         direction = "higher" if study.higher_is_better else "lower"
@@ -191,7 +201,13 @@ class ParetoPlot(View):
         self.figure.xaxis.axis_label = full if len(full) <= 60 else _SHORT_AXIS[self.state.latency_source]
         if len(full) > 60:
             # A device's name and a calibration's come from agents and files: text, never markup.
-            self._note.object += f"<br><span style='color:#666;font-size:12px'>{html.escape(full)}</span>"
+            self._note_axis = f"<br><span style='color:#666;font-size:12px'>{html.escape(full)}</span>"
+        self._render_note()
+
+    def _render_note(self) -> None:
+        # While a promotion streams, its paired value takes the summary's place (the note has room for three short
+        # lines at the narrowest layout; the summary is back when the evaluation ends).
+        self._note.object = (self._note_paired or self._note_base) + self._note_axis
 
     def _update_provisional(self, *_):
         """Predicted and partial points of plans being evaluated, on the estimate axis (the cost model is their
@@ -200,11 +216,17 @@ class ParetoPlot(View):
         shown_source = self.points.data["accuracy_source"][0] if self.points.data["accuracy_source"] else None
         if frame is None or frame.empty or self.state.latency_source != "estimate":
             frame = frame.iloc[0:0] if frame is not None else pd.DataFrame(columns=_PROVISIONAL)
+        values = list(self.points.data["value"]) + (frame["value"].astype(float).tolist() if len(frame) else [])
+        paired = ""
         for kind, source in (("predicted", self.predicted), ("partial", self.partial)):
             rows = frame[frame["kind"] == kind] if len(frame) else frame
             if kind == "partial" and shown_source is not None and len(rows):
                 rows = rows[rows["accuracy_source"] == shown_source]
-            update_source(source, _provisional(rows, kind) if len(rows) else _empty(_PROVISIONAL))
+            update_source(source, _provisional(rows, kind, values) if len(rows) else _empty(_PROVISIONAL))
+            if kind == "partial" and len(rows):
+                paired = _paired_note(rows)
+        self._note_paired = paired
+        self._render_note()
         self._update_current()
 
     def _update_current(self, *_):
@@ -291,9 +313,35 @@ def _baseline_labels(frame: pd.DataFrame) -> dict[str, list]:
             "text": frame.loc[baseline, "name"].tolist()}
 
 
-def _provisional(rows: pd.DataFrame, kind: str) -> dict[str, list]:
-    """The `kind` ("predicted" or "partial") points of StudioState.provisional `rows`."""
+def _clip_limits(values) -> tuple[float, float]:
+    """How far a whisker may run: the span of the plotted `values` beyond them on either side (a tenth of their
+    size, or 1e-3, when they are one value)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return -math.inf, math.inf
+    low, high = min(finite), max(finite)
+    span = (high - low) or max(abs(high) * 0.1, 1e-3)
+    return low - span, high + span
+
+
+def _paired_note(rows: pd.DataFrame) -> str:
+    """The partial points' paired differences, one line each, coloured by what they say."""
+    lines = [f"<span class='mpstudio-paired' style='color:{_VERDICT_COLOURS.get(verdict, '#555')};"
+             f"font-size:12px;font-weight:600'>paired, so far: {html.escape(text)}</span>"
+             for text, verdict in zip(rows["paired"], rows["verdict"]) if text]
+    return "".join(lines[:1])
+
+
+def _provisional(rows: pd.DataFrame, kind: str, values=()) -> dict[str, list]:
+    """The `kind` ("predicted" or "partial") points of StudioState.provisional `rows`; whiskers clipped to
+    `_clip_limits(values)`."""
+    floor, ceiling = _clip_limits(values)
+    lows, highs = rows["low"].astype(float).tolist(), rows["high"].astype(float).tolist()
     return {
+        "low_shown": [lo if math.isnan(lo) else max(lo, floor) for lo in lows],
+        "high_shown": [hi if math.isnan(hi) else min(hi, ceiling) for hi in highs],
+        "paired": rows["paired"].tolist() if "paired" in rows else [""] * len(rows),
+        "verdict": rows["verdict"].tolist() if "verdict" in rows else [""] * len(rows),
         "plan_hash": rows["plan_hash"].tolist(), "name": rows["name"].tolist(),
         "value": rows["value"].astype(float).tolist(), "low": rows["low"].astype(float).tolist(),
         "high": rows["high"].astype(float).tolist(), "latency_ms": rows["latency_ms"].astype(float).tolist(),

@@ -7,6 +7,7 @@ import numpy as np
 import param
 
 from ..loop.build_failures import BuildFailed
+from ..errors import MpstudioError
 from ..plan import PrecisionPlan
 from ..preview import basis_ready
 from ..study import Study
@@ -21,6 +22,18 @@ def has_baselines(study: Study, backend: str, runner) -> bool:
     return all(pid is not None and study.store.evaluation(pid, source) is not None for pid in ids)
 
 
+def paired_on_every_sample(study: Study, evaluation, versus: PrecisionPlan | None):
+    """`evaluation` minus `versus` on every sample (`Study.compare`), or None when `versus` has no comparable
+    result on the same accuracy source."""
+    versus_id = study.plan_id(versus) if versus is not None else None
+    if versus_id is None or versus_id == evaluation.plan_id:
+        return None
+    try:
+        return study.compare(evaluation.plan_id, versus_id, evaluation.accuracy_source)
+    except MpstudioError:
+        return None
+
+
 class PlanEvaluations:
     """The evaluation verbs of a StudioState (see its evaluate_plan, preview_plan and evaluate_baselines)."""
 
@@ -28,7 +41,8 @@ class PlanEvaluations:
         self._state = state
         self.points = ProvisionalPoints(state)
 
-    def evaluate(self, plan: PrecisionPlan | None, streamed: bool, edit: bool, after: Job | None) -> Job:
+    def evaluate(self, plan: PrecisionPlan | None, streamed: bool, edit: bool, after: Job | None,
+                 versus: PrecisionPlan | None = None) -> Job:
         state, points = self._state, self.points
         study = state.require_study()
         plan = plan or state.plan
@@ -43,11 +57,19 @@ class PlanEvaluations:
         def shown(point):
             def apply():
                 if state.study is study and points.tracked(plan.hash):
-                    points.set(plan.hash, plan_name, "partial", point.value, point.low, point.high,
+                    paired = point.paired
+                    anchored = paired.estimate() if paired is not None else None
+                    # Paired with the plan it came from, the point is that plan's value on every sample plus the
+                    # difference: a far tighter estimate than the plan's own value on a few samples.
+                    value, low, high = anchored or (point.value, point.low, point.high)
+                    detail = (f"measured on {point.samples} of {point.total} samples ({point.value:.4f} there, "
+                              f"interval {point.low:.4f}-{point.high:.4f})")
+                    if anchored:
+                        detail += (f"; drawn at {paired.versus}'s value on every sample plus the paired difference "
+                                   f"{paired.describe()}")
+                    points.set(plan.hash, plan_name, "partial", value, low, high,
                                point.latency.ms if point.latency is not None else np.nan, point.samples,
-                               point.total, point.accuracy_source,
-                               f"measured on {point.samples} of {point.total} samples; interval "
-                               f"{point.low:.4f}-{point.high:.4f}")
+                               point.total, point.accuracy_source, detail, paired)
             state.post(apply)
 
         def work(progress, cancel):
@@ -56,7 +78,8 @@ class PlanEvaluations:
             runner = state.runner_client()
             try:
                 evaluation = study.evaluate(plan, backend, runner, progress=progress, cancel=cancel,
-                                            partial=shown if streamed else None, first_samples=state.first_samples)
+                                            partial=shown if streamed else None, first_samples=state.first_samples,
+                                            versus=versus)
             except BaseException as exc:
                 def drop():  # unless a newer evaluation of the same plan draws it now
                     if not any(other.active and other.edit == plan.hash and other is not job for other in state.jobs):
@@ -67,7 +90,9 @@ class PlanEvaluations:
                 raise
             if not has_baselines(study, backend, runner):
                 state.post(lambda: state.evaluate_baselines(backend))
+            final.append(paired_on_every_sample(study, evaluation, versus))
             return evaluation
+        final: list = []
 
         def done(evaluation):
             points.drop(plan.hash)
@@ -76,7 +101,7 @@ class PlanEvaluations:
                     state.plan_id = evaluation.plan_id
             state.refresh_evaluations()
             with param.edit_constant(state):
-                state.message = evaluation.describe()
+                state.message = evaluation.describe() + (f"; {final[0].describe()}" if final and final[0] else "")
         plan_name = plan.name or plan.summary()
         points.track(plan.hash)
         job = state.submit("evaluate", f"evaluating {plan_name} on {backend}", work, done)
@@ -89,6 +114,8 @@ class PlanEvaluations:
         plan = plan or state.plan
         report = state.report
         frame = state.evaluations
+        # A promotion's first values are compared with the plan it was made from, on the same samples.
+        versus = state.plan if state.plan.hash != plan.hash else None
         accuracy_source = frame["accuracy_source"].iloc[0] if len(frame) else None
         plan_name = plan.name or plan.summary()
 
@@ -117,7 +144,7 @@ class PlanEvaluations:
         # Served, the evaluation (and its job's rows) start in the next update, so that this one, with the
         # predicted point, reaches the browser first.
         evaluating: list[Job] = []
-        state.post(lambda: evaluating.append(state.evaluate_plan(plan, edit=True, after=predicting)))
+        state.post(lambda: evaluating.append(state.evaluate_plan(plan, edit=True, after=predicting, versus=versus)))
         return predicting, (evaluating[0] if evaluating else None)
 
     def baselines(self, backend: str | None) -> Job:

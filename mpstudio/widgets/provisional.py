@@ -9,9 +9,12 @@ import param
 # Columns of StudioState.provisional (points drawn before a plan's full evaluation is stored):
 #   plan_hash, name, kind ("predicted": isolation scores and the cost model; "partial": measured on some of the
 #   evaluation samples), value, low, high (the interval of a partial value; NaN for a prediction), latency_ms
-#   (the cost model's estimate), samples, total, accuracy_source, detail (what the point is, for the hover).
+#   (the cost model's estimate), samples, total, accuracy_source, detail (what the point is, for the hover),
+#   paired (a partial value's difference from the plan it was promoted from, on the same samples, with its
+#   interval, in words: `uncertainty.PairedDifference.describe`; "" when there is none), verdict (that
+#   difference's: "better", "worse", "within noise" or "").
 PROVISIONAL_COLUMNS = ["plan_hash", "name", "kind", "value", "low", "high", "latency_ms", "samples", "total",
-                       "accuracy_source", "detail"]
+                       "accuracy_source", "detail", "paired", "verdict"]
 
 
 class ProvisionalPoints:
@@ -29,12 +32,15 @@ class ProvisionalPoints:
         return plan_hash in self._plans
 
     def set(self, plan_hash: str, name: str, kind: str, value: float, low: float, high: float, latency_ms: float,
-            samples: int, total: int, accuracy_source: str, detail: str) -> None:
-        """Draw the plan's point (replacing the one it had)."""
+            samples: int, total: int, accuracy_source: str, detail: str, paired=None) -> None:
+        """Draw the plan's point (replacing the one it had); `paired`: its `PairedDifference` from the plan it was
+        promoted from, when known."""
         state = self._state
         frame = state.provisional
+        words, verdict = (paired.describe(), paired.verdict) if paired is not None else ("", "")
         row = pd.DataFrame([[plan_hash, name, kind, float(value), float(low), float(high), float(latency_ms),
-                             int(samples), int(total), accuracy_source, detail]], columns=PROVISIONAL_COLUMNS)
+                             int(samples), int(total), accuracy_source, detail, words, verdict]],
+                           columns=PROVISIONAL_COLUMNS)
         kept = frame[frame["plan_hash"] != plan_hash]
         with param.edit_constant(state):
             state.provisional = pd.concat([kept, row], ignore_index=True) if len(kept) else row

@@ -27,6 +27,10 @@ def _why(result) -> str:
     r = result.recommended
     op = ">=" if result.higher_is_better else "<="
     target = f"{html.escape(result.metric)} {op} {result.threshold:.4f} ({html.escape(result.target)})"
+    if result.within_noise:
+        return (f"No stored plan clearly reaches {target}: this one is within noise of it (the difference is less "
+                "than one step of the metric, or inside its 95 % interval), so it is neither clearly reached nor "
+                f"clearly missed. {html.escape(result.choice)}.")
     if not result.reached:
         return (f"No evaluated plan reaches {target}; this is the closest (no evaluated plan is more accurate), "
                 f"{result.misses_by:.4f} short.")
@@ -106,11 +110,13 @@ def search_card_html(result) -> str:
     """The card's body for a SearchResult."""
     r = result.recommended
     est = estimate_ms(r)
-    verdict = "reaches the target" if result.reached else "misses the target"
-    colour = "#1a7f37" if result.reached else "#b42318"
+    verdict = ("within noise of the target" if result.within_noise else
+               "reaches the target" if result.reached else "misses the target")
+    colour = "#8a6d00" if result.within_noise else "#1a7f37" if result.reached else "#b42318"
     baselines = "; ".join(f"{html.escape(k)} {v.value:.4f}" for k, v in result.baselines.items())
     head = (f"<div class='mpstudio-search-pick' style='font-size:14px'><b>Recommended: plan {r.plan_id} "
-            f"{html.escape(r.name)}</b> &mdash; {html.escape(result.metric)} {r.value:.4f} "
+            f"{html.escape(r.name)}</b> &mdash; {html.escape(result.metric)} {r.value:.4f}"
+            f"{html.escape(r.interval_text())} "
             f"[{html.escape(r.accuracy_source)}], {_ms(est)} estimated, <span style='color:{colour}'>{verdict}"
             f"</span></div>")
     facts = (f"<div style='font-size:12px;color:#555'>{result.evaluations} evaluations ({result.new_evaluations} "

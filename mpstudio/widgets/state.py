@@ -224,16 +224,16 @@ class StudioState(param.Parameterized):
         return analyses.analyze(self)
 
     def evaluate_plan(self, plan: PrecisionPlan | None = None, *, streamed: bool = True, edit: bool = False,
-                      after: Job | None = None) -> Job:
+                      after: Job | None = None, versus: PrecisionPlan | None = None) -> Job:
         """Evaluate the current plan (accuracy and latency) on the chosen backend and runner.
 
         Streamed: a first value on a few samples, with its interval, reaches the Pareto plot within seconds,
         then values on more samples, until the full result is stored. `edit` marks an evaluation started by a
         promote or demote: the next edit cancels it when it has not finished. The baselines of the backend are
-        queued in the background when the study lacks them (they never run before this evaluation). `after`:
-        a job (the plan's prediction) whose result is shown before any measured value.
+        queued in the background when the study lacks them (they never run before this evaluation). `after`: a
+        job whose result shows first (the prediction); `versus`: a plan to show the paired difference from.
         """
-        return self._evaluations.evaluate(plan, streamed, edit, after)
+        return self._evaluations.evaluate(plan, streamed, edit, after, versus)
 
     def preview_plan(self, plan: PrecisionPlan | None = None) -> tuple[Job | None, Job | None]:
         """Draw `plan` (default the current one) on the Pareto plot at once, as predicted by the sensitivity
