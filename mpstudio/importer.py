@@ -259,7 +259,10 @@ def derive_plan(graph: ModelGraph, tensors: list[ImportedTensor]) -> PrecisionPl
     activations = [t for t in tensors if t.kind == ACTIVATION]
     weights = [t for t in tensors if t.kind == PARAM]
     activation_type = _most_common([t.encoding.dtype for t in activations], "uint8")
-    weight_type = _most_common([t.encoding.dtype for t in weights], "uint8")
+    # The weights of Conv/Gemm/MatMul decide the default: AIMET also lists every Clip bound and element-wise
+    # constant (uint8, like activations), which outnumber them in a CNN with one Clip per layer.
+    op_weights = [t for t in weights if not _constant_operand(graph, t.name)] or weights
+    weight_type = _most_common([t.encoding.dtype for t in op_weights], "uint8")
     convs = [t for t in weights if _default_per_channel(graph, t.name)]
     per_channel = sum(t.encoding.per_channel for t in convs) * 2 > len(convs)
     overrides: dict[str, TensorOverride] = {}

@@ -73,6 +73,8 @@ def test_aimets_own_export_imports_with_constants_placed_and_unapplied_encodings
             tensors = read_quantized_tensors(study.quantizer.generate(imported.plan))
             # The Mul's constant is pinned where the model has it: a parameter, with AIMET's scale.
             assert "scale.k" in imported.pinned and tensors["scale.k"].kind == "param"
+            # The Conv's weight sets the plan's weight type, not the constants AIMET lists beside it.
+            assert imported.plan.weight_type == "int8" and imported.plan.per_channel
             # The Add before the Clip keeps AIMET's own encoding: the plan's model quantizes it there.
             assert "add_out" in imported.pinned
             add = tensors["add_out"].encoding
