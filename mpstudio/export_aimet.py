@@ -43,12 +43,13 @@ def configure_aimet_sim(sim: Any, encodings: str | os.PathLike | Mapping) -> lis
             quantizer.enabled = True  # e.g. a Flatten's output: AIMET leaves data movement alone, ORT quantizes it
         if quantizer.bitwidth != entry.encoding.bits:
             quantizer.set_bitwidth(entry.encoding.bits)
-        if entry.kind == qdq.PARAM:
-            if bool(quantizer.quant_info.usePerChannelMode) != entry.per_channel:
-                quantizer.enable_per_channel_quantization(entry.per_channel)
-            signed = entry.encoding.dtype.startswith("int")
-            if quantizer.use_symmetric_encodings != signed:
-                quantizer.use_symmetric_encodings = signed
+        if entry.kind == qdq.PARAM and bool(quantizer.quant_info.usePerChannelMode) != entry.per_channel:
+            quantizer.enable_per_channel_quantization(entry.per_channel)
+        # Signed types are symmetric. Activations too: AIMET makes an activation that a MatMul reads as its
+        # second operand symmetric, as it makes weights; the plan's model quantizes it like any activation.
+        signed = entry.encoding.dtype.startswith("int")
+        if quantizer.use_symmetric_encodings != signed:
+            quantizer.use_symmetric_encodings = signed
     return missing
 
 
