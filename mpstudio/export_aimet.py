@@ -54,9 +54,11 @@ def configure_aimet_sim(sim: Any, encodings: str | os.PathLike | Mapping) -> lis
 
 
 def encodings_for_sim(encodings: str | os.PathLike | Mapping, sim: Any) -> tuple[dict, list[str]]:
-    """(the file's JSON without the entries `sim` has no quantizer for, their names). AIMET gives a data
-    movement op's output (Flatten, Reshape, ...) no quantizer of its own (it carries its input's encoding), where
-    ORT's model quantizes it again with the same values; strict loading refuses such names, so leave them out."""
+    """(the file's JSON without the entries `sim` has no quantizer for, their names). Strict loading refuses
+    such names. AIMET gives a data movement op's output (Flatten, Reshape, ...) no quantizer of its own (it
+    carries its input's encoding, where ORT's model quantizes it again with the same values); on larger graphs
+    its sim leaves other tensors unquantized too (on the demo, the insides of a decomposed LayerNorm and of
+    attention), and there its numbers differ from the plan's model: report the names to the user."""
     if isinstance(encodings, Mapping):
         raw = json.loads(json.dumps(encodings))
     else:
