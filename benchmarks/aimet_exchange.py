@@ -119,14 +119,14 @@ def exchange(name: str, folder: Path) -> list[str]:
     if "error" in done:
         lines.append(f"AIMET's own export failed: {done['error']}")
         return lines
-    lines.append(f"| AIMET sim (its own encodings) | a8w8 | {score(as_outputs(study, own_dir / 'aimet_sim_outputs.npz')):.4f} | | |")
+    lines.append(f"| AIMET sim (its own encodings) | a8w8-pc (AIMET int8/int8, htp_v75) | {score(as_outputs(study, own_dir / 'aimet_sim_outputs.npz')):.4f} | | |")
     qdq = run_outputs(own_dir / "aimet_qdq.onnx", study.evaluation_data)
-    lines.append(f"| AIMET to_onnx_qdq (ORT CPU) | a8w8 | {score(qdq):.4f} | | |")
+    lines.append(f"| AIMET to_onnx_qdq (ORT CPU) | a8w8-pc (AIMET) | {score(qdq):.4f} | | |")
     reports = []
     for source in ("aimet.1.0.0.encodings", "aimet.0.6.1.encodings", "aimet_qdq.onnx"):
         imported = study.import_plan(own_dir / source)
         value = study.evaluate(imported.plan, measure_latency=False).value
-        lines.append(f"| mpstudio, imported {source} | a8w8 | {value:.4f} | | |")
+        lines.append(f"| mpstudio, imported {source} | a8w8-pc (AIMET) | {value:.4f} | | |")
         reports.append(imported.describe())
     return lines + ["", "```", *(line for report in reports for line in _brief(report)), "```"]
 
