@@ -119,7 +119,8 @@ def exchange(name: str, folder: Path) -> list[str]:
     if "error" in done:
         lines.append(f"AIMET's own export failed: {done['error']}")
         return lines
-    lines.append(f"| AIMET sim (its own encodings) | a8w8-pc (AIMET int8/int8, htp_v75) | {score(as_outputs(study, own_dir / 'aimet_sim_outputs.npz')):.4f} | | |")
+    sim = score(as_outputs(study, own_dir / "aimet_sim_outputs.npz"))
+    lines.append(f"| AIMET sim (its own encodings) | a8w8-pc (AIMET int8/int8, htp_v75) | {sim:.4f} | | |")
     qdq = run_outputs(own_dir / "aimet_qdq.onnx", study.evaluation_data)
     lines.append(f"| AIMET to_onnx_qdq (ORT CPU) | a8w8-pc (AIMET) | {score(qdq):.4f} | | |")
     reports = []

@@ -156,7 +156,8 @@ def make_small_cnn() -> onnx.ModelProto:
              helper.make_node("GlobalAveragePool", ["res"], ["pool"], name="/pool/GlobalAveragePool"),
              helper.make_node("Flatten", ["pool"], ["flat"], name="/flat/Flatten"),
              helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["logits"], name="/fc/Gemm", transB=1)]
-    graph = helper.make_graph(nodes, "small_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])]
+    graph = helper.make_graph(nodes, "small_cnn", inputs,
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
 
@@ -243,7 +244,7 @@ def read_quantized_step(model, name: str) -> float:
 @pytest.mark.slow
 @needs_aimet
 def test_aimets_own_quantization_of_a_cnn_imports_and_reproduces_its_outputs(tmp_path):
-    """AIMET's own a8w8 quantization of the CNN (its encodings give the depthwise Conv before its Clip an encoding of its own), run
+    """AIMET's own a8w8 quantization of the CNN (the depthwise Conv before its Clip gets an encoding of its own), run
     live: the plans imported from its 1.0.0 and 0.6.1 exports and its QDQ model give its sim's outputs."""
     from mpstudio.data import FeedList
     from mpstudio.loop.inprocess import run_outputs
