@@ -127,6 +127,21 @@ def test_imported_aimet_quantization_computes_what_aimet_computed(source, tmp_pa
     assert np.abs(ours - sim).max() <= add_step + step / 2 + 1e-6  # one step of the Add's, rounded to the output's
 
 
+def test_imported_aimet_plan_on_htp_is_aimets_qdq_model_on_htp(tmp_path):
+    """On the HTP backend (the emulator here: real HTP numerics), the plan imported from AIMET's encodings and
+    AIMET's own to_onnx_qdq model give identical outputs, sample by sample."""
+    from mpstudio.data import FeedList
+    from mpstudio.loop.inprocess import run_outputs
+    from mpstudio.study import Study
+
+    evaluation = FeedList(eltwise_feeds(8, seed=2))
+    aimets = np.stack([o["y"] for o in run_outputs(DATA / "eltwise_qdq.onnx", evaluation, backend="htp")])
+    with Study.create(tmp_path / "study", make_eltwise_model(), FeedList(eltwise_feeds(4)), evaluation) as study:
+        model = study.quantizer.generate(study.import_plan(DATA / "eltwise.encodings").plan)
+    ours = np.stack([o["y"] for o in run_outputs(model, evaluation, backend="htp")])
+    assert np.array_equal(ours, aimets)
+
+
 # ---- with aimet-onnx (MPSTUDIO_AIMET_PYTHON) --------------------------------------------------------------------
 ROOT = Path(__file__).parent.parent
 SIDE = ROOT / "benchmarks" / "aimet_side.py"  # AIMET's side, run in its own interpreter
