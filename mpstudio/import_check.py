@@ -30,6 +30,13 @@ def unapplied_encodings(qdq_model, graph: ModelGraph, tensors: Iterable) -> list
     return out
 
 
+def quantized_before_activation(qdq_model, graph: ModelGraph, names: Iterable[str]) -> list[str]:
+    """The `names` that are an op's output ORT would fuse with the Relu/Clip after it, and that `qdq_model`
+    quantizes all the same (`quantize.unfold` gave them the imported encoding)."""
+    model = quantized_tensors(qdq_model)
+    return [n for n in names if n in model and _fused_activation(n, graph) is not None]
+
+
 def _why_not_applied(name: str, imported: Encoding, model: Mapping[str, QuantizedTensor],
                      graph: ModelGraph) -> str | None:
     found = model.get(name)

@@ -88,6 +88,8 @@ def test_aimets_own_export_imports_with_constants_placed_and_unapplied_encodings
             text = imported.describe()
             assert "2 imported encoding(s) the plan's model does not apply" in text
             assert "clip.min: a constant the plan's model leaves in float" in text
+            assert imported.before_activation == ("add_out",)
+            assert "1 of them are an op's output before its Relu/Clip" in text
 
 
 def test_aimets_0_6_1_and_1_0_0_exports_import_as_one_plan(tmp_path):
