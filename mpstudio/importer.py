@@ -78,7 +78,8 @@ class ImportedPlan:
                 lines.append(f"  {count} entr{'y' if count == 1 else 'ies'} not pinned ({why}): {_few(names)}")
         if self.calibrated:
             lines.append(f"  {len(self.calibrated)} quantizable tensor(s) not in the import, calibrated by the study "
-                         f"where ORT quantizes them: {_few(self.calibrated)}")
+                         "where ORT quantizes them (a plan quantizes every tensor ORT does; where the source left one "
+                         f"in float, the numbers can differ): {_few(self.calibrated)}")
         return "\n".join(lines)
 
 
