@@ -11,7 +11,9 @@ them before loading, as AIMET's own mixed-precision flow does.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any, Mapping
 
 from . import encodings as encodings_format
@@ -21,23 +23,57 @@ from . import qdq
 def configure_aimet_sim(sim: Any, encodings: str | os.PathLike | Mapping) -> list[str]:
     """Set the quantizers of `sim` (an aimet_onnx QuantizationSimModel of the exported float model) to the
     bit width, per-tensor or per-channel granularity and symmetry of each entry of `encodings` (either version);
-    returns the names the sim has no quantizer for (AIMET's strict loading refuses those)."""
+    returns the names the sim has no quantizer for (AIMET's strict loading refuses those).
+
+    Quantizers the file does not mention are disabled: the tensors the exported model leaves unquantized, which
+    a sim built from a hardware config quantizes anyway (an op's output before the Relu/Clip ORT and HTP fuse
+    into it, AIMET's copies of a Clip's constant bounds). Loading disables them too, and its strict check
+    refuses a quantizer it has to disable; disabled first, the sim computes what the exported model does."""
     parsed = encodings_format.load(encodings)
+    for name, quantizer in sim.qc_quantize_op_dict.items():
+        if name not in parsed.entries and quantizer.enabled:
+            quantizer.enabled = False
     missing = []
     for name, entry in parsed.entries.items():
         quantizer = sim.qc_quantize_op_dict.get(name)
         if quantizer is None or entry.encoding is None:
             missing.append(name)
             continue
+        if not quantizer.enabled:
+            quantizer.enabled = True  # e.g. a Flatten's output: AIMET leaves data movement alone, ORT quantizes it
         if quantizer.bitwidth != entry.encoding.bits:
             quantizer.set_bitwidth(entry.encoding.bits)
-        if entry.kind == qdq.PARAM:
-            if bool(quantizer.quant_info.usePerChannelMode) != entry.per_channel:
-                quantizer.enable_per_channel_quantization(entry.per_channel)
-            signed = entry.encoding.dtype.startswith("int")
-            if quantizer.use_symmetric_encodings != signed:
-                quantizer.use_symmetric_encodings = signed
+        if entry.kind == qdq.PARAM and bool(quantizer.quant_info.usePerChannelMode) != entry.per_channel:
+            quantizer.enable_per_channel_quantization(entry.per_channel)
+        # Signed types are symmetric. Activations too: AIMET makes an activation that a MatMul reads as its
+        # second operand symmetric, as it makes weights; the plan's model quantizes it like any activation.
+        signed = entry.encoding.dtype.startswith("int")
+        if quantizer.use_symmetric_encodings != signed:
+            quantizer.use_symmetric_encodings = signed
     return missing
+
+
+def encodings_for_sim(encodings: str | os.PathLike | Mapping, sim: Any) -> tuple[dict, list[str]]:
+    """(the file's JSON without the entries `sim` has no quantizer for, their names). Strict loading refuses
+    such names. AIMET gives a data movement op's output (Flatten, Reshape, ...) no quantizer of its own (it
+    carries its input's encoding, where ORT's model quantizes it again with the same values); on larger graphs
+    its sim leaves other tensors unquantized too (on the demo, the insides of a decomposed LayerNorm and of
+    attention), and there its numbers differ from the plan's model: report the names to the user."""
+    if isinstance(encodings, Mapping):
+        raw = json.loads(json.dumps(encodings))
+    else:
+        raw = json.loads(Path(encodings).read_text())
+    quantizers = sim.qc_quantize_op_dict
+    left_out: list[str] = []
+    for section in ("activation_encodings", "param_encodings"):
+        entries = raw.get(section)
+        if isinstance(entries, list):  # 1.0.0: a list of entries, each with its name
+            left_out += [e["name"] for e in entries if e.get("name") not in quantizers]
+            raw[section] = [e for e in entries if e.get("name") in quantizers]
+        elif isinstance(entries, dict):  # the dict form: name -> entry
+            left_out += [name for name in entries if name not in quantizers]
+            raw[section] = {name: e for name, e in entries.items() if name in quantizers}
+    return raw, left_out
 
 
 def encodings_cannot_carry(qdq_model, *, biases: bool) -> list[str]:

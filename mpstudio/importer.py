@@ -21,7 +21,7 @@ import onnx
 from . import encodings as encodings_format
 from . import qdq
 from .errors import MpstudioError
-from .import_check import unapplied_encodings
+from .import_check import quantized_before_activation, unapplied_encodings
 from .graph import BIAS, WEIGHT, ModelGraph
 from .plan import ACTIVATION_TYPES, WEIGHT_TYPES, PrecisionPlan, TensorOverride
 from .qdq import ACTIVATION, PARAM, Encoding
@@ -58,10 +58,15 @@ class ImportedPlan:
     skipped: tuple[tuple[str, str], ...]
     calibrated: tuple[str, ...]
     unapplied: tuple[tuple[str, str], ...] = ()
+    before_activation: tuple[str, ...] = ()  # pinned op outputs quantized ahead of their Relu/Clip, as the source
 
     def describe(self) -> str:
         lines = [f"imported {self.source} as plan {self.plan_id} ({self.plan.summary()})",
                  f"  {len(self.pinned)} tensor(s) keep the imported scale and zero point in the plan's model"]
+        if self.before_activation:
+            lines.append(f"  {len(self.before_activation)} of them are an op's output before its Relu/Clip, which ORT "
+                         "fuses: the plan's model quantizes them with the imported encoding, as the source does: "
+                         f"{_few(self.before_activation)}")
         if self.unapplied:
             lines.append(f"  {len(self.unapplied)} imported encoding(s) the plan's model does not apply (its numbers "
                          "can differ from the source's there):")
@@ -73,7 +78,8 @@ class ImportedPlan:
                 lines.append(f"  {count} entr{'y' if count == 1 else 'ies'} not pinned ({why}): {_few(names)}")
         if self.calibrated:
             lines.append(f"  {len(self.calibrated)} quantizable tensor(s) not in the import, calibrated by the study "
-                         f"where ORT quantizes them: {_few(self.calibrated)}")
+                         "where ORT quantizes them (a plan quantizes every tensor ORT does; where the source left one "
+                         f"in float, the numbers can differ): {_few(self.calibrated)}")
         return "\n".join(lines)
 
 
@@ -89,13 +95,15 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     stem = Path(source).stem if isinstance(source, (str, os.PathLike)) else "plan"
     plan = replace(plan, encodings=key, name=name or f"imported {stem}")
     plan_id = study.add_plan(plan, origin=ORIGIN)
-    unapplied = unapplied_encodings(study.quantizer.generate(plan), graph, tensors)
+    generated = study.quantizer.generate(plan)
+    unapplied = unapplied_encodings(generated, graph, tensors)
     left_out = {name for name, _ in unapplied}
+    kept = tuple(t.name for t in tensors if t.name not in left_out)
     mentioned = {t.name for t in tensors} | {name for name, _ in skipped}
     calibrated = tuple(n for n in graph.activations() + graph.weights()
                        if n not in mentioned and graph.tensors[n].quantizable)
-    return ImportedPlan(plan, plan_id, kind, tuple(t.name for t in tensors if t.name not in left_out), tuple(skipped),
-                        calibrated, tuple(unapplied))
+    return ImportedPlan(plan, plan_id, kind, kept, tuple(skipped), calibrated, tuple(unapplied),
+                        tuple(quantized_before_activation(generated, graph, kept)))
 
 
 def read_import(source, graph: ModelGraph) -> tuple[str, list[ImportedTensor], list[tuple[str, str]]]:
@@ -259,7 +267,10 @@ def derive_plan(graph: ModelGraph, tensors: list[ImportedTensor]) -> PrecisionPl
     activations = [t for t in tensors if t.kind == ACTIVATION]
     weights = [t for t in tensors if t.kind == PARAM]
     activation_type = _most_common([t.encoding.dtype for t in activations], "uint8")
-    weight_type = _most_common([t.encoding.dtype for t in weights], "uint8")
+    # The weights of Conv/Gemm/MatMul decide the default: AIMET also lists every Clip bound and element-wise
+    # constant (uint8, like activations), which outnumber them in a CNN with one Clip per layer.
+    op_weights = [t for t in weights if not _constant_operand(graph, t.name)] or weights
+    weight_type = _most_common([t.encoding.dtype for t in op_weights], "uint8")
     convs = [t for t in weights if _default_per_channel(graph, t.name)]
     per_channel = sum(t.encoding.per_channel for t in convs) * 2 > len(convs)
     overrides: dict[str, TensorOverride] = {}

@@ -26,6 +26,7 @@ from .calibrate import (CALIBRATION_METHODS, FLOAT_RANGES, CalibrationCache, cac
                         store_ranges, weight_form, weight_form_plan, with_quantized_weights)
 from .config import qnn_config, quantize_kwargs
 from .fusion import fuse_activations
+from .unfold import unfold_imported
 from .ort_patch import fast_ort_quantizer, quiet_ort_logging
 from .versions import GENERATOR_VERSION, toolchain_key
 
@@ -134,13 +135,15 @@ class Quantizer:
                               message)
 
     def _quantize(self, plan: PrecisionPlan, cache: CalibrationCache, out: Path) -> None:
-        config = qnn_config(self.prepared.model, self.graph, plan, CALIBRATION_METHODS[self.method],
-                            pinned=self.pinned(plan))
+        pinned = self.pinned(plan)
+        config = qnn_config(self.prepared.model, self.graph, plan, CALIBRATION_METHODS[self.method], pinned=pinned)
         # ORT's quantizer writes scratch files beside the float model: one process quantizes at a time (and,
         # patched process-wide, one thread: `fast_ort_quantizer` holds the turn).
         with exclusive(self.cache_dir / ".quantize.lock"), fast_ort_quantizer(), quiet_ort_logging():
             quantize_static(self.float_path, out, None, calibration_cache_path=cache.path, **quantize_kwargs(config))
         fuse_activations(out)
+        if pinned:
+            unfold_imported(out, self.prepared.model, self.graph, pinned)
 
     # ---- regeneration ------------------------------------------------------------------------------------
     def model_path(self, plan: PrecisionPlan) -> Path:
