@@ -62,9 +62,9 @@ def connect(address: str) -> "RayCluster":
     HOST:PORT or ray://HOST:PORT, or "local" (a Ray instance started here for this process, only when asked).
     A cluster that cannot be reached raises one MpstudioError; nothing falls back to local runs silently."""
     ray = _import_ray()
+    if address not in ("auto", "local"):
+        _check_reachable(address)
     if not ray.is_initialized():
-        if address not in ("auto", "local"):
-            _check_reachable(address)
         try:
             if address == "local":
                 ray.init(address="local", include_dashboard=False, log_to_driver=False)
