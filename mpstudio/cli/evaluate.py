@@ -43,7 +43,10 @@ def _evaluate(args) -> int:
         study = stack.enter_context(Study.open(args.folder))
         progress.log_to(study.folder)
         plan = resolve(study, args.plan)
-        done = study.evaluate(plan, args.backend, open_runner(args, stack), origin="evaluate", progress=progress)
+        runner = open_runner(args, stack)
+        done = study.evaluate(plan, args.backend, runner, origin="evaluate", progress=progress)
+    for placement in () if args.json else getattr(runner, "placements", ()):
+        print(f"ran on Ray: {placement.describe()}")
     if args.json:
         print(json.dumps({"plan_id": done.plan_id, "name": done.name, "metric": done.metric, "value": done.value,
                           "accuracy_source": done.accuracy_source, "samples": done.samples, "cached": done.cached,

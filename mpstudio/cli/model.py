@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 
 from ..errors import MpstudioError
-from .arguments import add_quiet_arg, add_shape_arg
+from .arguments import add_quiet_arg, add_ray_arg, add_shape_arg, open_ray
 from .progress import progress_bar
 
 
@@ -94,7 +95,8 @@ def _analyze(args) -> int:
         nodes = quantizer.prepared.fallback_nodes
         print(f"note: {len(nodes)} node(s) would run on CPU on QNN HTP: {', '.join(nodes[:5])}"
               + (" ..." if len(nodes) > 5 else "") + " (mpstudio prepare MODEL says why)")
-    with progress_bar(not args.quiet) as progress:
+    with ExitStack() as stack, progress_bar(not args.quiet) as progress:
+        cluster = open_ray(args, stack)
         Path(args.out).mkdir(parents=True, exist_ok=True)
         progress.log_to(args.out)  # the report's folder keeps the native log of its runs
         if args.exhaustive:
@@ -103,8 +105,8 @@ def _analyze(args) -> int:
         else:
             report = analyze_progressive(quantizer, data, plan, isolation=not args.no_isolation,
                                          isolation_samples=args.isolation_samples, selection=args.select or (),
-                                         workers=args.workers, cache_dir=quantizer.cache_dir / "sensitivity",
-                                         progress=progress)
+                                         workers=cluster if cluster is not None else args.workers,
+                                         cache_dir=quantizer.cache_dir / "sensitivity", progress=progress)
     out = report.save(args.out)
     print(report.summary(args.top))
     if report.status():
@@ -155,6 +157,7 @@ def add_analyze_parser(sub) -> None:
     a.add_argument("--exhaustive", action="store_true",
                    help="isolate every tensor (default: only those that can change the top of the ranking)")
     a.add_argument("--workers", type=int, help="worker processes (default: one per core; 0: none)")
+    add_ray_arg(a)
     a.add_argument("--top", type=int, default=20, help="rows of the ranking to print")
     a.add_argument("--cache", help="cache folder for calibration ranges and generated models")
     add_quiet_arg(a)
