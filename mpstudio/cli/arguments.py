@@ -9,7 +9,9 @@ def open_ray(args, stack):
     """The Ray cluster `--ray` (or $MPSTUDIO_RAY_ADDRESS) names, connected for this command; None without one."""
     from ..distributed.cluster import ray_address
 
-    address = ray_address(getattr(args, "ray", None))
+    if not hasattr(args, "ray"):  # a command whose runs are not samples (a device's build)
+        return None
+    address = ray_address(args.ray)
     if address is None:
         return None
     if getattr(args, "agent", None) or getattr(args, "local_agent", False):
@@ -42,11 +44,13 @@ def open_runner(args, stack):
     return None
 
 
-def add_runner_args(parser) -> None:
+def add_runner_args(parser, ray: bool = True) -> None:
+    """--agent, --token, --local-agent; and --ray where the command's runs are samples (not a device's build)."""
     parser.add_argument("--agent", action="append", metavar="URL", help="agent URL (repeat for a pool of devices)")
     parser.add_argument("--token", default=None, help="bearer token of the agents")
     parser.add_argument("--local-agent", action="store_true", help="start an agent on loopback for this command")
-    add_ray_arg(parser)
+    if ray:
+        add_ray_arg(parser)
 
 
 def add_ray_arg(parser) -> None:

@@ -326,7 +326,7 @@ def add_export_parser(sub) -> None:
                    help="AIMET encodings format of the qnn file: 1.0.0 (default; what aimet-onnx 2.x writes and "
                         "reads) or 0.6.1 (the older dict form, for tools that predate 1.0.0)")
     e.add_argument("-o", "--output", help="output folder (default STUDY/exports/plan-ID)")
-    add_runner_args(e)
+    add_runner_args(e, ray=False)  # a context binary is built by a device's agent
     e.set_defaults(func=_export)
 
 
