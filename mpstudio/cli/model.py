@@ -85,6 +85,11 @@ def _quantize(args) -> int:
 
 
 def _analyze(args) -> int:
+    with ExitStack() as stack:  # the cluster first: one that cannot be reached fails before any work
+        return _analyze_on(args, open_ray(args, stack))
+
+
+def _analyze_on(args, cluster) -> int:
     from ..sensitivity import analyze, analyze_progressive
 
     # Calibration uses every sample unless told otherwise, whatever --samples scores.
@@ -95,8 +100,7 @@ def _analyze(args) -> int:
         nodes = quantizer.prepared.fallback_nodes
         print(f"note: {len(nodes)} node(s) would run on CPU on QNN HTP: {', '.join(nodes[:5])}"
               + (" ..." if len(nodes) > 5 else "") + " (mpstudio prepare MODEL says why)")
-    with ExitStack() as stack, progress_bar(not args.quiet) as progress:
-        cluster = open_ray(args, stack)
+    with progress_bar(not args.quiet) as progress:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         progress.log_to(args.out)  # the report's folder keeps the native log of its runs
         if args.exhaustive:

@@ -88,9 +88,9 @@ def _search(args) -> int:
     from ..search import path_frame, search
 
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
+        runner = open_runner(args, stack)  # first: a cluster that cannot be reached fails before any work
         study = stack.enter_context(_open_study(args, progress))
         progress.log_to(study.folder)
-        runner = open_runner(args, stack)
         print(f"study: {study.folder}")
         result = search(study, args.target, latency_budget_ms=args.latency_budget,
                         max_evaluations=args.max_evaluations, backend=args.backend, runner=runner,
