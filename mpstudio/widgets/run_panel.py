@@ -1,4 +1,4 @@
-"""RunPanel: where plans run (this process, the local HTP emulator agent, or a remote agent), on which
+"""RunPanel: where plans run (this process, the local HTP emulator agent, a remote agent or a Ray cluster), on which
 backend; evaluate the current plan, or search for a plan that reaches a target."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import html
 import panel as pn
 import param
 
+from ..distributed.cluster import ray_address
 from .base import View, laid_out_once, shows_errors
 from .jobs import JobsView
 from .state import StudioState
@@ -37,6 +38,13 @@ class RunPanel(View):
         else:
             self._agent = [pn.pane.HTML("<span style='font-size:12px;color:#666'>this studio names no remote agent "
                                         "(start it with --agent URL)</span>", sizing_mode="stretch_width")]
+        if agents is None:  # a notebook: any cluster by address; a served studio's is its server's
+            self._ray = pn.widgets.TextInput.from_param(state.param.ray_address, name="Ray cluster",
+                                                        placeholder="auto or HOST:PORT", sizing_mode="stretch_width")
+        else:
+            self._ray = pn.pane.HTML(f"<span style='font-size:12px;color:#666'>Ray cluster: "
+                                     f"{html.escape(ray_address() or 'none (start the studio with MPSTUDIO_RAY_ADDRESS)')}"
+                                     "</span>", sizing_mode="stretch_width")
         self._backend = pn.widgets.RadioButtonGroup.from_param(state.param.backend, button_type="light")
         self._evaluate = pn.widgets.Button(name="Evaluate current plan", button_type="primary",
                                            sizing_mode="stretch_width")
@@ -56,9 +64,10 @@ class RunPanel(View):
     def __panel__(self):
         remote = pn.Column(*self._agent, visible=self.state.param.runner.rx() == "remote",
                            sizing_mode="stretch_width")
+        cluster = pn.Column(self._ray, visible=self.state.param.runner.rx() == "ray", sizing_mode="stretch_width")
         plan = pn.bind(self._plan_text, self.state.param.plan, self.state.param.plan_id)
         return pn.Column(
-            pn.pane.HTML("<b>Run</b>"), self._runner, remote,
+            pn.pane.HTML("<b>Run</b>"), self._runner, remote, cluster,
             pn.Row(pn.pane.HTML("backend", margin=(12, 5)), self._backend),
             pn.pane.HTML(plan, sizing_mode="stretch_width"), self._evaluate, self._on_edit, self._target, self._search,
             self._confirm,
