@@ -42,8 +42,8 @@ class RunPanel(View):
             self._ray = pn.widgets.TextInput.from_param(state.param.ray_address, name="Ray cluster",
                                                         placeholder="auto or HOST:PORT", sizing_mode="stretch_width")
         else:
-            self._ray = pn.pane.HTML(f"<span style='font-size:12px;color:#666'>Ray cluster: "
-                                     f"{html.escape(ray_address() or 'none (start the studio with MPSTUDIO_RAY_ADDRESS)')}"
+            named = ray_address() or "none (start the studio with MPSTUDIO_RAY_ADDRESS)"
+            self._ray = pn.pane.HTML(f"<span style='font-size:12px;color:#666'>Ray cluster: {html.escape(named)}"
                                      "</span>", sizing_mode="stretch_width")
         self._backend = pn.widgets.RadioButtonGroup.from_param(state.param.backend, button_type="light")
         self._evaluate = pn.widgets.Button(name="Evaluate current plan", button_type="primary",
