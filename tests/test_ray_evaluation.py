@@ -16,6 +16,7 @@ from conftest import chain_feeds, make_chain_model, qnn_available
 from mpstudio.data import FeedList
 from mpstudio.errors import MpstudioError
 from mpstudio.loop.inprocess import run_outputs
+from mpstudio.loop.runners import CPU_SOURCE
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
@@ -135,3 +136,24 @@ def test_an_unreachable_cluster_is_one_clear_error_at_once():
         connect(f"127.0.0.1:{port}")
     with pytest.raises(MpstudioError, match="HOST:PORT"):
         connect("not an address")
+
+
+def test_a_model_the_actors_cannot_open_is_the_local_error(cluster, tmp_path):
+    from mpstudio.distributed import OverRay
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(MpstudioError, match="could not create a htp session"):
+        OverRay(cluster).outputs(bad, FeedList(chain_feeds(2)), "htp", HTP, None, None)
+
+
+def test_the_studio_runner_connects_once_per_address(cluster):
+    from mpstudio.widgets.agents import AgentClients
+
+    clients = AgentClients()
+    first = clients.ray(cluster.address)
+    assert clients.ray(cluster.address) is first and first.source("cpu") == CPU_SOURCE
+    assert first.source("htp") == f"HTP emulator on {socket.gethostname()}"  # a local run's label on this host
+    clients.close()
+    with pytest.raises(MpstudioError, match="Ray cluster's address"):
+        clients.ray(" ")
