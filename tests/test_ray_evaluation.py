@@ -151,7 +151,8 @@ def test_the_studio_runner_connects_once_per_address(cluster):
     from mpstudio.widgets.agents import AgentClients
 
     clients = AgentClients()
-    first = clients.ray(cluster.address)
+    clients.ray_address = cluster.address  # what the Run panel's field sets
+    first = clients.client("ray")
     assert clients.ray(cluster.address) is first and first.source("cpu") == CPU_SOURCE
     assert first.source("htp") == f"HTP emulator on {socket.gethostname()}"  # a local run's label on this host
     clients.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+from ..distributed.cluster import ray_address
 from ..errors import MpstudioError
 
 RUNNERS = {"this process": "local", "local agent": "agent", "remote agent": "remote", "Ray cluster": "ray"}
@@ -18,11 +19,16 @@ class AgentClients:
         self.local = None  # LocalAgent, started on first use
         self._remote = None  # ((url, token), AgentClient)
         self._ray = None  # (address, OverRay)
+        # The "Ray cluster" runner's address: a notebook's Run panel sets it; a served studio keeps its server's.
+        self.ray_address = ray_address() or "auto"
 
     def client(self, runner: str, url: str = "", token: str = ""):
-        """None (ORT in this process), the local agent's client or the remote agent's client."""
+        """None (ORT in this process), the local agent's client, the remote agent's client, or the runner over
+        the Ray cluster at `ray_address`."""
         if runner == "local":
             return None
+        if runner == "ray":
+            return self.ray(self.ray_address)
         if runner == "agent":
             from ..agent import LocalAgent
 

@@ -18,6 +18,7 @@ class RunPanel(View):
     """Evaluate and search, with a progress bar and a cancel button for each job and errors as messages."""
 
     state = param.ClassSelector(class_=StudioState)
+    ray_address = param.String("auto", doc="the Ray cluster of the 'Ray cluster' runner (auto, HOST:PORT)")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -39,10 +40,12 @@ class RunPanel(View):
             self._agent = [pn.pane.HTML("<span style='font-size:12px;color:#666'>this studio names no remote agent "
                                         "(start it with --agent URL)</span>", sizing_mode="stretch_width")]
         if agents is None:  # a notebook: any cluster by address; a served studio's is its server's
-            self._ray = pn.widgets.TextInput.from_param(state.param.ray_address, name="Ray cluster",
+            self.ray_address = state.agents.ray_address
+            self._ray = pn.widgets.TextInput.from_param(self.param.ray_address, name="Ray cluster",
                                                         placeholder="auto or HOST:PORT", sizing_mode="stretch_width")
+            self.param.watch(self._on_ray_address, "ray_address")
         else:
-            named = ray_address() or "none (start the studio with MPSTUDIO_RAY_ADDRESS)"
+            named = ray_address() or "auto (a cluster started on the studio's machine; or MPSTUDIO_RAY_ADDRESS)"
             self._ray = pn.pane.HTML(f"<span style='font-size:12px;color:#666'>Ray cluster: {html.escape(named)}"
                                      "</span>", sizing_mode="stretch_width")
         self._backend = pn.widgets.RadioButtonGroup.from_param(state.param.backend, button_type="light")
@@ -82,6 +85,9 @@ class RunPanel(View):
         else:
             text = f"{html.escape(plan.summary())} (not evaluated yet)"
         return f"<div style='font-size:12px'>current plan: <b>{text}</b></div>"
+
+    def _on_ray_address(self, event):
+        self.state.agents.ray_address = event.new
 
     def _on_agent(self, event):
         self.state.agent_url = event.new

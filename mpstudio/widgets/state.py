@@ -10,7 +10,6 @@ import pandas as pd
 import panel as pn
 import param
 
-from ..distributed.cluster import ray_address
 from ..errors import MpstudioError
 from ..layout import GraphLayout, collapsible_namespaces, layout_graph
 from ..plan import PrecisionPlan
@@ -42,7 +41,6 @@ class StudioState(param.Parameterized):
     backend = param.Selector(objects=["cpu", "htp"], default="cpu", doc="Where plans are evaluated")
     runner = param.Selector(objects=RUNNERS, default="local", doc="Who runs the evaluations")
     agent_url = param.String("", doc="URL of a remote agent (mpstudio agent serve)")
-    ray_address = param.String(ray_address() or "auto", doc="the Ray cluster of the 'Ray cluster' runner")
     agent_token = param.String("", doc="Token of the remote agent")
     target = param.String("a16w8+10%", doc="Search target: a metric value, or a baseline with a margin")
     latency_source = param.Selector(objects=list(LATENCY_SOURCES), default="estimate",
@@ -330,10 +328,7 @@ class StudioState(param.Parameterized):
         self._lanes.post(fn)
 
     def runner_client(self):
-        """None (ORT in this process), the local agent (started on first use), the remote agent, or the Ray
-        cluster (a served studio's is the one its server names in MPSTUDIO_RAY_ADDRESS, never a visitor's)."""
-        if self.runner == "ray":
-            return self.agents.ray(self.ray_address if self.policy.agents is None else ray_address() or "")
+        """None (ORT in this process), the local agent (started on first use) or the remote agent."""
         if self.runner != "remote" or self.policy.agents is None:
             return self.agents.client(self.runner, self.agent_url, self.agent_token)
         # A served studio's agents are the server's: a visitor picks one of them, never a URL of its own.
