@@ -158,3 +158,39 @@ def test_the_studio_runner_connects_once_per_address(cluster):
     clients.close()
     with pytest.raises(MpstudioError, match="Ray cluster's address"):
         clients.ray(" ")
+
+
+def test_a_search_on_the_cluster_recommends_the_local_plan_evaluating_plans_at_once(cluster, tmp_path):
+    import onnx
+
+    from mpstudio.distributed import OverRay
+    from mpstudio.search import search
+    from mpstudio.study import Study
+
+    class Counted(OverRay):  # the real runner, counting the plans it runs at once
+        def __init__(self, c):
+            super().__init__(c, lanes=2)
+            self.running, self.most, self.lock = 0, 0, threading.Lock()
+
+        def outputs(self, *args, **kwargs):
+            with self.lock:
+                self.running += 1
+                self.most = max(self.most, self.running)
+            try:
+                return super().outputs(*args, **kwargs)
+            finally:
+                with self.lock:
+                    self.running -= 1
+
+    path = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=6, size=16), path)
+    found = {}
+    for name, runner in (("local", None), ("ray", Counted(cluster))):
+        study = Study.create(tmp_path / name, path, FeedList(chain_feeds(8)), FeedList(chain_feeds(6, seed=5)))
+        result = search(study, "a16w8+10%", max_evaluations=8, weights="per-tensor", confirm=None, quiet=True,
+                        runner=runner)
+        found[name] = (study.plan(result.recommended.plan_id).hash, result.recommended.value,
+                       result.recommended.accuracy_source, [(e.name, e.value) for e in result.path])
+        study.close()
+    assert found["ray"] == found["local"]
+    assert runner.most == 2  # the baselines (at least) ran together

@@ -26,6 +26,22 @@ from ..loop.runners import CPU_SOURCE
 
 _KEEP_SESSIONS = 2
 _TASK_RETRIES = 3
+# Half a CPU each: one evaluation actor and one sensitivity actor per CPU fit together (a search analyses while
+# its evaluation actors stay up), and either alone runs one per core.
+ACTOR_CPUS = 0.5
+_START_SECONDS = 300.0
+
+
+def started(ray, refs: list, what: str) -> list:
+    """The answers of freshly started actors, or one MpstudioError when the cluster cannot place them."""
+    from ray.exceptions import GetTimeoutError
+
+    try:
+        return ray.get(refs, timeout=_START_SECONDS)
+    except GetTimeoutError:
+        raise MpstudioError(f"the Ray cluster did not start its {len(refs)} {what} actors within "
+                            f"{_START_SECONDS:.0f} s: are its CPUs taken by other work? (`ray status` shows them)") \
+            from None
 log = logging.getLogger(__name__)
 
 
@@ -88,9 +104,9 @@ class EvaluatorPool:
     def __init__(self, cluster):
         ray = self.ray = cluster.ray
         count = max(1, cluster.cpus)
-        actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=_TASK_RETRIES)(Evaluator)
+        actor = ray.remote(num_cpus=ACTOR_CPUS, max_restarts=-1, max_task_retries=_TASK_RETRIES)(Evaluator)
         self.actors = [actor.options(scheduling_strategy="SPREAD").remote() for _ in range(count)]
-        self.where = ray.get([a.where.remote() for a in self.actors])
+        self.where = started(ray, [a.where.remote() for a in self.actors], "evaluation")
         self.hosts = {node: host for node, host, _, _ in self.where}
         self._load = [0] * count
         self._lock = threading.Lock()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MpstudioError
+from .evaluation import ACTOR_CPUS, started
 from ..sensitivity.workers import IsolationSpec, ScoringSpec, SensitivityWorker
 
 _PATHS = {ScoringSpec: ("float_model", "qdq_model", "local_model"),
@@ -64,8 +65,9 @@ class RaySensitivityPool:
 
     def __init__(self, cluster):
         self.cluster, self.ray = cluster, cluster.ray
-        actor = self.ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=_TASK_RETRIES)(SensitivityActor)
+        actor = self.ray.remote(num_cpus=ACTOR_CPUS, max_restarts=-1, max_task_retries=_TASK_RETRIES)(SensitivityActor)
         self.processes = [actor.options(scheduling_strategy="SPREAD").remote() for _ in range(max(1, cluster.cpus))]
+        started(self.ray, [a.pid.remote() for a in self.processes], "sensitivity")
         self._specs: list = [None, None]
         self._version = 0
         self._next = 0
