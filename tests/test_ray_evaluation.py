@@ -194,3 +194,30 @@ def test_a_search_on_the_cluster_recommends_the_local_plan_evaluating_plans_at_o
         study.close()
     assert found["ray"] == found["local"]
     assert runner.most == 2  # the baselines (at least) ran together
+
+
+def test_the_command_line_evaluates_on_the_cluster_and_says_where(cluster, tmp_path):
+    import subprocess
+    import sys
+
+    import onnx
+
+    from mpstudio.study import Study
+
+    path = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=3), path)
+    local = Study.create(tmp_path / "local", path, FeedList(chain_feeds(6)), FeedList(chain_feeds(8, seed=7)))
+    expected = local.evaluate(PrecisionPlan.a8w8(), "htp")
+    local.close()
+    Study.create(tmp_path / "ray", path, FeedList(chain_feeds(6)), FeedList(chain_feeds(8, seed=7))).close()
+    env = {**os.environ, "MPSTUDIO_RAY_ADDRESS": cluster.ray.get_runtime_context().gcs_address}
+    result = subprocess.run([sys.executable, "-m", "mpstudio", "evaluate", str(tmp_path / "ray"), "--plan", "a8w8",
+                             "--backend", "htp", "--quiet"], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Ray cluster" in result.stdout and "2 node(s)" in result.stdout
+    assert f"{expected.value:.4f} [{expected.accuracy_source}, 8 samples]" in result.stdout
+    where = next(line for line in result.stdout.splitlines() if line.startswith("ran on Ray:"))
+    assert where.count(" samples on ") == 2, where  # both nodes named, with their share of the samples
+    with Study.open(tmp_path / "ray") as study:
+        stored = study.evaluations().iloc[0]
+        assert (stored["value"], stored["accuracy_source"]) == (expected.value, expected.accuracy_source)
