@@ -25,7 +25,8 @@ from ..errors import MpstudioError
 from ..loop.runners import CPU_SOURCE
 
 _KEEP_SESSIONS = 2
-_TASK_RETRIES = 3
+_TASK_RETRIES = 3  # Ray's retries on the same (restarted) actor
+_RESUBMITS = 5  # then ours, on another actor
 # Half a CPU each: one evaluation actor and one sensitivity actor per CPU fit together (a search analyses while
 # its evaluation actors stay up), and either alone runs one per core.
 ACTOR_CPUS = 0.5
@@ -119,9 +120,10 @@ class EvaluatorPool:
     def emulated(self) -> bool:
         return all(emulated for _, _, emulated, _ in self.where)
 
-    def _submit(self, args, indices):
+    def _submit(self, args, indices, avoid: int | None = None):
         with self._lock:
-            i = self._load.index(min(self._load))
+            loads = [load if i != avoid or len(self._load) == 1 else float("inf") for i, load in enumerate(self._load)]
+            i = loads.index(min(loads))
             self._load[i] += len(indices)
         return self.actors[i].run.remote(*args, indices), i
 
@@ -138,6 +140,7 @@ class EvaluatorPool:
             pending[ref] = (indices, actor)
         results: list[Feed | None] = [None] * total
         per_node: Counter = Counter()
+        failures: Counter = Counter()  # shard (first index) -> times its actor was lost
         done, tasks = 0, len(pending)
         try:
             while pending:
@@ -148,7 +151,14 @@ class EvaluatorPool:
                     indices, actor = pending.pop(ref)
                     with self._lock:
                         self._load[actor] -= len(indices)
-                    node, outputs = self._result(ref)
+                    answer = self._result(ref, failures, indices[0])
+                    if answer is None:  # its actor or node is gone: the shard goes to another actor
+                        time.sleep(min(2.0, 0.2 * failures[indices[0]]))
+                        again, actor = self._submit(args, indices, avoid=actor)
+                        pending[again] = (indices, actor)
+                        tasks += 1
+                        continue
+                    node, outputs = answer
                     for index, output in zip(indices, outputs):
                         results[index] = output
                     per_node[f"{node[:8]}@{self.hosts.get(node, '?')}"] += len(indices)
@@ -163,7 +173,9 @@ class EvaluatorPool:
         placement = Placement(label, backend, dict(per_node), tasks, time.perf_counter() - started)
         return results, placement
 
-    def _result(self, ref):
+    def _result(self, ref, failures: Counter, shard: int):
+        """The shard's (node, outputs), or None when its actor was lost (Ray's own retries on that actor spent:
+        a removed node refuses them at once, before the cluster knows it is gone)."""
         from ray.exceptions import RayActorError, RayTaskError
 
         try:
@@ -174,8 +186,12 @@ class EvaluatorPool:
                 raise MpstudioError(str(cause.args[0] if cause.args else cause)) from None
             raise
         except RayActorError as exc:
-            raise MpstudioError(f"a Ray evaluation actor died {_TASK_RETRIES + 1} times on one shard "
-                                f"({str(exc).splitlines()[0]}); the nodes may be out of memory") from None
+            failures[shard] += 1
+            if failures[shard] > _RESUBMITS:
+                raise MpstudioError(f"the Ray actors running one shard were lost {failures[shard]} times "
+                                    f"({str(exc).splitlines()[0]}); the nodes may be out of memory") from None
+            log.warning("Ray: a shard's actor was lost (%s); running it on another", str(exc).splitlines()[0])
+            return None
 
     def close(self) -> None:
         for actor in self.actors:
