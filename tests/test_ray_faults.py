@@ -1,11 +1,12 @@
-"""A node of a real Ray cluster removed mid-evaluation: its shards are retried on the nodes left, and the
-evaluation's outputs are those of a local run."""
+"""A node of a real Ray cluster removed mid-evaluation or mid-analysis: its work is sent to the nodes left, and
+the outputs and reports are those of a local run."""
 
 from __future__ import annotations
 
 import threading
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from ray_support import NODE, needs_ray, stop_cluster
@@ -57,3 +58,36 @@ def test_a_node_removed_mid_evaluation_loses_nothing(tmp_path):
         cluster.close()
     finally:
         stop_cluster(nodes)
+
+
+def test_a_node_removed_mid_analysis_loses_nothing(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    from gui_models import make_residual_model
+    from gui_support import small_feeds
+    from mpstudio.distributed import connect
+    from mpstudio.sensitivity import analyze_progressive
+
+    quantizer = Quantizer(prepare_model(make_residual_model(40, size=8)), small_feeds(8), tmp_path)
+    data = small_feeds(6, seed=3)
+    here = analyze_progressive(quantizer, data, isolation_samples=4, workers=0, keep=3)
+    nodes = Cluster(initialize_head=True, head_node_args=dict(NODE, include_dashboard=False))
+    workers = [nodes.add_node(**NODE) for _ in range(2)]
+    nodes.wait_for_nodes()
+    removed = []
+
+    def remove_one(report):
+        if not removed:
+            nodes.remove_node(workers[-1], allow_graceful=False)
+            removed.append(report.meta.get("stage"))
+
+    try:
+        there = analyze_progressive(quantizer, data, isolation_samples=4, workers=connect(nodes.address), keep=3,
+                                    chunk=2, on_partial=remove_one)
+    finally:
+        stop_cluster(nodes)
+    assert removed and there.meta["workers"] == 3
+    for frame in ("tensors", "weights", "ranking"):
+        pd.testing.assert_frame_equal(getattr(here, frame), getattr(there, frame))
+    pd.testing.assert_frame_equal(here.isolation.scores.set_index("region").sort_index(),
+                                  there.isolation.scores.set_index("region").sort_index())

@@ -21,7 +21,8 @@ from ..sensitivity.workers import IsolationSpec, ScoringSpec, SensitivityWorker
 
 _PATHS = {ScoringSpec: ("float_model", "qdq_model", "local_model"),
           IsolationSpec: ("float_model", "model_8", "model_16")}
-_TASK_RETRIES = 3
+_TASK_RETRIES = 3  # Ray's retries on the same (restarted) actor
+_RESUBMITS = 5  # then ours, on another actor
 
 
 class SensitivityActor:
@@ -71,7 +72,7 @@ class RaySensitivityPool:
         self._specs: list = [None, None]
         self._version = 0
         self._next = 0
-        self._owner: dict[int, tuple[object, int]] = {}  # task id -> (ref, actor index)
+        self._owner: dict[int, tuple] = {}  # task id -> (ref, actor index, kind, payload, times its actor was lost)
         self._lock = threading.Lock()
 
     @property
@@ -98,16 +99,20 @@ class RaySensitivityPool:
             self._specs[1] = self._ship(isolation)
         self._version += 1
 
-    def submit(self, kind: str, payload) -> int:
+    def submit(self, kind: str, payload, task_id: int | None = None, avoid: int | None = None) -> int:
         with self._lock:
-            task_id = self._next
-            self._next += 1
+            if task_id is None:
+                task_id = self._next
+                self._next += 1
             loads = [0] * len(self.processes)
-            for _, index in self._owner.values():
+            for _, index, *_ in self._owner.values():
                 loads[index] += 1
+            if avoid is not None and len(loads) > 1:
+                loads[avoid] = len(self._owner) + 1
             index = loads.index(min(loads))
             ref = self.processes[index].run.remote(kind, payload, self._version, list(self._specs))
-            self._owner[task_id] = (ref, index)
+            lost = self._owner.get(task_id, (None, None, None, None, 0))[4]
+            self._owner[task_id] = (ref, index, kind, payload, lost)
         return task_id
 
     def results(self, timeout: float) -> list[tuple[int, Any]]:
@@ -116,14 +121,14 @@ class RaySensitivityPool:
 
         if not self._owner:
             return []
-        by_ref = {ref: task_id for task_id, (ref, _) in self._owner.items()}
+        by_ref = {entry[0]: task_id for task_id, entry in self._owner.items()}
         ready, _ = self.ray.wait(list(by_ref), num_returns=1, timeout=timeout)
         if ready:
             ready, _ = self.ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
         out = []
         for ref in ready:
             task_id = by_ref[ref]
-            self._owner.pop(task_id, None)
+            _, index, kind, payload, lost = self._owner.pop(task_id)
             try:
                 out.append((task_id, self.ray.get(ref)))
             except RayTaskError as exc:
@@ -131,9 +136,12 @@ class RaySensitivityPool:
                 if isinstance(cause, MpstudioError):
                     raise MpstudioError(str(cause.args[0] if cause.args else cause)) from None
                 raise RuntimeError(f"a sensitivity task failed on the Ray cluster: {exc}") from None
-            except RayActorError as exc:
-                raise MpstudioError(f"a Ray sensitivity actor died {_TASK_RETRIES + 1} times on one task "
-                                    f"({str(exc).splitlines()[0]}); the nodes may be out of memory") from None
+            except RayActorError as exc:  # Ray's retries on that actor spent (a removed node): another actor
+                if lost >= _RESUBMITS:
+                    raise MpstudioError(f"the Ray actors running one sensitivity task were lost {lost + 1} times "
+                                        f"({str(exc).splitlines()[0]}); the nodes may be out of memory") from None
+                self._owner[task_id] = (None, index, kind, payload, lost + 1)
+                self.submit(kind, payload, task_id=task_id, avoid=index)
         return out
 
     def close(self) -> None:
