@@ -1,7 +1,7 @@
 """mpstudio's mixed-precision search against AIMET's (aimet-onnx), on one model, one target, one evaluator.
 
     python benchmarks/search.py [--target 0.02] [--study DIR] [--no-aimet] [--sweep-samples 2]
-                                [--budget-minutes 15] [--keep DIR] [--weights mixed]
+                                [--budget-minutes 15] [--keep DIR] [--weights mixed] [--ray auto|ADDRESS]
 
 Model and data: the built-in demo (PP-OCRv4 text-line recognizer, 100 calibration and 100 evaluation lines,
 scored by CER), or with `--study DIR` the model, data and metric of an existing study. Every method starts
@@ -138,9 +138,10 @@ def fresh_study(folder: Path, source: str | None) -> Study:
 
 
 # ---- mpstudio ----------------------------------------------------------------------------------------------------
-def run_mpstudio(study: Study, target: str, evaluator: Evaluator, weights: str = "auto", confirm: bool = False):
+def run_mpstudio(study: Study, target: str, evaluator: Evaluator, weights: str = "auto", confirm: bool = False,
+                 runner=None):
     started = time.perf_counter()
-    result = search(study, target, weights=weights, confirm="htp" if confirm else None)
+    result = search(study, target, weights=weights, confirm="htp" if confirm else None, runner=runner)
     seconds = time.perf_counter() - started
     path = study.quantizer.generate(study.plan(result.recommended.plan_id))
     value = evaluator.score(path)
@@ -338,6 +339,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--confirm", action="store_true",
                         help="let mpstudio's search confirm its front on the HTP emulator (its default outside "
                              "this benchmark); the table still scores every pick with the one CPU evaluator")
+    parser.add_argument("--ray", metavar="auto|ADDRESS",
+                        help="run mpstudio's evaluations and analysis on this Ray cluster (the table's evaluator "
+                             "stays in this process)")
     args = parser.parse_args(argv)
     if args.max_premium is None and args.weights == "mixed":
         args.max_premium = 1 / 3
@@ -357,7 +361,13 @@ def main(argv=None) -> int:
         print(f"model: {study.name}, {len(study.prepared.model.graph.node)} nodes, "
               f"{len(study.graph.activations())} activation tensors; {len(study.calibration)} calibration and "
               f"{len(study.evaluation_data)} evaluation samples; target {args.target}", flush=True)
-        ours, result = run_mpstudio(study, args.target, evaluator, args.weights, args.confirm)
+        runner = None
+        if args.ray:  # the search's evaluations and analysis on a Ray cluster (docs/ray.md)
+            from mpstudio.distributed import OverRay, connect
+
+            runner = OverRay(connect(args.ray))
+            print(runner.cluster.describe(), flush=True)
+        ours, result = run_mpstudio(study, args.target, evaluator, args.weights, args.confirm, runner)
         print("mpstudio: " + result.describe().replace("\n", "\n  "), flush=True)
         against = premium(study, evaluator, result, ours)
         rows = [ours]

@@ -2,9 +2,37 @@
 
 from __future__ import annotations
 
+from ..errors import MpstudioError
+
+
+def open_ray(args, stack):
+    """The Ray cluster `--ray` (or $MPSTUDIO_RAY_ADDRESS) names, connected for this command; None without one."""
+    from ..distributed.cluster import ray_address
+
+    if not hasattr(args, "ray"):  # a command whose runs are not samples (a device's build)
+        return None
+    address = ray_address(args.ray)
+    if address is None:
+        return None
+    if getattr(args, "agent", None) or getattr(args, "local_agent", False):
+        raise MpstudioError("--ray and --agent/--local-agent name two places to run: choose one (unset "
+                            "MPSTUDIO_RAY_ADDRESS to use agents)")
+    from ..distributed import connect
+
+    cluster = connect(address)
+    stack.callback(cluster.close)
+    print(cluster.describe())
+    return cluster
+
 
 def open_runner(args, stack):
-    """None (this process), an AgentPool over `--agent` URLs, or a local agent started for this command."""
+    """None (this process), an AgentPool over `--agent` URLs, a local agent started for this command, or the
+    Ray cluster of `--ray` / $MPSTUDIO_RAY_ADDRESS (`distributed.OverRay`)."""
+    cluster = open_ray(args, stack)
+    if cluster is not None:
+        from ..distributed import OverRay
+
+        return OverRay(cluster)
     if getattr(args, "agent", None):
         from ..agent import AgentPool
 
@@ -16,10 +44,19 @@ def open_runner(args, stack):
     return None
 
 
-def add_runner_args(parser) -> None:
+def add_runner_args(parser, ray: bool = True) -> None:
+    """--agent, --token, --local-agent; and --ray where the command's runs are samples (not a device's build)."""
     parser.add_argument("--agent", action="append", metavar="URL", help="agent URL (repeat for a pool of devices)")
     parser.add_argument("--token", default=None, help="bearer token of the agents")
     parser.add_argument("--local-agent", action="store_true", help="start an agent on loopback for this command")
+    if ray:
+        add_ray_arg(parser)
+
+
+def add_ray_arg(parser) -> None:
+    parser.add_argument("--ray", metavar="auto|ADDRESS", default=None,
+                        help="run CPU and HTP-emulator samples (and sensitivity chunks) on a Ray cluster: auto, "
+                             "HOST:PORT, ray://HOST:PORT, or local (default: $MPSTUDIO_RAY_ADDRESS; docs/ray.md)")
 
 
 def add_shape_arg(parser) -> None:

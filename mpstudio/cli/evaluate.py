@@ -49,6 +49,8 @@ def _evaluate(args) -> int:
             versus = study.evaluate(versus, args.backend, runner, origin="evaluate", progress=progress)
         done = study.evaluate(plan, args.backend, runner, origin="evaluate", progress=progress)
         paired = study.compare(done.plan_id, versus.plan_id, done.accuracy_source) if versus is not None else None
+    for placement in () if args.json else getattr(runner, "placements", ()):
+        print(f"ran on Ray: {placement.describe()}")
     if args.json:
         print(json.dumps({"plan_id": done.plan_id, "name": done.name, "metric": done.metric, "value": done.value,
                           "interval": [done.low, done.high] if done.low is not None else None,

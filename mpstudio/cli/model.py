@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 
 from ..errors import MpstudioError
-from .arguments import add_quiet_arg, add_shape_arg
+from .arguments import add_quiet_arg, add_ray_arg, add_shape_arg, open_ray
 from .progress import progress_bar
 
 
@@ -84,6 +85,11 @@ def _quantize(args) -> int:
 
 
 def _analyze(args) -> int:
+    with ExitStack() as stack:  # the cluster first: one that cannot be reached fails before any work
+        return _analyze_on(args, open_ray(args, stack))
+
+
+def _analyze_on(args, cluster) -> int:
     from ..sensitivity import analyze, analyze_progressive
 
     # Calibration uses every sample unless told otherwise, whatever --samples scores.
@@ -103,8 +109,8 @@ def _analyze(args) -> int:
         else:
             report = analyze_progressive(quantizer, data, plan, isolation=not args.no_isolation,
                                          isolation_samples=args.isolation_samples, selection=args.select or (),
-                                         workers=args.workers, cache_dir=quantizer.cache_dir / "sensitivity",
-                                         progress=progress)
+                                         workers=cluster if cluster is not None else args.workers,
+                                         cache_dir=quantizer.cache_dir / "sensitivity", progress=progress)
     out = report.save(args.out)
     print(report.summary(args.top))
     if report.status():
@@ -155,6 +161,7 @@ def add_analyze_parser(sub) -> None:
     a.add_argument("--exhaustive", action="store_true",
                    help="isolate every tensor (default: only those that can change the top of the ranking)")
     a.add_argument("--workers", type=int, help="worker processes (default: one per core; 0: none)")
+    add_ray_arg(a)
     a.add_argument("--top", type=int, default=20, help="rows of the ranking to print")
     a.add_argument("--cache", help="cache folder for calibration ranges and generated models")
     add_quiet_arg(a)

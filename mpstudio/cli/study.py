@@ -88,9 +88,9 @@ def _search(args) -> int:
     from ..search import path_frame, search
 
     with ExitStack() as stack, progress_bar(not args.quiet) as progress:
+        runner = open_runner(args, stack)  # first: a cluster that cannot be reached fails before any work
         study = stack.enter_context(_open_study(args, progress))
         progress.log_to(study.folder)
-        runner = open_runner(args, stack)
         print(f"study: {study.folder}")
         result = search(study, args.target, latency_budget_ms=args.latency_budget,
                         max_evaluations=args.max_evaluations, backend=args.backend, runner=runner,
@@ -326,7 +326,7 @@ def add_export_parser(sub) -> None:
                    help="AIMET encodings format of the qnn file: 1.0.0 (default; what aimet-onnx 2.x writes and "
                         "reads) or 0.6.1 (the older dict form, for tools that predate 1.0.0)")
     e.add_argument("-o", "--output", help="output folder (default STUDY/exports/plan-ID)")
-    add_runner_args(e)
+    add_runner_args(e, ray=False)  # a context binary is built by a device's agent
     e.set_defaults(func=_export)
 
 

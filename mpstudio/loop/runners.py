@@ -95,8 +95,9 @@ class OverAgent:
 
 
 def runner_for(agent) -> InProcess | OverAgent:
-    """The runner of `agent`: None for this process, an AgentClient or AgentPool for agents."""
-    if isinstance(agent, (InProcess, OverAgent)):
+    """The runner of `agent`: None for this process, an AgentClient or AgentPool for agents; a runner itself
+    (anything with `source`, `outputs` and `measure`, e.g. `distributed.OverRay`) is returned as it is."""
+    if isinstance(agent, (InProcess, OverAgent)) or all(hasattr(agent, a) for a in ("source", "outputs", "measure")):
         return agent
     return InProcess() if agent is None else OverAgent(agent)
 

@@ -79,7 +79,8 @@ def analyze_progressive(
 ) -> SensitivityReport:
     """Score and rank every tensor of `quantizer`'s model for `plan` (default all 8 bits), progressively.
 
-    `workers`: processes (default: one per core; 0 runs everything in this process, with the same numbers).
+    `workers`: processes (default: one per core; 0 runs everything in this process, with the same numbers), or a
+    `distributed.RayCluster` whose actors run the scoring and isolation chunks.
     `cache_dir`: where isolation values are kept, so a cancelled or repeated analysis does not redo them.
     `on_partial(report)` receives each partial report (`report.meta["partial"]` is True, and
     `report.status()` says how far it got); the final report is returned.
@@ -118,15 +119,7 @@ class _Analysis:
 
     # ---- the steps ------------------------------------------------------------------------------------------
     def run(self) -> SensitivityReport:
-        count = self.workers
-        if count is None:
-            # Starting a worker costs a second or two: worth it from a few hundred configuration runs on.
-            small = len(self.quantizer.graph.activations()) * len(self.iso_data) < _WORKERS_FROM
-            count = 0 if small else worker_count()
-        if count and self.metric is not None and not _picklable(self.metric):
-            count = 0  # a metric that cannot travel to a worker is computed here
-        # Workers start first: they import while this process calibrates and quantizes.
-        self.pool = WorkerPool(count, self.metric) if count > 0 else InlineWorkers(self.cancel)
+        self.pool = self._pool()
         try:
             result = self._run()
         except BaseException:
@@ -134,6 +127,19 @@ class _Analysis:
             raise
         self.pool.close()
         return result
+
+    def _pool(self):
+        count = self.workers
+        if hasattr(count, "sensitivity_pool"):  # a distributed.RayCluster: the tasks run as its actors
+            return count.sensitivity_pool(self.metric)
+        if count is None:
+            # Starting a worker costs a second or two: worth it from a few hundred configuration runs on.
+            small = len(self.quantizer.graph.activations()) * len(self.iso_data) < _WORKERS_FROM
+            count = 0 if small else worker_count()
+        if count and self.metric is not None and not _picklable(self.metric):
+            count = 0  # a metric that cannot travel to a worker is computed here
+        # Workers start first: they import while this process calibrates and quantizes.
+        return WorkerPool(count, self.metric) if count > 0 else InlineWorkers(self.cancel)
 
     def _run(self) -> SensitivityReport:
         q, graph = self.quantizer, self.quantizer.graph

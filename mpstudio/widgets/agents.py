@@ -1,13 +1,14 @@
 """Who runs a studio session's evaluations: ORT in this process, the local agent (started on first use and kept
-for the session) or a remote agent given by URL and token."""
+for the session), a remote agent given by URL and token, or a Ray cluster (`distributed.OverRay`)."""
 
 from __future__ import annotations
 
 import threading
 
+from ..distributed.cluster import ray_address
 from ..errors import MpstudioError
 
-RUNNERS = {"this process": "local", "local agent": "agent", "remote agent": "remote"}
+RUNNERS = {"this process": "local", "local agent": "agent", "remote agent": "remote", "Ray cluster": "ray"}
 
 
 class AgentClients:
@@ -17,11 +18,17 @@ class AgentClients:
         self.lock = lock or threading.RLock()
         self.local = None  # LocalAgent, started on first use
         self._remote = None  # ((url, token), AgentClient)
+        self._ray = None  # (address, OverRay)
+        # The "Ray cluster" runner's address: a notebook's Run panel sets it; a served studio keeps its server's.
+        self.ray_address = ray_address() or "auto"
 
     def client(self, runner: str, url: str = "", token: str = ""):
-        """None (ORT in this process), the local agent's client or the remote agent's client."""
+        """None (ORT in this process), the local agent's client, the remote agent's client, or the runner over
+        the Ray cluster at `ray_address`."""
         if runner == "local":
             return None
+        if runner == "ray":
+            return self.ray(self.ray_address)
         if runner == "agent":
             from ..agent import LocalAgent
 
@@ -41,8 +48,25 @@ class AgentClients:
             self._remote = (key, AgentClient(url, key[1] or None))
         return self._remote[1]
 
+    def ray(self, address: str):
+        """The runner over the Ray cluster at `address` (connected once per address; docs/ray.md)."""
+        from ..distributed import OverRay, connect
+
+        address = address.strip()
+        if not address:
+            raise MpstudioError("give the Ray cluster's address (auto, HOST:PORT) or set MPSTUDIO_RAY_ADDRESS")
+        with self.lock:
+            if self._ray is None or self._ray[0] != address:
+                if self._ray is not None:
+                    self._ray[1].cluster.close()
+                self._ray = (address, OverRay(connect(address)))
+            return self._ray[1]
+
     def close(self) -> None:
-        """Stop the local agent and close the remote agent's client."""
+        """Stop the local agent, close the remote agent's client and the Ray cluster's actors."""
+        if self._ray is not None:
+            self._ray[1].cluster.close()
+            self._ray = None
         if self.local is not None:
             self.local.stop()
             self.local = None

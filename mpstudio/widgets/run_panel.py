@@ -1,4 +1,4 @@
-"""RunPanel: where plans run (this process, the local HTP emulator agent, or a remote agent), on which
+"""RunPanel: where plans run (this process, the local HTP emulator agent, a remote agent or a Ray cluster), on which
 backend; evaluate the current plan, or search for a plan that reaches a target."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import html
 import panel as pn
 import param
 
+from ..distributed.cluster import ray_address
 from .base import View, laid_out_once, shows_errors
 from .jobs import JobsView
 from .state import StudioState
@@ -17,6 +18,7 @@ class RunPanel(View):
     """Evaluate and search, with a progress bar and a cancel button for each job and errors as messages."""
 
     state = param.ClassSelector(class_=StudioState)
+    ray_address = param.String("auto", doc="the Ray cluster of the 'Ray cluster' runner (auto, HOST:PORT)")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -37,6 +39,15 @@ class RunPanel(View):
         else:
             self._agent = [pn.pane.HTML("<span style='font-size:12px;color:#666'>this studio names no remote agent "
                                         "(start it with --agent URL)</span>", sizing_mode="stretch_width")]
+        if agents is None:  # a notebook: any cluster by address; a served studio's is its server's
+            self.ray_address = state.agents.ray_address
+            self._ray = pn.widgets.TextInput.from_param(self.param.ray_address, name="Ray cluster",
+                                                        placeholder="auto or HOST:PORT", sizing_mode="stretch_width")
+            self.param.watch(self._on_ray_address, "ray_address")
+        else:
+            named = ray_address() or "auto (a cluster started on the studio's machine; or MPSTUDIO_RAY_ADDRESS)"
+            self._ray = pn.pane.HTML(f"<span style='font-size:12px;color:#666'>Ray cluster: {html.escape(named)}"
+                                     "</span>", sizing_mode="stretch_width")
         self._backend = pn.widgets.RadioButtonGroup.from_param(state.param.backend, button_type="light")
         self._evaluate = pn.widgets.Button(name="Evaluate current plan", button_type="primary",
                                            sizing_mode="stretch_width")
@@ -56,9 +67,10 @@ class RunPanel(View):
     def __panel__(self):
         remote = pn.Column(*self._agent, visible=self.state.param.runner.rx() == "remote",
                            sizing_mode="stretch_width")
+        cluster = pn.Column(self._ray, visible=self.state.param.runner.rx() == "ray", sizing_mode="stretch_width")
         plan = pn.bind(self._plan_text, self.state.param.plan, self.state.param.plan_id)
         return pn.Column(
-            pn.pane.HTML("<b>Run</b>"), self._runner, remote,
+            pn.pane.HTML("<b>Run</b>"), self._runner, remote, cluster,
             pn.Row(pn.pane.HTML("backend", margin=(12, 5)), self._backend),
             pn.pane.HTML(plan, sizing_mode="stretch_width"), self._evaluate, self._on_edit, self._target, self._search,
             self._confirm,
@@ -73,6 +85,9 @@ class RunPanel(View):
         else:
             text = f"{html.escape(plan.summary())} (not evaluated yet)"
         return f"<div style='font-size:12px'>current plan: <b>{text}</b></div>"
+
+    def _on_ray_address(self, event):
+        self.state.agents.ray_address = event.new
 
     def _on_agent(self, event):
         self.state.agent_url = event.new
