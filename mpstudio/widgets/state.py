@@ -19,12 +19,13 @@ from ..sources import LATENCY_SOURCES
 from ..study import Study
 from . import analyses
 from .agents import RUNNERS, AgentClients
-from .editing import edit_plan, find_message, matching_tensors
+from .editing import edit_plan, export_current, find_tensors
 from .lanes import Job, Lanes, session_document
 from .opening import demo_study, model_study, open_arguments
 from .plan_evaluation import PlanEvaluations
 from .provisional import PROVISIONAL_COLUMNS
 from .policy import ServerPolicy
+from .study_session import StudyMembership, after_jobs
 from .tensor_frame import SCORE_ATTENTION, SCORES, TENSOR_COLUMNS, tensor_frame
 
 __all__ = ["Job", "PROVISIONAL_COLUMNS", "RUNNERS", "SCORES", "SCORE_ATTENTION", "StudioState", "TENSOR_COLUMNS",
@@ -94,6 +95,7 @@ class StudioState(param.Parameterized):
         self._lanes = Lanes(self._on_job_finished)
         self.agents = AgentClients(self._lanes.lock)
         self._evaluations = PlanEvaluations(self)
+        self._membership = StudyMembership(self)  # what the server's tabs on the same study share
         self.param.watch(self._on_collapsed, "collapsed")
         self.param.watch(self._on_latency_source, "latency_source")
         self.param.watch(self._on_query, "query")
@@ -129,6 +131,8 @@ class StudioState(param.Parameterized):
             self.param.update(selection=[], collapsed=[], query="", provisional=self.param.provisional.default)
         self.refresh_tensors()
         self.refresh_evaluations()
+        if self._membership.join(study) is not None:
+            self._membership.adopt()  # another tab's (or a reloaded tab's) plan, target, selection and jobs
         if self.auto_analyze:
             self.evaluate_baselines()  # in the background lane, while the analysis runs in its own
             self.submit("predict", "preparing predictions", lambda progress, cancel: promotion_basis(study))
@@ -168,14 +172,7 @@ class StudioState(param.Parameterized):
     def find(self, text: str) -> list[str]:
         """Select the tensors whose name, or whose producer's name, is `text` (case-insensitive), or matches it
         when it is a pattern (*, ?, [...])."""
-        text = text.strip().lower()
-        if not text or self.tensors.empty:
-            return []
-        hits = matching_tensors(self.tensors, text)
-        self.select(hits)
-        with param.edit_constant(self):
-            self.param.update(focus=hits[0] if hits else "", message=find_message(text, hits))
-        return hits
+        return find_tensors(self, text)
 
     def promote_selected(self) -> PrecisionPlan:
         """The current plan with the selected activation tensors at 16 bits."""
@@ -278,17 +275,16 @@ class StudioState(param.Parameterized):
 
     def export(self, formats: tuple[str, ...], out_dir: str | Path | None = None):
         """Write the current plan in `formats` (see mpstudio.export.FORMATS) -> mpstudio.export.ExportResult."""
-        from ..export import export_plan
-
-        study = self.require_study()
-        out_dir = self.policy.confine(out_dir, "export folder") if out_dir else study.folder / "exports"
-        return export_plan(study.quantizer, self.plan, out_dir, formats)
+        return export_current(self, formats, out_dir)
 
     def close(self) -> None:
-        """Cancel the jobs and stop the local agent (the session ended)."""
-        self.cancel_jobs()
+        """The session ended: a served tab's study jobs run on for the tabs to come (then the local agent stops);
+        elsewhere the jobs are cancelled and the local agent stopped."""
+        running = self._membership.leave()
+        if not running:
+            self.cancel_jobs()
         self._lanes.close()
-        self.agents.close()
+        after_jobs(running, self.agents.close)
 
     def show_error(self, message: str) -> None:
         """Show a readable error message (and no traceback)."""
@@ -311,6 +307,9 @@ class StudioState(param.Parameterized):
     def submit(self, kind: str, title: str, work: Callable, on_done: Callable | None = None) -> Job:
         """Run `work(progress, cancel_event)` as a job in the lane of `kind`; `on_done(result)` is applied where
         Bokeh models may be touched, unless another study was opened meanwhile."""
+        running = self._membership.running(kind, title)
+        if running is not None:  # another tab (or this one) runs it on this study: shown, not repeated
+            return running
         job = Job(kind=kind, title=title)
         study = self.study
         if on_done is not None and kind != "open":
@@ -318,8 +317,9 @@ class StudioState(param.Parameterized):
             def on_done(result, apply=on_done):
                 if self.study is study:
                     apply(result)
-        with param.edit_constant(self):
-            self.jobs = [job, *[j for j in self.jobs if j.active or j.status == "failed"][:7]]
+        if not self._membership.add(job):
+            with param.edit_constant(self):
+                self.jobs = [job, *[j for j in self.jobs if j.active or j.status == "failed"][:7]]
         self._lanes.submit(job, work, on_done)
         return job
 
@@ -375,6 +375,7 @@ class StudioState(param.Parameterized):
             self.find(event.new)
 
     def _on_job_finished(self, job: Job) -> None:
+        self._membership.finished(job)
         with param.edit_constant(self):
             if job.status == "failed":
                 self.param.update(error=job.error, jobs=list(self.jobs))

@@ -1,0 +1,226 @@
+"""What a served studio keeps per study, not per tab: the current plan, the search target, the selection, the last
+search's answer and the jobs that run on the study, shared by every session of one server process that has that
+study open.
+
+A reload, or a second tab on the same study, shows the same plan, target, selection and jobs; a job another tab
+started is visible (and cancellable) in each tab, and a tab cannot start a second search or analysis on a study
+that already runs one: it is shown the running one. Closing every tab leaves the study's jobs running; a tab that
+comes back shows them, with their progress, and their results (docs/studio.md, "Sessions").
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import param
+
+from ..plan import PrecisionPlan
+from .lanes import Job, session_document
+
+# Kinds of which one job at a time may run on one study, whatever its title: a second would repeat or fight it.
+EXCLUSIVE_KINDS = ("search", "analyze")
+# Kinds whose jobs are the tab's own view of the study (its opening, its predicted points).
+PRIVATE_KINDS = ("open", "predict")
+KEPT_JOBS = 8
+
+
+@dataclass
+class StudySession:
+    """The server's view of one study: what its tabs share."""
+
+    folder: Path
+    plan: PrecisionPlan | None = None
+    selection: list = field(default_factory=list)
+    target: str | None = None
+    search_result: object = None
+    jobs: list = field(default_factory=list)
+    members: list = field(default_factory=list)  # the StudioStates of the open tabs
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def running(self, kind: str, title: str) -> Job | None:
+        """The active job a new job of `kind` and `title` would repeat or conflict with."""
+        with self.lock:
+            for job in self.jobs:
+                if job.active and job.kind == kind and (kind in EXCLUSIVE_KINDS or job.title == title):
+                    return job
+        return None
+
+    def add(self, job: Job) -> list:
+        with self.lock:
+            self.jobs = [job, *[j for j in self.jobs if j.active or j.status == "failed"][:KEPT_JOBS - 1]]
+            return list(self.jobs)
+
+
+_SESSIONS: dict[Path, StudySession] = {}
+_SESSIONS_LOCK = threading.Lock()
+
+
+def study_session(folder: str | Path) -> StudySession:
+    """The server's session of the study in `folder` (made on first use; kept while the server runs)."""
+    key = Path(folder).resolve()
+    with _SESSIONS_LOCK:
+        session = _SESSIONS.get(key)
+        if session is None:
+            session = _SESSIONS[key] = StudySession(key)
+        return session
+
+
+class StudyMembership:
+    """One StudioState's link to the StudySession of its open study. Served sessions share; a notebook's or a
+    script's state (no session document) keeps everything to itself, as before."""
+
+    def __init__(self, state, shared: bool | None = None):
+        self.state = state
+        self.shared = session_document() is not None if shared is None else shared
+        self.session: StudySession | None = None  # kept after the tab leaves: its jobs' results still count
+        self._adopting = False
+        state.param.watch(self._on_change, ["plan", "selection", "target"])
+
+    # ---- joining and leaving ---------------------------------------------------------------------------------
+    def join(self, study) -> StudySession | None:
+        """Leave the previous study's session and join `study`'s; None when this state does not share."""
+        self.leave()
+        self.session = None
+        if not self.shared:
+            return None
+        session = study_session(study.folder)
+        with session.lock:
+            session.members.append(self.state)
+        self.session = session
+        return session
+
+    def adopt(self) -> bool:
+        """Show what the session holds (plan, selection, target, jobs, search answer); False when it holds no plan
+        yet (this is the study's first tab)."""
+        session, state = self.session, self.state
+        if session is None:
+            return False
+        with session.lock:
+            plan, selection, target = session.plan, list(session.selection), session.target
+            jobs, answer = list(session.jobs), session.search_result
+        self._adopting = True
+        try:
+            with param.edit_constant(state):
+                state.param.update(jobs=jobs, search_result=answer)
+            if target is not None and target != state.target:
+                state.target = target
+            if plan is None:
+                return False
+            if plan.hash != state.plan.hash:
+                state.set_plan(plan)
+            state.select(selection)
+        finally:
+            self._adopting = False
+        return True
+
+    def leave(self) -> list[Job]:
+        """Leave the session; the active jobs this state started (they keep running for the tabs to come)."""
+        session = self.session
+        if session is None:
+            return []
+        with session.lock:
+            if self.state in session.members:
+                session.members.remove(self.state)
+            return [job for job in session.jobs if job.active and getattr(job, "owner", None) is self.state]
+
+    # ---- jobs ---------------------------------------------------------------------------------------------------
+    def running(self, kind: str, title: str) -> Job | None:
+        """The job of another (or this) tab that a new one would conflict with, told to the user; None if none."""
+        session = self.session
+        if session is None or kind in PRIVATE_KINDS:
+            return None
+        job = session.running(kind, title)
+        if job is not None:
+            with param.edit_constant(self.state):
+                self.state.message = (f"already running on this study: {job.title} (its progress is in the job "
+                                      f"bar of every tab on the study)")
+        return job
+
+    def add(self, job: Job) -> bool:
+        """Record `job` in the session and show it in every tab; False when this state does not share."""
+        session = self.session
+        job.owner = self.state
+        if session is None or job.kind in PRIVATE_KINDS:
+            return False
+        jobs = session.add(job)
+        self._each_other(lambda member: member._membership._show_jobs(jobs))
+        with param.edit_constant(self.state):
+            self.state.jobs = jobs
+        return True
+
+    def finished(self, job: Job) -> None:
+        """`job` (started in this tab) has ended: the other tabs show its outcome."""
+        session = self.session
+        if session is None or job.kind in PRIVATE_KINDS:
+            return
+        with session.lock:
+            if job.kind == "search" and job.status == "done":
+                session.search_result = job.result
+            members = [m for m in session.members if m is not self.state]
+        for member in members:
+            member.post(lambda member=member: member._membership._shared_finished(job))
+
+    def _shared_finished(self, job: Job) -> None:
+        state, session = self.state, self.session
+        if session is None:
+            return
+        with param.edit_constant(state):
+            state.jobs = list(session.jobs)
+        if job.status != "done":
+            return
+        state.refresh_evaluations()
+        if job.kind == "analyze" and state.report is None:
+            state.show_report(job.result)
+        elif job.kind == "search":
+            with param.edit_constant(state):
+                state.search_result = job.result
+
+    def _show_jobs(self, jobs: list) -> None:
+        def show():
+            with param.edit_constant(self.state):
+                self.state.jobs = list(jobs)
+        self.state.post(show)
+
+    # ---- what the tabs share -----------------------------------------------------------------------------------
+    def _on_change(self, event) -> None:
+        session = self.session
+        if session is None or self._adopting:
+            return
+        with session.lock:
+            if event.name == "plan":
+                if session.plan is not None and session.plan.hash == event.new.hash:
+                    return
+                session.plan = event.new
+            elif event.name == "selection":
+                if session.selection == list(event.new):
+                    return
+                session.selection = list(event.new)
+            else:
+                if session.target == event.new:
+                    return
+                session.target = event.new
+        self._each_other(lambda member: member.post(lambda: member._membership.adopt()))
+
+    def _each_other(self, fn) -> None:
+        session = self.session
+        if session is None:
+            return
+        with session.lock:
+            members = [m for m in session.members if m is not self.state]
+        for member in members:
+            fn(member)
+
+
+def after_jobs(jobs: list[Job], fn) -> None:
+    """Call `fn()` once every job of `jobs` has finished (at once when there is none)."""
+    if not jobs:
+        fn()
+        return
+
+    def wait():
+        for job in jobs:
+            job.finished.wait()
+        fn()
+    threading.Thread(target=wait, name="mpstudio-after-jobs", daemon=True).start()
