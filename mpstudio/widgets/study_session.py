@@ -48,8 +48,12 @@ class StudySession:
         return None
 
     def add(self, job: Job) -> list:
+        """Record `job`: the study's jobs are the active ones, the failed ones and the last search (its outcome is
+        what a tab that comes back wants to see), newest first."""
         with self.lock:
-            self.jobs = [job, *[j for j in self.jobs if j.active or j.status == "failed"][:KEPT_JOBS - 1]]
+            last_search = next((j for j in self.jobs if j.kind == "search"), None)
+            kept = [j for j in self.jobs if j.active or j.status == "failed" or j is last_search]
+            self.jobs = [job, *kept[:KEPT_JOBS - 1]]
             return list(self.jobs)
 
 
