@@ -8,13 +8,18 @@ import time
 
 import param
 
+from ..plan import PrecisionPlan
 from ..sensitivity import SensitivityReport
 from .lanes import Job
+from .opening_base import analysis_base
 
 
-def analyze(state) -> Job:
-    """The sensitivity analysis of the open study, its partial rankings shown as they come."""
+def analyze(state, choose=None) -> Job:
+    """The sensitivity analysis of the current plan's base (a8w8, or a8w8-pc for per-channel weights), its partial
+    rankings shown as they come. `choose(cancel)`: a `search.opening.BaseChoice` made first, in the same job (the
+    study's opening), whose plan becomes current and whose base is analysed."""
     study = state.require_study()
+    base = [analysis_base(state.plan)]  # promotions are ranked against the plan they start from
     shown = [0.0, ""]
 
     def partial(report: SensitivityReport) -> None:
@@ -24,10 +29,17 @@ def analyze(state) -> Job:
             shown[:] = [now, stage]
             state.post(lambda: state.show_report(report) if state.study is study else None)
 
-    return state.submit("analyze", "sensitivity analysis",
-                        lambda progress, cancel: study.sensitivity(progress=progress, cancel=cancel,
-                                                                   on_partial=partial),
-                        state.show_report)
+    def work(progress, cancel):
+        if choose is not None:
+            choice = choose(cancel)
+            base[0] = analysis_base(choice.plan)
+            state.post(lambda: state.opening.chosen(choice) if state.study is study else None)
+        plan = None if base[0].hash == PrecisionPlan.a8w8().hash else base[0]
+        return study.sensitivity(progress=progress, cancel=cancel, on_partial=partial, plan=plan)
+
+    named = base[0].name if base[0].hash != PrecisionPlan.a8w8().hash else ""
+    title = "sensitivity analysis" + (f" of {named}" if named else "")
+    return state.submit("analyze", title, work, state.show_report)
 
 
 def start_search(state, target: str | None, max_evaluations: int) -> Job:

@@ -25,6 +25,7 @@ from .opening import demo_study, model_study, open_arguments
 from .plan_evaluation import PlanEvaluations
 from .provisional import PROVISIONAL_COLUMNS
 from .policy import ServerPolicy
+from .opening_base import BaseOpening
 from .study_session import StudyMembership, after_jobs
 from .tensor_frame import SCORE_ATTENTION, SCORES, TENSOR_COLUMNS, tensor_frame
 
@@ -96,6 +97,7 @@ class StudioState(param.Parameterized):
         self.agents = AgentClients(self._lanes.lock)
         self._evaluations = PlanEvaluations(self)
         self._membership = StudyMembership(self)  # what the server's tabs on the same study share
+        self.opening = BaseOpening(self)  # the best known base plan, chosen when a study opens
         self.param.watch(self._on_collapsed, "collapsed")
         self.param.watch(self._on_latency_source, "latency_source")
         self.param.watch(self._on_query, "query")
@@ -116,7 +118,7 @@ class StudioState(param.Parameterized):
         return state
 
     def set_study(self, study: Study) -> None:
-        """Show `study`: its graph, its stored results, the all-8-bit plan; then its sensitivity (a job)."""
+        """Show `study`: its graph, results, the plan its other tabs show or its best base; then that base's analysis."""
         if self.study is not None and study is not self.study:
             for job in self.jobs:  # work on the previous study has nothing left to show
                 if job.active and job.kind != "open":
@@ -131,12 +133,12 @@ class StudioState(param.Parameterized):
             self.param.update(selection=[], collapsed=[], query="", provisional=self.param.provisional.default)
         self.refresh_tensors()
         self.refresh_evaluations()
-        if self._membership.join(study) is not None:
-            self._membership.adopt()  # another tab's (or a reloaded tab's) plan, target, selection and jobs
+        # Another tab's (or a reloaded tab's) plan, target, selection and jobs, when it has the study open.
+        adopted = self._membership.join(study) is not None and self._membership.adopt()
         if self.auto_analyze:
             self.evaluate_baselines()  # in the background lane, while the analysis runs in its own
             self.submit("predict", "preparing predictions", lambda progress, cancel: promotion_basis(study))
-            self.analyze()
+            self.opening.start(adopted)  # the best known base, then the analysis that ranks promotions from it
 
     def open_study(self, folder: str | Path | None = None) -> Job:
         """Open a study folder: `folder` (the caller's own), else the study_path a visitor typed (confined to
@@ -204,8 +206,7 @@ class StudioState(param.Parameterized):
 
     def sixteen_bit(self) -> list[str]:
         """Activation tensors at 16 bits in the current plan."""
-        frame = self.tensors
-        return frame.loc[frame["bits"] == 16, "tensor"].tolist() if len(frame) else []
+        return self.tensors.loc[self.tensors["bits"] == 16, "tensor"].tolist() if len(self.tensors) else []
 
     def collapse(self, namespace: str) -> None:
         if namespace not in self.collapsed:
@@ -217,7 +218,7 @@ class StudioState(param.Parameterized):
 
     # ---- long work --------------------------------------------------------------------------------------
     def analyze(self) -> Job:
-        """The sensitivity analysis of the all-8-bit plan (read back from the study when it was done before)."""
+        """The sensitivity analysis of the current plan's base (read back from the study when it was done before)."""
         return analyses.analyze(self)
 
     def evaluate_plan(self, plan: PrecisionPlan | None = None, *, streamed: bool = True, edit: bool = False,

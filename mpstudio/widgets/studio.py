@@ -13,6 +13,7 @@ from .graph_view import GraphView
 from .jobs import JobBar
 from .lanes import session_document
 from .model_panel import ModelPanel
+from .opening_base import BaseHint
 from .pareto import PLOT_MIN_HEIGHT, ParetoPlot
 from .run_panel import RunPanel
 from .search_card import SearchCard
@@ -40,6 +41,7 @@ class Studio(View):
         self.model = ModelPanel(state=self.state)
         self.job_bar = JobBar(state=self.state)
         self.search_card = SearchCard(state=self.state)
+        self.base_hint = BaseHint(state=self.state)
 
     def status(self):
         """The last message on one line of fixed height, and the error (if any) as a dismissible toast that
@@ -81,6 +83,7 @@ class Studio(View):
         return pn.Column(
             self.job_bar,
             self.status(),
+            self.base_hint,
             self.search_card,
             pn.Row(pn.Column(self.graph, sizing_mode="stretch_both", min_width=480),
                    pn.Column(self.pareto, self.table, sizing_mode="stretch_both", min_width=420),
