@@ -71,6 +71,14 @@ def opening_base(study: "Study", accuracy_source: str, cancel: threading.Event |
                       measure=True)
 
 
+def analysis_base(plan: PrecisionPlan) -> PrecisionPlan:
+    """The base whose sensitivity ranks promotions of `plan`: its weight form at 8 bits (a8w8-pc for per-channel
+    int8 weights, else a8w8), as the search ranks against the plan it starts from."""
+    if plan.per_channel and plan.weight_type == "int8":
+        return named_baselines()["a8w8-pc"]
+    return PrecisionPlan.a8w8()
+
+
 def beating_bases(evaluations: pd.DataFrame, plan_hash: str, higher_is_better: bool) -> pd.DataFrame:
     """The named bases in `evaluations` (one accuracy and one latency source, `loop.front`'s frame) that beat the
     plan `plan_hash`: more accurate at no more latency, or as accurate and faster; best first. Empty when the

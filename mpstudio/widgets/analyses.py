@@ -9,9 +9,9 @@ import time
 import param
 
 from ..plan import PrecisionPlan
+from ..search.opening import analysis_base
 from ..sensitivity import SensitivityReport
 from .lanes import Job
-from .opening_base import analysis_base
 
 
 def analyze(state, choose=None) -> Job:
@@ -48,7 +48,7 @@ def start_search(state, target: str | None, max_evaluations: int) -> Job:
 
     study = state.require_study()
     target = target or state.target
-    backend, confirm = state.backend, state.confirm_search
+    backend, confirm, weights = state.backend, state.confirm_search, state.search_weights
     confirm_on = "htp" if confirm and backend != "htp" else None
 
     def refresh():
@@ -63,7 +63,7 @@ def start_search(state, target: str | None, max_evaluations: int) -> Job:
             if message.startswith("search: "):  # an evaluation has landed in the study: plot it now
                 state.post(refresh)
         try:
-            return search(study, target, backend=backend, runner=state.runner_client(),
+            return search(study, target, backend=backend, runner=state.runner_client(), weights=weights,
                           max_evaluations=max_evaluations, confirm="htp" if confirm else None, progress=step,
                           cancel=cancel)
         finally:  # cancelled or failed too: what was evaluated stays on the plot
@@ -77,12 +77,13 @@ def start_search(state, target: str | None, max_evaluations: int) -> Job:
             state.param.update(search_result=result, message=f"search: plan {r.plan_id} {r.name} recommended "
                                                              f"({'reaches' if result.reached else 'misses'} "
                                                              f"{target}); see the search result card")
-    return state.submit("search", search_title(target, backend, confirm_on), work, done)
+    return state.submit("search", search_title(target, backend, confirm_on, weights), work, done)
 
 
-def search_title(target: str, backend: str, confirm_on: str | None) -> str:
-    """The search job's title: where its phases run."""
-    return f"searching for {target}: walk on {backend}" + (f", confirmed on {confirm_on}" if confirm_on else "")
+def search_title(target: str, backend: str, confirm_on: str | None, weights: str = "auto") -> str:
+    """The search job's title: where its phases run, and its weights when not automatic."""
+    return (f"searching for {target}: walk on {backend}" + (f", {weights} weights" if weights != "auto" else "") +
+            (f", confirmed on {confirm_on}" if confirm_on else ""))
 
 
 class SearchPhases:

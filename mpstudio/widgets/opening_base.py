@@ -11,17 +11,10 @@ import param
 
 from ..errors import MpstudioError
 from ..plan import PrecisionPlan
-from ..search.opening import BaseChoice, beating_bases, opening_base
+from ..search.opening import BaseChoice, analysis_base, beating_bases, opening_base
 from ..search.targets import named_baselines
+from .analyses import analyze
 from .base import View, shows_errors
-
-
-def analysis_base(plan: PrecisionPlan) -> PrecisionPlan:
-    """The base whose sensitivity ranks promotions of `plan`: its weight form at 8 bits (a8w8-pc for per-channel
-    int8 weights, else a8w8), as the search ranks against the plan it starts from."""
-    if plan.per_channel and plan.weight_type == "int8":
-        return named_baselines()["a8w8-pc"]
-    return PrecisionPlan.a8w8()
 
 
 class BaseOpening:
@@ -34,8 +27,6 @@ class BaseOpening:
     def start(self, adopted: bool):
         """The analysis's job: the current plan's base analysed, after choosing the base (unless another tab's plan
         was adopted)."""
-        from .analyses import analyze
-
         state = self.state
         if adopted:
             return state.analyze()

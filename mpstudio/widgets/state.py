@@ -14,6 +14,7 @@ from ..errors import MpstudioError
 from ..layout import GraphLayout, collapsible_namespaces, layout_graph
 from ..plan import PrecisionPlan
 from ..preview import FIRST_SAMPLES, promotion_basis
+from ..search.run import WEIGHT_MODES
 from ..sensitivity import SensitivityReport
 from ..sources import LATENCY_SOURCES
 from ..study import Study
@@ -45,6 +46,8 @@ class StudioState(param.Parameterized):
     agent_url = param.String("", doc="URL of a remote agent (mpstudio agent serve)")
     agent_token = param.String("", doc="Token of the remote agent")
     target = param.String("a16w8+10%", doc="Search target: a metric value, or a baseline with a margin")
+    search_weights = param.Selector(objects=list(WEIGHT_MODES), default="auto", doc="The search's weights: auto "
+                                    "(per-channel int8 when they help), per-tensor, per-channel, or mixed (int4 too)")
     latency_source = param.Selector(objects=list(LATENCY_SOURCES), default="estimate",
                                     doc="Which latency the Pareto plot uses")
     model_path = param.String("", doc="An ONNX model file to open")
@@ -262,10 +265,6 @@ class StudioState(param.Parameterized):
         for job in self.jobs:
             if job.active:
                 job.cancel()
-
-    @property
-    def active_job(self) -> Job | None:
-        return next((job for job in self.jobs if job.status == "running"), None)
 
     def refresh_evaluations(self) -> None:
         study = self.study

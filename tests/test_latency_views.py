@@ -1,0 +1,85 @@
+"""Where the time goes, block totals and two plans compared (no browser): a real small study, the real cost model
+over the real regenerated QDQ models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gui_support import make_small_study
+from mpstudio.loop.blocks import block_of, default_depth
+from mpstudio.widgets import Studio, StudioState
+
+pytestmark = pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    return make_small_study(tmp_path_factory.mktemp("latency") / "study")
+
+
+@pytest.fixture
+def studio(study):
+    state = StudioState(study, evaluate_on_edit=False)
+    analysis = next(job for job in state.jobs if job.kind == "analyze")
+    assert analysis.wait(120) and analysis.status == "done", analysis.error
+    studio = Studio(state)
+    yield studio
+    state.close()
+
+
+def latest(state, kind="latency"):
+    job = next(job for job in state.jobs if job.kind == kind)
+    assert job.wait(120) and job.status == "done", job.error
+    return job
+
+
+def test_per_node_latency_names_its_sources_and_adds_up(studio):
+    state, view = studio.state, studio.latency
+    latest(state)
+    times = view.result
+    frame = times.frame
+    assert "estimate" in times.estimate_label and times.measured_label == ""  # no profile kept: said, not faked
+    assert np.isclose(frame["share"].sum(), 1.0, atol=1e-6)
+    assert np.allclose(frame["added_ms"], 0.0)  # the base plan adds nothing over itself
+    assert state.tensors["latency_share"].notna().any()  # the ranking's column and the graph's colouring
+    assert "measured column: empty" in view._header.object
+    # Promote three tensors: the view follows, and what they add (converts included) shows per node.
+    tensors = state.tensors["tensor"].tolist()[4:7]
+    state.select(tensors)
+    state.promote_selected()
+    latest(state)
+    promoted = view.result
+    assert promoted.added_ms > 0 and promoted.frame["added_ms"].max() > 0
+    assert promoted.converts == int(((promoted.frame["kind"] == "convert") & (promoted.frame["base_ms"] == 0)).sum())
+    assert "8\u219416-bit convert" in view._header.object
+
+
+def test_block_totals_and_block_promote(studio):
+    state, blocks = studio.state, studio.blocks
+    latest(state)
+    frame = blocks.frame()
+    assert frame["tensors"].sum() == len(state.tensors)
+    assert np.isclose(frame["estimate_ms"].sum(), studio.latency.result.frame["estimate_ms"].sum())
+    depth = default_depth([n.namespace for n in state.study.graph.nodes.values()])
+    assert blocks.depth == depth
+    block = frame.sort_values("tensors", ascending=False).iloc[0]["block"]
+    blocks.table.value = frame
+    blocks.table.selection = [int(frame.index[frame["block"] == block][0])]
+    blocks._on_promote(None)
+    inside = [t for t, n in zip(state.tensors["tensor"], state.tensors["namespace"]) if block_of(n, depth) == block]
+    quantizable = {t for t in inside if state.study.graph.tensors[t].quantizable}
+    assert quantizable and quantizable <= set(state.sixteen_bit())
+
+
+def test_two_plans_compared(studio):
+    state, compare = studio.state, studio.compare
+    state.refresh_evaluations()  # the study holds its baselines
+    names = {o.split(": ", 1)[-1]: o for o in compare._a.options}
+    job = compare.compare("current plan", names["a16w8"])
+    assert job.wait(120) and job.status == "done", job.error
+    summary, diff = compare._summary.value, compare._diff.value
+    assert len(diff) > 0 and compare._note.object.count("differ") == 1
+    assert set(diff["bits_a"]) == {8} and set(diff["bits_b"]) == {16}
+    assert summary.loc["converts (8<->16)", "a"] == 0
+    assert float(summary.loc["estimate ms", "b"]) > float(summary.loc["estimate ms", "a"])
