@@ -86,7 +86,7 @@ class NodeLatencyView(View):
         return state.submit("latency", f"where the time goes in {plan.name or plan.summary()}",
                             lambda progress, cancel: plan_times(study, plan, plan_id, progress, cancel), done)
 
-    def _on_plan(self, event):
+    def _on_plan(self, *events):
         self.refresh()
 
     def _show(self, event):

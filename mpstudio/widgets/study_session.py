@@ -5,7 +5,7 @@ study open.
 A reload, or a second tab on the same study, shows the same plan, target, selection and jobs; a job another tab
 started is visible (and cancellable) in each tab, and a tab cannot start a second search or analysis on a study
 that already runs one: it is shown the running one. Closing every tab leaves the study's jobs running; a tab that
-comes back shows them, with their progress, and their results (docs/studio.md, "Sessions").
+comes back shows them, with their progress, and their results (README, "Sessions belong to the study").
 """
 
 from __future__ import annotations
@@ -188,24 +188,21 @@ class StudyMembership:
         self.state.post(show)
 
     # ---- what the tabs share -----------------------------------------------------------------------------------
-    def _on_change(self, event) -> None:
+    def _on_change(self, *events) -> None:
         session = self.session
         if session is None or self._adopting:
             return
+        changed = False
         with session.lock:
-            if event.name == "plan":
-                if session.plan is not None and session.plan.hash == event.new.hash:
-                    return
-                session.plan = event.new
-            elif event.name == "selection":
-                if session.selection == list(event.new):
-                    return
-                session.selection = list(event.new)
-            else:
-                if session.target == event.new:
-                    return
-                session.target = event.new
-        self._each_other(lambda member: member.post(lambda: member._membership.adopt()))
+            for event in events:
+                if event.name == "plan" and (session.plan is None or session.plan.hash != event.new.hash):
+                    session.plan, changed = event.new, True
+                elif event.name == "selection" and session.selection != list(event.new):
+                    session.selection, changed = list(event.new), True
+                elif event.name == "target" and session.target != event.new:
+                    session.target, changed = event.new, True
+        if changed:
+            self._each_other(lambda member: member.post(lambda: member._membership.adopt()))
 
     def _each_other(self, fn) -> None:
         session = self.session
