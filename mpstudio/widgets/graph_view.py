@@ -227,8 +227,13 @@ class GraphView(View):
         ys = np.asarray(self.nodes.data["y"], dtype=float)
         rows = np.flatnonzero((ys >= low) & (ys <= high))
         self._label_band = (low, high)
-        self.labels.data = {"x": np.asarray(self.nodes.data["x"], dtype=float)[rows], "y": ys[rows],
-                            "label": [self._labels[i] for i in rows]}
+        xs = np.asarray(self.nodes.data["x"], dtype=float)
+        x_range = self.figure.x_range
+        per_unit = LABEL_WIDTH_PX / max(float(x_range.end - x_range.start), 1e-9)
+        self.labels.data = {"x": xs[rows], "y": ys[rows],
+                            "label": fitted_labels([self._labels[i] for i in rows], xs[rows], ys[rows],
+                                                   [self.nodes.data["op"][i] for i in rows],
+                                                   [self._node_tensors[i] for i in rows], per_unit)}
 
     def _on_range(self, attr, old, new):
         self._fill_labels()
@@ -405,6 +410,38 @@ def _polyline(edges) -> dict:
         xs += [*ex, math.nan]
         ys += [*ey, math.nan]
     return {"x": np.asarray(xs, dtype=float), "y": np.asarray(ys, dtype=float)}
+
+
+# The graph's plotting width the labels are fitted to (px; the figure is at least this wide), and a 10 px
+# label's average character width.
+LABEL_WIDTH_PX = 440.0
+CHAR_PX = 6.0
+
+
+def fitted_labels(labels, xs, ys, ops, tensors, px_per_unit: float) -> list[str]:
+    """Labels that do not run into the next node to their right on the same row (Q/K/V projections side by side):
+    a crowded op's label becomes its op and the last parts of its tensor's name ("MatMul query/MatMul"), or those
+    parts alone ("query/MatMul", "query"), cut to the room there is."""
+    out = list(labels)
+    order = sorted(range(len(out)), key=lambda i: (ys[i], xs[i]))
+    for here, right in zip(order, order[1:]):
+        if ys[here] != ys[right]:
+            continue
+        room = int(((xs[right] - xs[here]) * px_per_unit - 16) // CHAR_PX)
+        if len(out[here]) <= room:
+            continue
+        tail = _tail(tensors[here][0]) if len(tensors[here]) == 1 else ""
+        texts = [f"{ops[here]} {tail}", tail, tail.split("/")[0]] if tail else [out[here]]
+        text = next((t for t in texts if len(t) <= room), texts[-1])
+        out[here] = text if len(text) <= room else (text[:max(room - 1, 1)] + "\u2026")
+    return out
+
+
+def _tail(name: str, parts: int = 2) -> str:
+    """The end of a tensor's name that tells one block's tensors apart: "/l.0/attn/query/MatMul_output_0" is
+    "query/MatMul"."""
+    name = name.removesuffix("_output_0")
+    return "/".join([p for p in name.split("/") if p][-parts:]) or name
 
 
 def _short(name: str, width: int = 32) -> str:
