@@ -83,3 +83,17 @@ def test_two_plans_compared(studio):
     assert set(diff["bits_a"]) == {8} and set(diff["bits_b"]) == {16}
     assert summary.loc["converts (8<->16)", "a"] == 0
     assert float(summary.loc["estimate ms", "b"]) > float(summary.loc["estimate ms", "a"])
+
+
+def test_crowded_labels_fit_the_room_before_the_next_node():
+    from mpstudio.widgets.graph_view import CHAR_PX, fitted_labels
+
+    names = [f"/m/encoder/layer.0/attention/self/{part}/MatMul_output_0" for part in ("query", "key", "value")]
+    labels = [f"MatMul  \u2026{name[-31:]}" for name in names]
+    per_unit = 60.0  # px per layout unit: nodes of one row 60 px apart
+    fitted = fitted_labels(labels, [0, 1, 2], [5, 5, 5], ["MatMul"] * 3, [[n] for n in names], per_unit)
+    room = int((per_unit - 16) // CHAR_PX)
+    assert fitted[:2] == ["query", "key"] and all(len(label) <= room for label in fitted[:2])
+    assert fitted[2] == labels[2]  # the last of its row has the room it needs
+    # Nodes far apart keep their labels.
+    assert fitted_labels(labels, [0, 10, 20], [5, 5, 5], ["MatMul"] * 3, [[n] for n in names], per_unit) == labels
