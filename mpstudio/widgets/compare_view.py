@@ -48,11 +48,11 @@ class CompareView(View):
             named = frame.drop_duplicates("plan_id").sort_values("plan_id")
             options += [f"{int(r.plan_id)}: {r.name}" for r in named.itertuples()]
         self._a.options, self._b.options = options, options
-        if self._b.value == CURRENT and len(options) > 1:  # B: the best stored plan of the front by default
-            front = frame[frame["pareto"]] if "pareto" in frame else frame
-            best = front.sort_values("value", ascending=not self.state.study.higher_is_better).iloc[0] \
-                if len(front) and self.state.study is not None else None
-            self._b.value = f"{int(best.plan_id)}: {best['name']}" if best is not None else options[-1]
+        if self._b.value == CURRENT and len(options) > 1:  # B: the most accurate other stored plan by default
+            others = frame[frame["plan_hash"] != self.state.plan.hash]
+            if len(others) and self.state.study is not None:
+                best = others.sort_values("value", ascending=not self.state.study.higher_is_better).iloc[0]
+                self._b.value = f"{int(best.plan_id)}: {best['name']}"
 
     def _plan(self, choice: str):
         state = self.state
@@ -83,7 +83,7 @@ class CompareView(View):
             self._note.object = (f"<span style='font-size:12px'><b>{len(result.tensors)}</b> activation tensor(s) "
                                  f"differ between A ({html.escape(plan_a.name or plan_a.summary())}) and B "
                                  f"({html.escape(plan_b.name or plan_b.summary())}); converts and estimate ms: the "
-                                 f"cost model ({html.escape(study.cost_arch.name if hasattr(study.cost_arch, 'name') else str(study.htp_arch))}); "
+                                 f"cost model (HTP v{html.escape(str(study.htp_arch))}); "
                                  f"accuracy and latency: stored evaluations, sources named</span>")
         return state.submit("latency", f"comparing {plan_a.name or plan_a.summary()} with "
                                        f"{plan_b.name or plan_b.summary()}", work, done)

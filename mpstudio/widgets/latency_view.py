@@ -13,10 +13,13 @@ from bokeh.models.widgets.tables import NumberFormatter
 
 from ..latency import estimate_latency
 from ..latency.promotion import promotion_costs
-from ..loop.node_latency import NODE_COLUMNS, kept_profile, node_latency
+from ..loop.node_latency import kept_profile, node_latency
 from ..search.opening import analysis_base
 from .base import View, shows_errors
 
+# The table's columns, in order: what a reader sorts by first, then where the node is.
+SHOWN = ["node", "op_type", "estimate_ms", "share", "added_ms", "measured_ms", "base_ms", "bits", "kind",
+         "namespace"]
 TITLES = {"node": "node", "op_type": "op", "namespace": "namespace", "kind": "kind", "bits": "bits",
           "estimate_ms": "estimate ms", "share": "share", "base_ms": "base ms", "added_ms": "added ms",
           "measured_ms": "measured ms"}
@@ -47,7 +50,7 @@ class NodeLatencyView(View):
         self._header = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["mpstudio-latency-source"],
                                     styles={"overflow-wrap": "anywhere"})
         number = NumberFormatter(format="0.0000")
-        self.table = pn.widgets.Tabulator(pd.DataFrame(columns=NODE_COLUMNS), show_index=False, disabled=True,
+        self.table = pn.widgets.Tabulator(pd.DataFrame(columns=SHOWN), show_index=False, disabled=True,
                                           sizing_mode="stretch_both", min_height=220, layout="fit_data_table",
                                           titles=TITLES, pagination="local", page_size=200,
                                           formatters={c: number for c in ("estimate_ms", "base_ms", "added_ms",
@@ -94,7 +97,7 @@ class NodeLatencyView(View):
         if times is None:
             return
         frame = times.frame
-        self.table.value = frame
+        self.table.value = frame[SHOWN]
         measured = (f"measured column: <b>{html.escape(times.measured_label)}</b>" if times.measured_label else
                     "measured column: empty (no per-op profile of this plan yet: evaluate it on an agent's HTP)")
         self._header.object = (
