@@ -420,28 +420,41 @@ CHAR_PX = 6.0
 
 def fitted_labels(labels, xs, ys, ops, tensors, px_per_unit: float) -> list[str]:
     """Labels that do not run into the next node to their right on the same row (Q/K/V projections side by side):
-    a crowded op's label becomes its op and the last parts of its tensor's name ("MatMul query/MatMul"), or those
-    parts alone ("query/MatMul", "query"), cut to the room there is."""
+    a crowded op's label becomes what tells it apart from its row, the part of its tensor's name after what the row
+    shares ("MatMul query/MatMul", then "query/MatMul", then "query"), cut to the room there is."""
     out = list(labels)
     order = sorted(range(len(out)), key=lambda i: (ys[i], xs[i]))
-    for here, right in zip(order, order[1:]):
-        if ys[here] != ys[right]:
-            continue
-        room = int(((xs[right] - xs[here]) * px_per_unit - 16) // CHAR_PX)
-        if len(out[here]) <= room:
-            continue
-        tail = _tail(tensors[here][0]) if len(tensors[here]) == 1 else ""
-        texts = [f"{ops[here]} {tail}", tail, tail.split("/")[0]] if tail else [out[here]]
-        text = next((t for t in texts if len(t) <= room), texts[-1])
-        out[here] = text if len(text) <= room else (text[:max(room - 1, 1)] + "\u2026")
+    rows: dict[float, list[int]] = {}
+    for i in order:
+        rows.setdefault(ys[i], []).append(i)
+    for members in rows.values():
+        parts = {i: _parts(tensors[i][0]) for i in members if len(tensors[i]) == 1}
+        shared = _common_prefix(list(parts.values())) if len(parts) > 1 else 0
+        for here, right in zip(members, members[1:]):
+            room = int(((xs[right] - xs[here]) * px_per_unit - 16) // CHAR_PX)
+            if len(out[here]) <= room:
+                continue
+            rest = parts.get(here, [])[shared:] or parts.get(here, [])[-1:]
+            texts = [f"{ops[here]} {'/'.join(rest)}", "/".join(rest), rest[0]] if rest else [out[here]]
+            text = next((t for t in texts if len(t) <= room), texts[-1])
+            out[here] = text if len(text) <= room else (text[:max(room - 1, 1)] + "\u2026")
     return out
 
 
-def _tail(name: str, parts: int = 2) -> str:
-    """The end of a tensor's name that tells one block's tensors apart: "/l.0/attn/query/MatMul_output_0" is
-    "query/MatMul"."""
-    name = name.removesuffix("_output_0")
-    return "/".join([p for p in name.split("/") if p][-parts:]) or name
+def _parts(name: str) -> list[str]:
+    """A tensor's name as path parts, without ORT's "_output_0": "/l.0/attn/query/MatMul_output_0" is
+    [l.0, attn, query, MatMul]."""
+    return [p for p in name.removesuffix("_output_0").split("/") if p]
+
+
+def _common_prefix(names: list[list[str]]) -> int:
+    """How many leading parts all `names` share."""
+    count = 0
+    for column in zip(*names):
+        if len(set(column)) != 1:
+            break
+        count += 1
+    return count
 
 
 def _short(name: str, width: int = 32) -> str:
