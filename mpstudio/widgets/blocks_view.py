@@ -25,8 +25,7 @@ class BlocksView(View):
 
     def __init__(self, **params):
         super().__init__(**params)
-        if self.state.study is not None:
-            self.depth = default_depth([n.namespace for n in self.state.study.graph.nodes.values()])
+        self._on_study()
         number = NumberFormatter(format="0.000")
         self.table = pn.widgets.Tabulator(pd.DataFrame(columns=BLOCK_COLUMNS), show_index=False, disabled=True,
                                           selectable=1, sizing_mode="stretch_both", min_height=220,
@@ -43,6 +42,7 @@ class BlocksView(View):
         self._select.on_click(self._on_select)
         self._promote.on_click(self._on_promote)
         self._note = pn.pane.HTML("", sizing_mode="stretch_width", margin=(2, 8))
+        self.state.param.watch(self._on_study, ["study"])
         self.state.param.watch(self._refresh, ["tensors"])
         self.latency.param.watch(self._refresh, ["result", "promotion"])
         self.param.watch(self._refresh, ["depth"])
@@ -51,6 +51,10 @@ class BlocksView(View):
     def __panel__(self):
         return pn.Column(pn.Row(self._depth, self._select, self._promote), self._note, self.table,
                          sizing_mode="stretch_both", min_height=300)
+
+    def _on_study(self, *_):
+        if self.state.study is not None:  # blocks of a size to read: the deepest cut with a few dozen at most
+            self.depth = default_depth([n.namespace for n in self.state.study.graph.nodes.values()])
 
     def frame(self) -> pd.DataFrame:
         times = self.latency.result
