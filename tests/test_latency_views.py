@@ -97,3 +97,15 @@ def test_crowded_labels_fit_the_room_before_the_next_node():
     assert fitted[2] == labels[2]  # the last of its row has the room it needs
     # Nodes far apart keep their labels.
     assert fitted_labels(labels, [0, 10, 20], [5, 5, 5], ["MatMul"] * 3, [[n] for n in names], per_unit) == labels
+
+
+def test_a_crowded_row_of_several_layers_says_what_tells_each_apart():
+    from mpstudio.widgets.graph_view import fitted_labels
+
+    names = ["/m/encoder/layer.0/attention/self/value/MatMul_output_0",
+             "/m/encoder/layer.0/attention/self/key/MatMul_output_0",
+             "/m/encoder/layer.0/attention/self/query/MatMul_output_0",
+             "/m/encoder/layer.5/attention/self/Where/Cast_output_0"]
+    fitted = fitted_labels(["x" * 40] * 4, [0, 1, 2, 3], [5] * 4, ["MatMul"] * 3 + ["Cast"], [[n] for n in names],
+                           60.0)
+    assert fitted[:3] == ["value", "key", "query"]

@@ -420,8 +420,9 @@ CHAR_PX = 6.0
 
 def fitted_labels(labels, xs, ys, ops, tensors, px_per_unit: float) -> list[str]:
     """Labels that do not run into the next node to their right on the same row (Q/K/V projections side by side):
-    a crowded op's label becomes what tells it apart from its row, the part of its tensor's name after what the row
-    shares ("MatMul query/MatMul", then "query/MatMul", then "query"), cut to the room there is."""
+    a crowded op's label becomes what tells it apart from its row: the part of its tensor's name after what the row
+    shares ("MatMul query/MatMul", then "query/MatMul"), else the part its row has least ("query"), cut to the
+    room there is."""
     out = list(labels)
     order = sorted(range(len(out)), key=lambda i: (ys[i], xs[i]))
     rows: dict[float, list[int]] = {}
@@ -435,10 +436,23 @@ def fitted_labels(labels, xs, ys, ops, tensors, px_per_unit: float) -> list[str]
             if len(out[here]) <= room:
                 continue
             rest = parts.get(here, [])[shared:] or parts.get(here, [])[-1:]
-            texts = [f"{ops[here]} {'/'.join(rest)}", "/".join(rest), rest[0]] if rest else [out[here]]
+            texts = ([f"{ops[here]} {'/'.join(rest)}", "/".join(rest), _telling(rest, parts, here)] if rest
+                     else [out[here]])
             text = next((t for t in texts if len(t) <= room), texts[-1])
             out[here] = text if len(text) <= room else (text[:max(room - 1, 1)] + "\u2026")
     return out
+
+
+def _telling(rest: list[str], parts: dict, here) -> str:
+    """The one part of a name its row's other names have least (the last such before the op's own name):
+    "value" for the value projection beside key and query."""
+    counts: dict[str, int] = {}
+    for others in parts.values():
+        for part in set(others):
+            counts[part] = counts.get(part, 0) + 1
+    candidates = rest[:-1] or rest
+    fewest = min(counts.get(part, 0) for part in candidates)
+    return [part for part in candidates if counts.get(part, 0) == fewest][-1]
 
 
 def _parts(name: str) -> list[str]:
