@@ -65,10 +65,39 @@ def study_session(folder: str | Path) -> StudySession:
     """The server's session of the study in `folder` (made on first use; kept while the server runs)."""
     key = Path(folder).resolve()
     with _SESSIONS_LOCK:
+        if not _SESSIONS:
+            _cancel_at_shutdown()
         session = _SESSIONS.get(key)
         if session is None:
             session = _SESSIONS[key] = StudySession(key)
         return session
+
+
+def cancel_all() -> None:
+    """Cancel every study's active jobs (the server stops)."""
+    with _SESSIONS_LOCK:
+        sessions = list(_SESSIONS.values())
+    for session in sessions:
+        with session.lock:
+            for job in session.jobs:
+                if job.active:
+                    job.cancel()
+
+
+def _cancel_at_shutdown() -> None:
+    """Stopping the server ends the jobs no tab owns any more. At interpreter exit, the worker pools of a running
+    analysis are joined by callbacks `threading` runs, latest registered first, before `atexit`'s: the jobs must be
+    cancelled in one of those, or the server would wait for them to finish."""
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(cancel_all)
+            return
+    except RuntimeError:  # already shutting down
+        return
+    import atexit
+
+    atexit.register(cancel_all)
 
 
 class StudyMembership:
