@@ -55,10 +55,11 @@ class CompareView(View):
                 self._b.value = f"{int(best.plan_id)}: {best['name']}"
 
     def _plan(self, choice: str):
+        """The chosen plan, named as the study stores it (never by its hash when the study has a name for it)."""
         state = self.state
-        if choice == CURRENT:
-            return state.plan
-        return state.require_study().plan(int(choice.split(":", 1)[0]))
+        study = state.require_study()
+        plan_id = state.plan_id if choice == CURRENT else int(choice.split(":", 1)[0])
+        return study.plan(plan_id) if plan_id is not None else state.plan
 
     def compare(self, a: str | None = None, b: str | None = None):
         """Compare the chosen plans (or `a` and `b`: "current plan" or "ID: name") as a quick job."""
