@@ -80,7 +80,7 @@ class BaseHint(View):
         self._text = pn.pane.HTML("", sizing_mode="stretch_width", margin=(4, 10), css_classes=["mpstudio-base-hint"])
         self._load = pn.widgets.Button(name="Load it", button_type="warning", width=90, height=30, margin=(4, 6))
         self._load.on_click(self._on_load)
-        self._row = pn.Row(self._text, self._load, visible=False, sizing_mode="stretch_width", height=40,
+        self._row = pn.Row(self._text, self._load, visible=False, sizing_mode="stretch_width", min_height=40,
                            styles={"background": "#fff7e0", "border": "1px solid #f0d48a", "border-radius": "6px"})
         self._best: int | None = None
         self.state.param.watch(self._refresh, ["evaluations", "plan"])
