@@ -46,11 +46,13 @@ def test_a_tab_cannot_start_a_second_analysis_and_sees_the_first_tabs_jobs(study
     try:
         gate = __import__("threading").Event()
         job = first.submit("search", "searching (held)", lambda progress, cancel: gate.wait(30))
-        assert job in second.jobs
+        shown = next(j for j in second.jobs if j.title == "searching (held)")  # a mirror of the first tab's job
+        assert shown.cancel_event is job.cancel_event and shown.status in ("queued", "running")
         again = second.submit("search", "searching for another target", lambda progress, cancel: None)
         assert again is job and "already running" in second.message
         gate.set()
         assert job.wait(30) and job.status == "done"
+        assert shown.status == "done"  # the mirror follows
         assert second.submit("search", "a new search", lambda progress, cancel: None) is not job
     finally:
         first.close()
@@ -67,7 +69,8 @@ def test_closing_a_tab_leaves_its_jobs_running_for_the_next_tab(study):
     assert not job.cancel_event.is_set()
     back = shared_state(study)
     try:
-        assert job in back.jobs and job.active
+        shown = next(j for j in back.jobs if j.title == "a long evaluation")
+        assert shown.active and shown.cancel_event is job.cancel_event
         gate.set()
         assert job.wait(30) and job.status == "done" and job.result == "done"
     finally:
@@ -83,3 +86,18 @@ def test_a_notebook_state_shares_nothing(study):
     finally:
         first.close()
         second.close()
+
+
+def test_closing_a_tab_cancels_nothing_another_tab_started(study):
+    import threading
+
+    first, second = shared_state(study), shared_state(study)
+    gate = threading.Event()
+    job = first.submit("evaluate", "an evaluation of the first tab", lambda progress, cancel: gate.wait(30))
+    try:
+        second.close()
+        assert not job.cancel_event.is_set() and job.active
+    finally:
+        gate.set()
+        job.wait(30)
+        first.close()

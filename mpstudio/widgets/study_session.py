@@ -109,6 +109,10 @@ class StudyMembership:
         self.shared = session_document() is not None if shared is None else shared
         self.session: StudySession | None = None  # kept after the tab leaves: its jobs' results still count
         self._adopting = False
+        # Another tab's jobs are shown through mirrors updated through this tab's own posting, which stops once the
+        # tab has gone: the views of a closed tab are never updated from another tab's thread.
+        self._mirrors: dict[int, Job] = {}
+        self._watchers: list = []
         state.param.watch(self._on_change, ["plan", "selection", "target"])
 
     # ---- joining and leaving ---------------------------------------------------------------------------------
@@ -136,7 +140,7 @@ class StudyMembership:
         self._adopting = True
         try:
             with param.edit_constant(state):
-                state.param.update(jobs=jobs, search_result=answer)
+                state.param.update(jobs=self._shown(jobs), search_result=answer)
             if target is not None and target != state.target:
                 state.target = target
             if plan is None:
@@ -153,6 +157,9 @@ class StudyMembership:
         session = self.session
         if session is None:
             return []
+        for job, watcher in self._watchers:
+            job.param.unwatch(watcher)
+        self._watchers, self._mirrors = [], {}
         with session.lock:
             if self.state in session.members:
                 session.members.remove(self.state)
@@ -200,7 +207,7 @@ class StudyMembership:
         if session is None:
             return
         with param.edit_constant(state):
-            state.jobs = list(session.jobs)
+            state.jobs = self._shown(list(session.jobs))
         if job.status != "done":
             return
         state.refresh_evaluations()
@@ -213,8 +220,33 @@ class StudyMembership:
     def _show_jobs(self, jobs: list) -> None:
         def show():
             with param.edit_constant(self.state):
-                self.state.jobs = list(jobs)
+                self.state.jobs = self._shown(jobs)
         self.state.post(show)
+
+    def _shown(self, jobs: list) -> list:
+        """`jobs` as this tab shows them: its own, and mirrors of the other tabs'."""
+        return [job if getattr(job, "owner", None) is self.state else self._mirror(job) for job in jobs]
+
+    def _mirror(self, job: Job) -> Job:
+        mirror = self._mirrors.get(id(job))
+        if mirror is not None:
+            return mirror
+        mirror = Job(kind=job.kind, title=job.title)
+        mirror.cancel_event, mirror.finished, mirror.edit = job.cancel_event, job.finished, job.edit
+        mirror.owner, mirror.source = job.owner if hasattr(job, "owner") else None, job
+        names = ["status", "done", "total", "message", "error", "seconds", "eta"]
+
+        def copy(*_):
+            values = {name: getattr(job, name) for name in names}
+
+            def apply():
+                mirror.result = job.result
+                mirror._set(**values)
+            self.state.post(apply)
+        copy()
+        self._watchers.append((job, job.param.watch(copy, names)))
+        self._mirrors[id(job)] = mirror
+        return mirror
 
     # ---- what the tabs share -----------------------------------------------------------------------------------
     def _on_change(self, *events) -> None:
