@@ -109,3 +109,20 @@ def test_a_crowded_row_of_several_layers_says_what_tells_each_apart():
     fitted = fitted_labels(["x" * 40] * 4, [0, 1, 2, 3], [5] * 4, ["MatMul"] * 3 + ["Cast"], [[n] for n in names],
                            60.0)
     assert fitted[:3] == ["value", "key", "query"]
+
+
+def test_a_kept_profile_is_mapped_to_nodes_and_named_by_its_source(tmp_path):
+    from mpstudio.agent.protocol import OpCost, OpProfile
+    from mpstudio.loop.node_latency import kept_profile
+    from mpstudio.loop.recalibration import keep_profile
+    from mpstudio.sources import Latency
+
+    ops = (OpCost(op="conv", node="conv", op_type="Conv", onnx_nodes=("conv",), cost=30.0, unit="cycles"),
+           OpCost(op="fused", node="add", op_type="Add", onnx_nodes=("add", "relu"), cost=10.0, unit="cycles"))
+    profile = OpProfile(ops=ops, unit="cycles", source="emulator", device="x86_64 HTP emulator", backend="htp",
+                        runs=3)
+    keep_profile(tmp_path, 7, Latency(ms=2.0, source="emulator", where="x86_64 HTP emulator"), profile)
+    per_node, label = kept_profile(tmp_path, 7)
+    assert per_node.to_dict() == pytest.approx({"conv": 1.5, "add": 0.25, "relu": 0.25})  # 2 ms split by cost
+    assert label.startswith("emulator host time") and "not device latency" in label
+    assert kept_profile(tmp_path, 8) is None
