@@ -60,9 +60,11 @@ def test_a_reload_and_a_second_tab_show_the_plan_target_selection_and_jobs(brows
         find.fill(tensor)
         find.press("Enter")
         page.get_by_text("1 tensor(s) selected").wait_for()
+        initial = shown(page)["plan"]
         page.get_by_role("button", name="Promote to 16-bit").click()
-        before = wait_until(lambda: shown(page) if "1x16" in shown(page)["plan"] else None, 30,
-                            message="the promote did not change the current plan")
+        before = wait_until(lambda: shown(page) if shown(page)["plan"] not in (initial, "") and "16" in
+                            shown(page)["plan"] else None, 90,
+                            message=f"the promote did not change the current plan: {shown(page)}")
         target = page.get_by_placeholder("a16w8+10% or a metric value")
         target.fill(TARGET)
         target.press("Enter")
