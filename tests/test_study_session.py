@@ -101,3 +101,20 @@ def test_closing_a_tab_cancels_nothing_another_tab_started(study):
         gate.set()
         job.wait(30)
         first.close()
+
+
+def test_stopping_the_server_cancels_the_jobs_tabs_left_running(study):
+    import threading
+
+    from mpstudio.widgets.study_session import cancel_all
+
+    first = shared_state(study)
+    gate = threading.Event()
+    job = first.submit("search", "a search left running", lambda progress, cancel: cancel.wait(30))
+    first.close()
+    assert not job.cancel_event.is_set()
+    cancel_all()  # what the server's exit runs
+    try:
+        assert job.cancel_event.is_set() and job.wait(30)
+    finally:
+        gate.set()
