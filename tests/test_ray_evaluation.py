@@ -216,7 +216,7 @@ def test_the_command_line_evaluates_on_the_cluster_and_says_where(cluster, tmp_p
                              "--backend", "htp", "--quiet"], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "Ray cluster" in result.stdout and "2 node(s)" in result.stdout
-    assert f"{expected.value:.4f} [{expected.accuracy_source}, 8 samples]" in result.stdout
+    assert f"{expected.value:.4f}{expected.interval_text()} [{expected.accuracy_source}, 8 samples]" in result.stdout
     where = next(line for line in result.stdout.splitlines() if line.startswith("ran on Ray:"))
     # The nodes named with their share (which nodes depends on what earlier tests left on the cluster).
     assert sum(int(n) for n in re.findall(r"(\d+) samples on \w+@", where)) == 8, where

@@ -8,13 +8,18 @@ import time
 
 import param
 
+from ..plan import PrecisionPlan
+from ..search.opening import analysis_base
 from ..sensitivity import SensitivityReport
 from .lanes import Job
 
 
-def analyze(state) -> Job:
-    """The sensitivity analysis of the open study, its partial rankings shown as they come."""
+def analyze(state, choose=None) -> Job:
+    """The sensitivity analysis of the current plan's base (a8w8, or a8w8-pc for per-channel weights), its partial
+    rankings shown as they come. `choose(cancel)`: a `search.opening.BaseChoice` made first, in the same job (the
+    study's opening), whose plan becomes current and whose base is analysed."""
     study = state.require_study()
+    base = [analysis_base(state.plan)]  # promotions are ranked against the plan they start from
     shown = [0.0, ""]
 
     def partial(report: SensitivityReport) -> None:
@@ -24,10 +29,17 @@ def analyze(state) -> Job:
             shown[:] = [now, stage]
             state.post(lambda: state.show_report(report) if state.study is study else None)
 
-    return state.submit("analyze", "sensitivity analysis",
-                        lambda progress, cancel: study.sensitivity(progress=progress, cancel=cancel,
-                                                                   on_partial=partial),
-                        state.show_report)
+    def work(progress, cancel):
+        if choose is not None:
+            choice = choose(cancel)
+            base[0] = analysis_base(choice.plan)
+            state.post(lambda: state.opening.chosen(choice) if state.study is study else None)
+        plan = None if base[0].hash == PrecisionPlan.a8w8().hash else base[0]
+        return study.sensitivity(progress=progress, cancel=cancel, on_partial=partial, plan=plan)
+
+    named = base[0].name if base[0].hash != PrecisionPlan.a8w8().hash else ""
+    title = "sensitivity analysis" + (f" of {named}" if named else "")
+    return state.submit("analyze", title, work, state.show_report)
 
 
 def start_search(state, target: str | None, max_evaluations: int) -> Job:
@@ -36,7 +48,7 @@ def start_search(state, target: str | None, max_evaluations: int) -> Job:
 
     study = state.require_study()
     target = target or state.target
-    backend, confirm = state.backend, state.confirm_search
+    backend, confirm, weights = state.backend, state.confirm_search, state.search_weights
     confirm_on = "htp" if confirm and backend != "htp" else None
 
     def refresh():
@@ -51,7 +63,7 @@ def start_search(state, target: str | None, max_evaluations: int) -> Job:
             if message.startswith("search: "):  # an evaluation has landed in the study: plot it now
                 state.post(refresh)
         try:
-            return search(study, target, backend=backend, runner=state.runner_client(),
+            return search(study, target, backend=backend, runner=state.runner_client(), weights=weights,
                           max_evaluations=max_evaluations, confirm="htp" if confirm else None, progress=step,
                           cancel=cancel)
         finally:  # cancelled or failed too: what was evaluated stays on the plot
@@ -65,12 +77,13 @@ def start_search(state, target: str | None, max_evaluations: int) -> Job:
         with param.edit_constant(state):  # the whole answer is in the search card
             state.param.update(search_result=result, message=f"search: plan {r.plan_id} {r.name} recommended "
                                                              f"({verdict} {target}); see the search result card")
-    return state.submit("search", search_title(target, backend, confirm_on), work, done)
+    return state.submit("search", search_title(target, backend, confirm_on, weights), work, done)
 
 
-def search_title(target: str, backend: str, confirm_on: str | None) -> str:
-    """The search job's title: where its phases run."""
-    return f"searching for {target}: walk on {backend}" + (f", confirmed on {confirm_on}" if confirm_on else "")
+def search_title(target: str, backend: str, confirm_on: str | None, weights: str = "auto") -> str:
+    """The search job's title: where its phases run, and its weights when not automatic."""
+    return (f"searching for {target}: walk on {backend}" + (f", {weights} weights" if weights != "auto" else "") +
+            (f", confirmed on {confirm_on}" if confirm_on else ""))
 
 
 class SearchPhases:

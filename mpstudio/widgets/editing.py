@@ -1,5 +1,5 @@
-"""Editing the current plan from the studio: the selected activation tensors promoted to 16 bits or demoted, and
-tensors found by name."""
+"""Editing the current plan from the studio: the selected activation tensors promoted to 16 bits or demoted,
+tensors found by name, and the current plan exported."""
 
 from __future__ import annotations
 
@@ -67,3 +67,25 @@ def find_message(text: str, hits: list[str]) -> str:
     if is_pattern(text):
         return f"nothing matches {text!r}"
     return f"no tensor or node is called {text!r}; for part of a name, use a pattern such as *{text}*"
+
+
+def find_tensors(state, text: str) -> list[str]:
+    """StudioState.find: select the tensors a Find of `text` matches, scroll to the first, say how many."""
+    text = text.strip().lower()
+    if not text or state.tensors.empty:
+        return []
+    hits = matching_tensors(state.tensors, text)
+    state.select(hits)
+    with param.edit_constant(state):
+        state.param.update(focus=hits[0] if hits else "", message=find_message(text, hits))
+    return hits
+
+
+def export_current(state, formats: tuple[str, ...], out_dir=None):
+    """StudioState.export: the current plan written in `formats`, in a folder confined to the server's roots (the
+    study's exports/ folder by default)."""
+    from ..export import export_plan
+
+    study = state.require_study()
+    out_dir = state.policy.confine(out_dir, "export folder") if out_dir else study.folder / "exports"
+    return export_plan(study.quantizer, state.plan, out_dir, formats)

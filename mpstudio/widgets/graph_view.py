@@ -227,8 +227,13 @@ class GraphView(View):
         ys = np.asarray(self.nodes.data["y"], dtype=float)
         rows = np.flatnonzero((ys >= low) & (ys <= high))
         self._label_band = (low, high)
-        self.labels.data = {"x": np.asarray(self.nodes.data["x"], dtype=float)[rows], "y": ys[rows],
-                            "label": [self._labels[i] for i in rows]}
+        xs = np.asarray(self.nodes.data["x"], dtype=float)
+        x_range = self.figure.x_range
+        per_unit = LABEL_WIDTH_PX / max(float(x_range.end - x_range.start), 1e-9)
+        self.labels.data = {"x": xs[rows], "y": ys[rows],
+                            "label": fitted_labels([self._labels[i] for i in rows], xs[rows], ys[rows],
+                                                   [self.nodes.data["op"][i] for i in rows],
+                                                   [self._node_tensors[i] for i in rows], per_unit)}
 
     def _on_range(self, attr, old, new):
         self._fill_labels()
@@ -405,6 +410,65 @@ def _polyline(edges) -> dict:
         xs += [*ex, math.nan]
         ys += [*ey, math.nan]
     return {"x": np.asarray(xs, dtype=float), "y": np.asarray(ys, dtype=float)}
+
+
+# The graph's plotting width the labels are fitted to (px; the figure is at least this wide), and a 10 px
+# label's average character width.
+LABEL_WIDTH_PX = 440.0
+CHAR_PX = 6.0
+
+
+def fitted_labels(labels, xs, ys, ops, tensors, px_per_unit: float) -> list[str]:
+    """Labels that do not run into the next node to their right on the same row (Q/K/V projections side by side):
+    a crowded op's label becomes what tells it apart from its row: the part of its tensor's name after what the row
+    shares ("MatMul query/MatMul", then "query/MatMul"), else the part its row has least ("query"), cut to the
+    room there is."""
+    out = list(labels)
+    order = sorted(range(len(out)), key=lambda i: (ys[i], xs[i]))
+    rows: dict[float, list[int]] = {}
+    for i in order:
+        rows.setdefault(ys[i], []).append(i)
+    for members in rows.values():
+        parts = {i: _parts(tensors[i][0]) for i in members if len(tensors[i]) == 1}
+        shared = _common_prefix(list(parts.values())) if len(parts) > 1 else 0
+        for here, right in zip(members, members[1:]):
+            room = int(((xs[right] - xs[here]) * px_per_unit - 16) // CHAR_PX)
+            if len(out[here]) <= room:
+                continue
+            rest = parts.get(here, [])[shared:] or parts.get(here, [])[-1:]
+            texts = ([f"{ops[here]} {'/'.join(rest)}", "/".join(rest), _telling(rest, parts, here)] if rest
+                     else [out[here]])
+            text = next((t for t in texts if len(t) <= room), texts[-1])
+            out[here] = text if len(text) <= room else (text[:max(room - 1, 1)] + "\u2026")
+    return out
+
+
+def _telling(rest: list[str], parts: dict, here) -> str:
+    """The one part of a name its row's other names have least (the last such before the op's own name):
+    "value" for the value projection beside key and query."""
+    counts: dict[str, int] = {}
+    for others in parts.values():
+        for part in set(others):
+            counts[part] = counts.get(part, 0) + 1
+    candidates = rest[:-1] or rest
+    fewest = min(counts.get(part, 0) for part in candidates)
+    return [part for part in candidates if counts.get(part, 0) == fewest][-1]
+
+
+def _parts(name: str) -> list[str]:
+    """A tensor's name as path parts, without ORT's "_output_0": "/l.0/attn/query/MatMul_output_0" is
+    [l.0, attn, query, MatMul]."""
+    return [p for p in name.removesuffix("_output_0").split("/") if p]
+
+
+def _common_prefix(names: list[list[str]]) -> int:
+    """How many leading parts all `names` share."""
+    count = 0
+    for column in zip(*names):
+        if len(set(column)) != 1:
+            break
+        count += 1
+    return count
 
 
 def _short(name: str, width: int = 32) -> str:

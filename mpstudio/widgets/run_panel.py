@@ -54,6 +54,8 @@ class RunPanel(View):
         self._target = pn.widgets.TextInput.from_param(state.param.target, name="Search target",
                                                        placeholder="a16w8+10% or a metric value",
                                                        sizing_mode="stretch_width")
+        self._weights = pn.widgets.RadioButtonGroup.from_param(state.param.search_weights, button_type="light",
+                                                               sizing_mode="stretch_width")
         self._search = pn.widgets.Button(name="Search", button_type="success", sizing_mode="stretch_width")
         self._confirm = pn.widgets.Checkbox.from_param(state.param.confirm_search,
                                                        name="Confirm the search's front on HTP")
@@ -72,7 +74,9 @@ class RunPanel(View):
         return pn.Column(
             pn.pane.HTML("<b>Run</b>"), self._runner, remote, cluster,
             pn.Row(pn.pane.HTML("backend", margin=(12, 5)), self._backend),
-            pn.pane.HTML(plan, sizing_mode="stretch_width"), self._evaluate, self._on_edit, self._target, self._search,
+            pn.pane.HTML(plan, sizing_mode="stretch_width"), self._evaluate, self._on_edit, self._target,
+            pn.pane.HTML("<span style='font-size:12px'>search weights</span>", margin=(0, 10)), self._weights,
+            self._search,
             self._confirm,
             pn.pane.HTML("<b>Jobs</b>"), self._jobs, sizing_mode="stretch_width",
         )

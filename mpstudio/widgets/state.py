@@ -14,17 +14,20 @@ from ..errors import MpstudioError
 from ..layout import GraphLayout, collapsible_namespaces, layout_graph
 from ..plan import PrecisionPlan
 from ..preview import FIRST_SAMPLES, promotion_basis
+from ..search.run import WEIGHT_MODES
 from ..sensitivity import SensitivityReport
 from ..sources import LATENCY_SOURCES
 from ..study import Study
 from . import analyses
 from .agents import RUNNERS, AgentClients
-from .editing import edit_plan, find_message, matching_tensors
+from .editing import edit_plan, export_current, find_tensors
 from .lanes import Job, Lanes, session_document
 from .opening import demo_study, model_study, open_arguments
 from .plan_evaluation import PlanEvaluations
 from .provisional import PROVISIONAL_COLUMNS
 from .policy import ServerPolicy
+from .opening_base import BaseOpening
+from .study_session import StudyMembership, after_jobs
 from .tensor_frame import SCORE_ATTENTION, SCORES, TENSOR_COLUMNS, tensor_frame
 
 __all__ = ["Job", "PROVISIONAL_COLUMNS", "RUNNERS", "SCORES", "SCORE_ATTENTION", "StudioState", "TENSOR_COLUMNS",
@@ -43,6 +46,8 @@ class StudioState(param.Parameterized):
     agent_url = param.String("", doc="URL of a remote agent (mpstudio agent serve)")
     agent_token = param.String("", doc="Token of the remote agent")
     target = param.String("a16w8+10%", doc="Search target: a metric value, or a baseline with a margin")
+    search_weights = param.Selector(objects=list(WEIGHT_MODES), default="auto", doc="The search's weights: auto "
+                                    "(per-channel int8 when they help), per-tensor, per-channel, or mixed (int4 too)")
     latency_source = param.Selector(objects=list(LATENCY_SOURCES), default="estimate",
                                     doc="Which latency the Pareto plot uses")
     model_path = param.String("", doc="An ONNX model file to open")
@@ -94,6 +99,8 @@ class StudioState(param.Parameterized):
         self._lanes = Lanes(self._on_job_finished)
         self.agents = AgentClients(self._lanes.lock)
         self._evaluations = PlanEvaluations(self)
+        self._membership = StudyMembership(self)  # what the server's tabs on the same study share
+        self.opening = BaseOpening(self)  # the best known base plan, chosen when a study opens
         self.param.watch(self._on_collapsed, "collapsed")
         self.param.watch(self._on_latency_source, "latency_source")
         self.param.watch(self._on_query, "query")
@@ -114,7 +121,7 @@ class StudioState(param.Parameterized):
         return state
 
     def set_study(self, study: Study) -> None:
-        """Show `study`: its graph, its stored results, the all-8-bit plan; then its sensitivity (a job)."""
+        """Show `study`: its graph, results, the plan its other tabs show or its best base; then that base's analysis."""
         if self.study is not None and study is not self.study:
             for job in self.jobs:  # work on the previous study has nothing left to show
                 if job.active and job.kind != "open":
@@ -129,10 +136,12 @@ class StudioState(param.Parameterized):
             self.param.update(selection=[], collapsed=[], query="", provisional=self.param.provisional.default)
         self.refresh_tensors()
         self.refresh_evaluations()
+        # Another tab's (or a reloaded tab's) plan, target, selection and jobs, when it has the study open.
+        adopted = self._membership.join(study) is not None and self._membership.adopt()
         if self.auto_analyze:
             self.evaluate_baselines()  # in the background lane, while the analysis runs in its own
             self.submit("predict", "preparing predictions", lambda progress, cancel: promotion_basis(study))
-            self.analyze()
+            self.opening.start(adopted)  # the best known base, then the analysis that ranks promotions from it
 
     def open_study(self, folder: str | Path | None = None) -> Job:
         """Open a study folder: `folder` (the caller's own), else the study_path a visitor typed (confined to
@@ -168,14 +177,7 @@ class StudioState(param.Parameterized):
     def find(self, text: str) -> list[str]:
         """Select the tensors whose name, or whose producer's name, is `text` (case-insensitive), or matches it
         when it is a pattern (*, ?, [...])."""
-        text = text.strip().lower()
-        if not text or self.tensors.empty:
-            return []
-        hits = matching_tensors(self.tensors, text)
-        self.select(hits)
-        with param.edit_constant(self):
-            self.param.update(focus=hits[0] if hits else "", message=find_message(text, hits))
-        return hits
+        return find_tensors(self, text)
 
     def promote_selected(self) -> PrecisionPlan:
         """The current plan with the selected activation tensors at 16 bits."""
@@ -207,8 +209,7 @@ class StudioState(param.Parameterized):
 
     def sixteen_bit(self) -> list[str]:
         """Activation tensors at 16 bits in the current plan."""
-        frame = self.tensors
-        return frame.loc[frame["bits"] == 16, "tensor"].tolist() if len(frame) else []
+        return self.tensors.loc[self.tensors["bits"] == 16, "tensor"].tolist() if len(self.tensors) else []
 
     def collapse(self, namespace: str) -> None:
         if namespace not in self.collapsed:
@@ -220,7 +221,7 @@ class StudioState(param.Parameterized):
 
     # ---- long work --------------------------------------------------------------------------------------
     def analyze(self) -> Job:
-        """The sensitivity analysis of the all-8-bit plan (read back from the study when it was done before)."""
+        """The sensitivity analysis of the current plan's base (read back from the study when it was done before)."""
         return analyses.analyze(self)
 
     def evaluate_plan(self, plan: PrecisionPlan | None = None, *, streamed: bool = True, edit: bool = False,
@@ -265,10 +266,6 @@ class StudioState(param.Parameterized):
             if job.active:
                 job.cancel()
 
-    @property
-    def active_job(self) -> Job | None:
-        return next((job for job in self.jobs if job.status == "running"), None)
-
     def refresh_evaluations(self) -> None:
         study = self.study
         frame = study.front(self.latency_source) if study is not None else pd.DataFrame()
@@ -278,17 +275,16 @@ class StudioState(param.Parameterized):
 
     def export(self, formats: tuple[str, ...], out_dir: str | Path | None = None):
         """Write the current plan in `formats` (see mpstudio.export.FORMATS) -> mpstudio.export.ExportResult."""
-        from ..export import export_plan
-
-        study = self.require_study()
-        out_dir = self.policy.confine(out_dir, "export folder") if out_dir else study.folder / "exports"
-        return export_plan(study.quantizer, self.plan, out_dir, formats)
+        return export_current(self, formats, out_dir)
 
     def close(self) -> None:
-        """Cancel the jobs and stop the local agent (the session ended)."""
-        self.cancel_jobs()
+        """The session ended: a served tab's study jobs run on for the tabs to come (then the local agent stops);
+        elsewhere the jobs are cancelled and the local agent stopped."""
+        running = self._membership.leave()
+        if not self._membership.shared:  # a shared tab's jobs, and the mirrors of other tabs', run on
+            self.cancel_jobs()
         self._lanes.close()
-        self.agents.close()
+        after_jobs(running, self.agents.close)
 
     def show_error(self, message: str) -> None:
         """Show a readable error message (and no traceback)."""
@@ -311,6 +307,9 @@ class StudioState(param.Parameterized):
     def submit(self, kind: str, title: str, work: Callable, on_done: Callable | None = None) -> Job:
         """Run `work(progress, cancel_event)` as a job in the lane of `kind`; `on_done(result)` is applied where
         Bokeh models may be touched, unless another study was opened meanwhile."""
+        running = self._membership.running(kind, title)
+        if running is not None:  # another tab (or this one) runs it on this study: shown, not repeated
+            return running
         job = Job(kind=kind, title=title)
         study = self.study
         if on_done is not None and kind != "open":
@@ -318,8 +317,9 @@ class StudioState(param.Parameterized):
             def on_done(result, apply=on_done):
                 if self.study is study:
                     apply(result)
-        with param.edit_constant(self):
-            self.jobs = [job, *[j for j in self.jobs if j.active or j.status == "failed"][:7]]
+        if not self._membership.add(job):
+            with param.edit_constant(self):
+                self.jobs = [job, *[j for j in self.jobs if j.active or j.status == "failed"][:7]]
         self._lanes.submit(job, work, on_done)
         return job
 
@@ -375,6 +375,7 @@ class StudioState(param.Parameterized):
             self.find(event.new)
 
     def _on_job_finished(self, job: Job) -> None:
+        self._membership.finished(job)
         with param.edit_constant(self):
             if job.status == "failed":
                 self.param.update(error=job.error, jobs=list(self.jobs))

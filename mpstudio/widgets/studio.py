@@ -13,6 +13,10 @@ from .graph_view import GraphView
 from .jobs import JobBar
 from .lanes import session_document
 from .model_panel import ModelPanel
+from .blocks_view import BlocksView
+from .compare_view import CompareView
+from .latency_view import NodeLatencyView
+from .opening_base import BaseHint
 from .pareto import PLOT_MIN_HEIGHT, ParetoPlot
 from .run_panel import RunPanel
 from .search_card import SearchCard
@@ -40,6 +44,10 @@ class Studio(View):
         self.model = ModelPanel(state=self.state)
         self.job_bar = JobBar(state=self.state)
         self.search_card = SearchCard(state=self.state)
+        self.base_hint = BaseHint(state=self.state)
+        self.latency = NodeLatencyView(state=self.state)
+        self.blocks = BlocksView(state=self.state, latency=self.latency)
+        self.compare = CompareView(state=self.state)
 
     def status(self):
         """The last message on one line of fixed height, and the error (if any) as a dismissible toast that
@@ -81,12 +89,20 @@ class Studio(View):
         return pn.Column(
             self.job_bar,
             self.status(),
+            self.base_hint,
             self.search_card,
             pn.Row(pn.Column(self.graph, sizing_mode="stretch_both", min_width=480),
-                   pn.Column(self.pareto, self.table, sizing_mode="stretch_both", min_width=420),
+                   pn.Column(self.pareto, self.tabs(), sizing_mode="stretch_both", min_width=420),
                    sizing_mode="stretch_both"),
             sizing_mode="stretch_both", min_height=MAIN_MIN_HEIGHT,
         )
+
+    def tabs(self):
+        """The ranking, and beside it where the time goes, block totals and two plans compared (a tab is rendered
+        when shown: a Tabulator updated while hidden fails in the browser)."""
+        return pn.Tabs(("Ranking", self.table), ("Where the time goes", self.latency), ("Blocks", self.blocks),
+                       ("Compare plans", self.compare), sizing_mode="stretch_both", min_height=TABLE_MIN_HEIGHT + 80,
+                       dynamic=True)
 
     @laid_out_once
     def __panel__(self):

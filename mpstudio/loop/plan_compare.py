@@ -1,0 +1,41 @@
+"""Two plans side by side: the activation tensors whose precision differs, the 8<->16-bit converts each runs and
+their estimated cost, and each plan's stored accuracy and latency with their sources."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+# Columns of `PlanComparison.tensors`: tensor, namespace, bits_a, bits_b (activation bits in each plan)
+DIFF_COLUMNS = ["tensor", "namespace", "bits_a", "bits_b"]
+# Rows of `PlanComparison.summary` (index) for columns "a" and "b"
+SUMMARY_ROWS = ["plan", "sixteen-bit activations", "converts (8<->16)", "converts ms (estimate)", "estimate ms",
+                "accuracy", "accuracy source", "latency ms", "latency source"]
+
+
+@dataclass(frozen=True)
+class PlanComparison:
+    tensors: pd.DataFrame
+    summary: pd.DataFrame
+
+
+def compare_plans(graph, plan_a, plan_b, estimate_a, estimate_b, evaluation_a=None, evaluation_b=None,
+                  metric: str = "") -> PlanComparison:
+    """Compare two `PrecisionPlan`s of one model from their `latency.LatencyEstimate`s and, when stored, their
+    evaluations (rows of `loop.front`'s frame, or None)."""
+    sixteen_a, sixteen_b = set(plan_a.sixteen_bit_activations(graph)), set(plan_b.sixteen_bit_activations(graph))
+    rows = [(t, graph.nodes[graph.tensors[t].producer].namespace if graph.tensors[t].producer else "",
+             16 if t in sixteen_a else 8, 16 if t in sixteen_b else 8)
+            for t in graph.activations() if (t in sixteen_a) != (t in sixteen_b)]
+    diff = pd.DataFrame(rows, columns=DIFF_COLUMNS)
+
+    def column(plan, sixteen, estimate, evaluation):
+        measured = evaluation is not None
+        return [plan.name or plan.summary(), len(sixteen), estimate.converts, round(estimate.convert_ms, 4),
+                round(estimate.ms, 4), f"{evaluation['value']:.4g} ({metric})" if measured else "not evaluated",
+                evaluation["accuracy_source"] if measured else "", round(float(evaluation["latency_ms"]), 4)
+                if measured else float("nan"), evaluation["latency_label"] if measured else ""]
+    summary = pd.DataFrame({"a": column(plan_a, sixteen_a, estimate_a, evaluation_a),
+                            "b": column(plan_b, sixteen_b, estimate_b, evaluation_b)}, index=SUMMARY_ROWS)
+    return PlanComparison(diff, summary)

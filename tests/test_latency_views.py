@@ -1,0 +1,128 @@
+"""Where the time goes, block totals and two plans compared (no browser): a real small study, the real cost model
+over the real regenerated QDQ models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gui_support import make_small_study
+from mpstudio.loop.blocks import block_of, default_depth
+from mpstudio.widgets import Studio, StudioState
+
+pytestmark = pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    return make_small_study(tmp_path_factory.mktemp("latency") / "study")
+
+
+@pytest.fixture
+def studio(study):
+    state = StudioState(study, evaluate_on_edit=False)
+    analysis = next(job for job in state.jobs if job.kind == "analyze")
+    assert analysis.wait(120) and analysis.status == "done", analysis.error
+    studio = Studio(state)
+    yield studio
+    state.close()
+
+
+def latest(state, kind="latency"):
+    job = next(job for job in state.jobs if job.kind == kind)
+    assert job.wait(120) and job.status == "done", job.error
+    return job
+
+
+def test_per_node_latency_names_its_sources_and_adds_up(studio):
+    state, view = studio.state, studio.latency
+    latest(state)
+    times = view.result
+    frame = times.frame
+    assert "estimate" in times.estimate_label and times.measured_label == ""  # no profile kept: said, not faked
+    assert np.isclose(frame["share"].sum(), 1.0, atol=1e-6)
+    assert np.allclose(frame["added_ms"], 0.0)  # the base plan adds nothing over itself
+    assert state.tensors["latency_share"].notna().any()  # the ranking's column and the graph's colouring
+    assert "measured column: empty" in view._header.object
+    # Promote three tensors: the view follows, and what they add (converts included) shows per node.
+    tensors = state.tensors["tensor"].tolist()[4:7]
+    state.select(tensors)
+    state.promote_selected()
+    latest(state)
+    promoted = view.result
+    assert promoted.added_ms > 0 and promoted.frame["added_ms"].max() > 0
+    assert promoted.converts == int(((promoted.frame["kind"] == "convert") & (promoted.frame["base_ms"] == 0)).sum())
+    assert "8\u219416-bit convert" in view._header.object
+
+
+def test_block_totals_and_block_promote(studio):
+    state, blocks = studio.state, studio.blocks
+    latest(state)
+    frame = blocks.frame()
+    assert frame["tensors"].sum() == len(state.tensors)
+    assert np.isclose(frame["estimate_ms"].sum(), studio.latency.result.frame["estimate_ms"].sum())
+    depth = default_depth([n.namespace for n in state.study.graph.nodes.values()])
+    assert blocks.depth == depth
+    block = frame.sort_values("tensors", ascending=False).iloc[0]["block"]
+    blocks.table.value = frame
+    blocks.table.selection = [int(frame.index[frame["block"] == block][0])]
+    blocks._on_promote(None)
+    inside = [t for t, n in zip(state.tensors["tensor"], state.tensors["namespace"]) if block_of(n, depth) == block]
+    quantizable = {t for t in inside if state.study.graph.tensors[t].quantizable}
+    assert quantizable and quantizable <= set(state.sixteen_bit())
+
+
+def test_two_plans_compared(studio):
+    state, compare = studio.state, studio.compare
+    state.refresh_evaluations()  # the study holds its baselines
+    names = {o.split(": ", 1)[-1]: o for o in compare._a.options}
+    job = compare.compare("current plan", names["a16w8"])
+    assert job.wait(120) and job.status == "done", job.error
+    summary, diff = compare._summary.value, compare._diff.value
+    assert len(diff) > 0 and compare._note.object.count("differ") == 1
+    assert set(diff["bits_a"]) == {8} and set(diff["bits_b"]) == {16}
+    assert summary.loc["converts (8<->16)", "a"] == 0
+    assert float(summary.loc["estimate ms", "b"]) > float(summary.loc["estimate ms", "a"])
+
+
+def test_crowded_labels_fit_the_room_before_the_next_node():
+    from mpstudio.widgets.graph_view import CHAR_PX, fitted_labels
+
+    names = [f"/m/encoder/layer.0/attention/self/{part}/MatMul_output_0" for part in ("query", "key", "value")]
+    labels = [f"MatMul  \u2026{name[-31:]}" for name in names]
+    per_unit = 60.0  # px per layout unit: nodes of one row 60 px apart
+    fitted = fitted_labels(labels, [0, 1, 2], [5, 5, 5], ["MatMul"] * 3, [[n] for n in names], per_unit)
+    room = int((per_unit - 16) // CHAR_PX)
+    assert fitted[:2] == ["query", "key"] and all(len(label) <= room for label in fitted[:2])
+    assert fitted[2] == labels[2]  # the last of its row has the room it needs
+    # Nodes far apart keep their labels.
+    assert fitted_labels(labels, [0, 10, 20], [5, 5, 5], ["MatMul"] * 3, [[n] for n in names], per_unit) == labels
+
+
+def test_a_crowded_row_of_several_layers_says_what_tells_each_apart():
+    from mpstudio.widgets.graph_view import fitted_labels
+
+    names = ["/m/encoder/layer.0/attention/self/value/MatMul_output_0",
+             "/m/encoder/layer.0/attention/self/key/MatMul_output_0",
+             "/m/encoder/layer.0/attention/self/query/MatMul_output_0",
+             "/m/encoder/layer.5/attention/self/Where/Cast_output_0"]
+    fitted = fitted_labels(["x" * 40] * 4, [0, 1, 2, 3], [5] * 4, ["MatMul"] * 3 + ["Cast"], [[n] for n in names],
+                           60.0)
+    assert fitted[:3] == ["value", "key", "query"]
+
+
+def test_a_kept_profile_is_mapped_to_nodes_and_named_by_its_source(tmp_path):
+    from mpstudio.agent.protocol import OpCost, OpProfile
+    from mpstudio.loop.node_latency import kept_profile
+    from mpstudio.loop.recalibration import keep_profile
+    from mpstudio.sources import Latency
+
+    ops = (OpCost(op="conv", node="conv", op_type="Conv", onnx_nodes=("conv",), cost=30.0, unit="cycles"),
+           OpCost(op="fused", node="add", op_type="Add", onnx_nodes=("add", "relu"), cost=10.0, unit="cycles"))
+    profile = OpProfile(ops=ops, unit="cycles", source="emulator", device="x86_64 HTP emulator", backend="htp",
+                        runs=3)
+    keep_profile(tmp_path, 7, Latency(ms=2.0, source="emulator", where="x86_64 HTP emulator"), profile)
+    per_node, label = kept_profile(tmp_path, 7)
+    assert per_node.to_dict() == pytest.approx({"conv": 1.5, "add": 0.25, "relu": 0.25})  # 2 ms split by cost
+    assert label.startswith("emulator host time") and "not device latency" in label
+    assert kept_profile(tmp_path, 8) is None
