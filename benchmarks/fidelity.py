@@ -389,8 +389,10 @@ def main() -> int:
     frame = pd.concat(frames)
     summary = summarise(frame)
     counts = ", ".join(f"{m} {args.samples or DEFAULT_SAMPLES[m]}" for m in metrics)
+    # The wall time goes to the log: standard output holds only figures, so two runs can be compared with diff.
+    log(f"{time.perf_counter() - started:.0f} s")
     print(f"CPU numerics against the QNN HTP emulator (htp_arch {DEFAULT_HTP_ARCH}); samples: {counts}; "
-          f"{time.perf_counter() - started:.0f} s; per-plan values in {out.name}")
+          f"per-plan values in {out.name}")
     for model, group in summary.groupby("model", sort=False):
         print(f"\n{model} ({group['plans'].iloc[0]} plans; task metric {metrics[model]})")
         print(group.drop(columns=["model", "plans", "rankable"]).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
