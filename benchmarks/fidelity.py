@@ -221,7 +221,7 @@ def cnn_case(samples: int) -> Case:
 # has a standard error (about 0.002) larger than the differences between most plans: 16 and 24 lines
 # separate them. The encoder's pooled cosine moves by about 1e-4 between plans: its Spearman rose from 0.89
 # (32 sequences) to 0.91 (64) and 0.96 (128) as the sampling noise fell (docs/benchmarks.md).
-DEFAULT_SAMPLES = {"demo": 16, "cls": 32, "det": 24, "encoder": 128, "bert": 64, "cnn": 32}
+DEFAULT_SAMPLES = {"demo": 16, "cls": 32, "det": 32, "encoder": 128, "bert": 64, "cnn": 32}
 CASES = {"demo": demo_case, "cls": cls_case, "det": det_case, "encoder": encoder_case, "bert": bert_case,
          "cnn": cnn_case}
 

@@ -22,6 +22,7 @@ from .errors import MpstudioError, brief
 from .graph import ModelGraph, node_display_name
 from .qnn_probe import verify_support
 from .qnn_support import FALLBACK, SupportIssue, check_qnn_support, summarize
+from .nan_guards import drop_softmax_nan_guards
 from .rewrites import RewriteResult, rewrite_for_htp
 
 # ORT's quantization tools look for this metadata to know the model was pre-processed.
@@ -159,7 +160,8 @@ def prepare_model(
     from `input_shapes` (or refuse, naming each dynamic input); fold `Constant` nodes and constant
     subgraphs into initializers (ORT's basic graph optimizations, as ORT's own pre-processing does);
     name unnamed nodes; with `rewrite`, rewrite exporter patterns QNN HTP does not run or quantizes badly
-    (`mpstudio.rewrites`: exact Erf-GELU to Gelu, attention-mask sentinels such as -3.4e38 to -1e4), each
+    (`mpstudio.rewrites`: exact Erf-GELU to Gelu, attention-mask sentinels such as -3.4e38 to -100;
+    `mpstudio.nan_guards`: the NaN guard after an attention Softmax, which QNN HTP cannot finalize), each
     named among the steps; infer shapes; report nodes QNN's HTP backend would not take. Nodes the documentation
     does not settle are probed on the HTP backend (`mpstudio.qnn_probe`, verdicts cached per toolchain) unless
     `verify` is False; without the backend they are reported as unverified.
@@ -186,7 +188,11 @@ def prepare_model(
         model, folded = _fold_constants(model)
         steps += folded
 
-    rewrites = tuple(rewrite_for_htp(model)) if rewrite else ()
+    if rewrite:
+        guards = drop_softmax_nan_guards(model)
+        rewrites = tuple(rewrite_for_htp(model)) + ((guards,) if guards else ())
+    else:
+        rewrites = ()
     steps += [result.step for result in rewrites]
 
     unshared = _unshare_small_initializers(model)
