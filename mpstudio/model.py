@@ -22,7 +22,7 @@ from .errors import MpstudioError, brief
 from .graph import ModelGraph, node_display_name
 from .qnn_probe import verify_support
 from .qnn_support import FALLBACK, SupportIssue, check_qnn_support, summarize
-from .nan_guards import drop_softmax_nan_guards
+from .attention_rewrites import drop_softmax_nan_guards, gather_nd_in_order_to_reshape
 from .rewrites import RewriteResult, rewrite_for_htp
 
 # ORT's quantization tools look for this metadata to know the model was pre-processed.
@@ -161,7 +161,8 @@ def prepare_model(
     subgraphs into initializers (ORT's basic graph optimizations, as ORT's own pre-processing does);
     name unnamed nodes; with `rewrite`, rewrite exporter patterns QNN HTP does not run or quantizes badly
     (`mpstudio.rewrites`: exact Erf-GELU to Gelu, attention-mask sentinels such as -3.4e38 to -100;
-    `mpstudio.nan_guards`: the NaN guard after an attention Softmax, which QNN HTP cannot finalize), each
+    `mpstudio.attention_rewrites`: the NaN guard after an attention Softmax and the GatherND that reads
+    a mask in order, which QNN HTP cannot build), each
     named among the steps; infer shapes; report nodes QNN's HTP backend would not take. Nodes the documentation
     does not settle are probed on the HTP backend (`mpstudio.qnn_probe`, verdicts cached per toolchain) unless
     `verify` is False; without the backend they are reported as unverified.
@@ -189,8 +190,8 @@ def prepare_model(
         steps += folded
 
     if rewrite:
-        guards = drop_softmax_nan_guards(model)
-        rewrites = tuple(rewrite_for_htp(model)) + ((guards,) if guards else ())
+        torch_attention = (drop_softmax_nan_guards(model), gather_nd_in_order_to_reshape(model))
+        rewrites = tuple(rewrite_for_htp(model)) + tuple(r for r in torch_attention if r is not None)
     else:
         rewrites = ()
     steps += [result.step for result in rewrites]
