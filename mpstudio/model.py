@@ -286,6 +286,7 @@ def _fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]
     before = len(model.graph.node)
     gelus = sum(1 for n in model.graph.node if n.op_type == "Gelu")
     model = _ort_basic_optimize(model)
+    _rename_fusion_shapes(model)
     steps.append(
         f"folded constants with ONNX Runtime's basic optimizations ({constants} Constant nodes, "
         f"{before} -> {len(model.graph.node)} nodes, {len(model.graph.initializer)} initializers)"
@@ -295,6 +296,19 @@ def _fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]
         steps.append(f"ONNX Runtime's optimizations fused {fused} exact GELU subgraph(s) into Gelu (ONNX opset "
                      "20), which QNN HTP runs (QNN has no Erf)")
     return model, steps
+
+
+def _rename_fusion_shapes(model: onnx.ModelProto) -> None:
+    """Give the shape constants ONNX Runtime's MatMul+Add fusion wrote (`gemm_input_shape`, ...) names of their
+    own: a session's optimizer fusing the same way again names its new constants the same, and ONNX Runtime
+    then refuses the model ("Attempt to replace the existing tensor"; the float model of a torch-exported BERT)."""
+    renamed = {t.name: f"folded/{t.name}" for t in model.graph.initializer
+               if t.name.startswith(("gemm_input_shape", "gemm_output_shape"))}
+    for tensor in model.graph.initializer:
+        tensor.name = renamed.get(tensor.name, tensor.name)
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
 
 
 def _infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
