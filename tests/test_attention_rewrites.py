@@ -143,3 +143,24 @@ def test_the_dynamo_mask_gather_runs_on_the_htp_at_a16w8_without_fallback(tmp_pa
         reference = cpu.run(None, feed)[0]
         error = session.run(None, feed)[0] - reference
         assert 10 * np.log10((reference ** 2).sum() / (error ** 2).sum()) > 30
+
+
+def test_the_shape_constants_of_orts_matmul_add_fusion_get_names_of_their_own():
+    """ONNX Runtime's MatMul+Add fusion at prepare time writes `gemm_input_shape...` constants; a CPU session's own
+    fusion writes the same names again and ORT refused the float model of a torch-exported BERT ("Attempt to
+    replace the existing tensor"; not reproduced by a model this small, so the names are checked)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 1, (16, 16)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(0, 1, 16).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "linear", [helper.make_tensor_value_info("x", F, [1, 8, 16])],
+                              [helper.make_tensor_value_info("y", F, [1, 8, 16])], inits)
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+    prepared = prepare_model(original, verify=False)
+    names = [t.name for t in prepared.model.graph.initializer]
+    assert "Gemm" in ops(prepared.model) and not any(n.startswith(("gemm_input_shape", "gemm_output_shape"))
+                                                    for n in names)
+    feed = {"x": rng.normal(0, 1, (1, 8, 16)).astype(np.float32)}
+    for numerics in ("fused", "basic", "fake-quant"):
+        value = create_session(prepared.model.SerializeToString(), "cpu", numerics=numerics).run(None, feed)[0]
+        np.testing.assert_allclose(value, run(original, feed), rtol=1e-5, atol=1e-5)
