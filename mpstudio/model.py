@@ -22,6 +22,7 @@ from .errors import MpstudioError, brief
 from .graph import ModelGraph, node_display_name
 from .qnn_probe import verify_support
 from .qnn_support import FALLBACK, SupportIssue, check_qnn_support, summarize
+from .attention_rewrites import drop_softmax_nan_guards, gather_nd_in_order_to_reshape
 from .rewrites import RewriteResult, rewrite_for_htp
 
 # ORT's quantization tools look for this metadata to know the model was pre-processed.
@@ -159,7 +160,9 @@ def prepare_model(
     from `input_shapes` (or refuse, naming each dynamic input); fold `Constant` nodes and constant
     subgraphs into initializers (ORT's basic graph optimizations, as ORT's own pre-processing does);
     name unnamed nodes; with `rewrite`, rewrite exporter patterns QNN HTP does not run or quantizes badly
-    (`mpstudio.rewrites`: exact Erf-GELU to Gelu, attention-mask sentinels such as -3.4e38 to -1e4), each
+    (`mpstudio.rewrites`: exact Erf-GELU to Gelu, attention-mask sentinels such as -3.4e38 to -100;
+    `mpstudio.attention_rewrites`: the NaN guard after an attention Softmax and the GatherND that reads
+    a mask in order, which QNN HTP cannot build), each
     named among the steps; infer shapes; report nodes QNN's HTP backend would not take. Nodes the documentation
     does not settle are probed on the HTP backend (`mpstudio.qnn_probe`, verdicts cached per toolchain) unless
     `verify` is False; without the backend they are reported as unverified.
@@ -186,7 +189,11 @@ def prepare_model(
         model, folded = _fold_constants(model)
         steps += folded
 
-    rewrites = tuple(rewrite_for_htp(model)) if rewrite else ()
+    if rewrite:
+        torch_attention = (drop_softmax_nan_guards(model), gather_nd_in_order_to_reshape(model))
+        rewrites = tuple(rewrite_for_htp(model)) + tuple(r for r in torch_attention if r is not None)
+    else:
+        rewrites = ()
     steps += [result.step for result in rewrites]
 
     unshared = _unshare_small_initializers(model)
@@ -293,6 +300,7 @@ def _fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]
     before = len(model.graph.node)
     gelus = sum(1 for n in model.graph.node if n.op_type == "Gelu")
     model = _ort_basic_optimize(model)
+    _rename_fusion_shapes(model)
     steps.append(
         f"folded constants with ONNX Runtime's basic optimizations ({constants} Constant nodes, "
         f"{before} -> {len(model.graph.node)} nodes, {len(model.graph.initializer)} initializers)"
@@ -302,6 +310,19 @@ def _fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]
         steps.append(f"ONNX Runtime's optimizations fused {fused} exact GELU subgraph(s) into Gelu (ONNX opset "
                      "20), which QNN HTP runs (QNN has no Erf)")
     return model, steps
+
+
+def _rename_fusion_shapes(model: onnx.ModelProto) -> None:
+    """Give the shape constants ONNX Runtime's MatMul+Add fusion wrote (`gemm_input_shape`, ...) names of their
+    own: a session's optimizer fusing the same way again names its new constants the same, and ONNX Runtime
+    then refuses the model ("Attempt to replace the existing tensor"; the float model of a torch-exported BERT)."""
+    renamed = {t.name: f"folded/{t.name}" for t in model.graph.initializer
+               if t.name.startswith(("gemm_input_shape", "gemm_output_shape"))}
+    for tensor in model.graph.initializer:
+        tensor.name = renamed.get(tensor.name, tensor.name)
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = renamed.get(name, name)
 
 
 def _infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
