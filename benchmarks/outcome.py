@@ -40,7 +40,6 @@ HTP confirmation; phases are told apart by the search's progress messages), and 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import tempfile

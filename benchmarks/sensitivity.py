@@ -224,6 +224,10 @@ def main() -> int:
     parser.add_argument("--write-old-record", help="(e): record the exhaustive run here (JSON, with the commit)")
     parser.add_argument("--arch", default="efficientnet_lite0", help="(f): an architecture of latency_models.py")
     parser.add_argument("--arch-size", type=int, default=96, help="(f): its input size")
+    parser.add_argument("--study", action="append", metavar="DIR",
+                        help="(c), (d): also judge the ranking on this study (e.g. one benchmarks/outcome.py --keep made)")
+    parser.add_argument("--no-demo", action="store_true", help="(c), (d): only the --study folders")
+    parser.add_argument("--demo-study", metavar="DIR", help="(c), (d): keep the demo's study here (default: temporary)")
     parser.add_argument("--phase", choices=["ort", "mpstudio"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
@@ -231,16 +235,13 @@ def main() -> int:
         return 0
 
     from mpstudio.data import FeedList
-    from mpstudio.loop.inprocess import evaluate
     from mpstudio.runtime import create_session
-    from mpstudio.sensitivity import OutputScorer, SwitchableModel, isolation_scores, rank_tensors, tensor_regions
+    from mpstudio.sensitivity import OutputScorer, SwitchableModel, isolation_scores, tensor_regions
     from mpstudio.sensitivity.isolation import float_qdq_session, float_references
 
     demo = load_demo()
     quantizer = quantizer_for(demo)
     quantizer.calibrate()
-    model_8 = quantizer.generate(PrecisionPlan.a8w8())
-    model_16 = quantizer.generate(PrecisionPlan.a16w8())
     failures = []
 
     # ---- (a) -------------------------------------------------------------------------------------------------
@@ -279,7 +280,10 @@ def main() -> int:
         failures += section_e(args, demo, quantizer)
     if "f" in args.sections:
         failures += section_f(args)
-    if not set(args.sections) & set("bcd"):
+    if set(args.sections) & set("cd"):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        usefulness(args, failures)
+    if "b" not in args.sections:
         return _finish(failures)
 
     # ---- (b) -------------------------------------------------------------------------------------------------
@@ -352,66 +356,22 @@ def main() -> int:
         if not rho >= 0.9:
             failures.append("isolation rank correlation")
 
-    # ---- (c) -------------------------------------------------------------------------------------------------
-    import pandas as pd
-
-    ranking = rank_tensors(pd.DataFrame({"tensor": switchable.tensors, "kind": "", "op": "", "node": "",
-                                         "namespace": "", "matched": True, "snr_db": np.nan, "cosine": np.nan,
-                                         "mse": np.nan, "max_abs": np.nan, "local_snr_8": np.nan,
-                                         "local_snr_16": np.nan, "passes_snr": False, "passes_cosine": False}), fast)
-    ordered = ranking["tensor"].tolist()
-    ks = [int(v) for v in args.topk.split(",")]
-    top_plans = {k: PrecisionPlan.a8w8().promote(ordered[:k], name=f"top-{k}") for k in ks}
-    random_plans = {k: [PrecisionPlan.a8w8().promote(random.Random(100 + r).sample(switchable.tensors, k),
-                                                     name=f"random-{k}.{r}") for r in range(3)] for k in ks}
-
-    if "c" in args.sections:
-        def cer(plan):
-            return evaluate(quantizer.generate(plan), demo.evaluation, demo.metric)
-
-        print(f"(c) usefulness on the task metric: CER on {len(demo.evaluation)} evaluation lines (ORT CPU, default "
-              f"session) when the top-k ranked activation tensors are promoted to 16 bits vs k random ones (3 draws); "
-              f"float {evaluate(quantizer.float_path, demo.evaluation, demo.metric):.4f}, all-8-bit "
-              f"{cer(PrecisionPlan.a8w8()):.4f}, all-16-bit activations {evaluate(model_16, demo.evaluation, demo.metric):.4f}")
-        useful = 0
-        for k in ks:
-            top = cer(top_plans[k])
-            randoms = [cer(plan) for plan in random_plans[k]]
-            wins = top < np.mean(randoms)
-            useful += wins
-            print(f"    k={k:<3} top-k {top:.4f}   random k: mean {np.mean(randoms):.4f} "
-                  f"({', '.join(f'{v:.4f}' for v in randoms)})   {'top-k better' if wins else 'TOP-K NOT BETTER'}")
-        print(f"    top-k beats the random mean at {useful} of {len(ks)} k (target: every k)")
-        if useful < len(ks):
-            failures.append("top-k vs random on CER")
-
-    # ---- (d) -------------------------------------------------------------------------------------------------
-    if "d" in args.sections and args.htp_samples > 0:
-        plans = [PrecisionPlan.a8w8(), PrecisionPlan.a16w8()]
-        for k in ks:
-            plans += [top_plans[k], random_plans[k][0]]
-        htp_data = demo.evaluation.head(args.htp_samples)
-        agreement = _htp_agreement(quantizer, plans, htp_data, switchable.output_names)
-        if agreement is None:
-            failures.append("HTP agreement (the QNN HTP backend is not available)")
-        else:
-            print(f"(d) agreement with the QNN HTP backend (emulated on x86_64): output SNR (dB) against the float "
-                  f"model over {args.htp_samples} evaluation lines, {len(plans)} plans, on ORT's CPU (default "
-                  f"session, and quantization simulated in float) and on HTP (htp_arch {HTP_ARCH})")
-            print(agreement.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-            htp = dict(zip(agreement["plan"], agreement["htp"]))
-            rho = spearman(dict(zip(agreement["plan"], agreement["cpu"])), htp)
-            rho_fake = spearman(dict(zip(agreement["plan"], agreement["cpu_fake_quant"])), htp)
-            htp_wins = sum(htp[f"top-{k}"] > htp[f"random-{k}.0"] for k in ks)
-            print(f"    Spearman over the plans, CPU vs HTP: {rho:.3f} (default CPU session, target >= 0.8), "
-                  f"{rho_fake:.3f} (fake-quant); top-k beats random-k on HTP at {htp_wins} of {len(ks)} k "
-                  "(target: every k)")
-            if not rho >= 0.8:
-                failures.append("CPU vs HTP plan ranking")
-            if htp_wins < len(ks):
-                failures.append("top-k vs random on HTP")
-
     return _finish(failures)
+
+
+def usefulness(args, failures: list) -> None:
+    """(c) and (d) on the demo and on every `--study` (see benchmarks/ranking_usefulness.py)."""
+    import ranking_usefulness
+    from mpstudio.study import Study
+
+    ks = [int(v) for v in args.topk.split(",")]
+    with tempfile.TemporaryDirectory(prefix="mpstudio-usefulness-") as tmp:
+        folders = ([] if args.no_demo else [("demo", None)]) + [(Path(f).name, f) for f in args.study or []]
+        for label, folder in folders:
+            study = Study.demo(Path(args.demo_study or tmp) / "demo") if folder is None else Study.open(folder)
+            with study:
+                failures += ranking_usefulness.judge(study, label, ks,
+                                                     args.htp_samples if "d" in args.sections else 0, _htp_agreement)
 
 
 def _finish(failures) -> int:
