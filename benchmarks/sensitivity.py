@@ -1,7 +1,8 @@
 """The sensitivity engine on the demo model: its fidelity (ORT's tools, the naive loop) and its usefulness.
 
     python benchmarks/sensitivity.py [--samples 64] [--isolation-samples 8] [--naive-tensors 0] [--htp-tensors 0]
-                                     [--topk 5,20,50] [--htp-samples 4] [--sections abcd]
+                                     [--topk 5,20,50] [--htp-samples 4] [--sections abcde] [--study DIR ...]
+                                     [--no-demo] [--demo-study DIR]
 
 (a) Full per-tensor scoring (accumulated SNR of every activation, plus local 8/16-bit error) vs ORT's
     `qdq_loss_debug` (collect_activations on both models + compute_activation_error) on the same samples.
@@ -31,14 +32,13 @@
     Targets: >= 5x faster, Spearman >= 0.9 against the naive loop.
 (a) and (b) check fidelity (the engine computes what a slower method computes); (c) and (d) check
 usefulness (what its ranking buys on the task and on the target's numerics):
-(c) CER of the real QDQ model (ORT CPU, default session, all evaluation lines) when the top-k ranked
-    activation tensors are promoted to 16 bits from the all-8-bit plan vs k random ones (3 draws per k).
-    Target: top-k is better than the mean of the random draws at every k.
-(d) The same plans (all-8-bit, all-16-bit, top-k and the first random draw per k) on the QNN HTP backend
-    (emulated on x86_64; one inference takes about 0.3-2 s, so only `--htp-samples` lines): output SNR
-    against the float model on HTP, on ORT's CPU (default session) and with quantization simulated in float.
-    Targets: Spearman over the plans between CPU and HTP >= 0.8, and top-k better than random-k on HTP at
-    every k.
+(c), (d) judge the ranking where it is used (benchmarks/ranking_usefulness.py): against the base plan the search
+    and the studio start from (per-channel int8 weights where `--weights auto` picks them), with the order the
+    search walks, on the demo's study and on every `--study DIR` (e.g. the studies `benchmarks/outcome.py --keep`
+    makes). (c): the study's task metric for top-k against k random tensors (3 draws) at every k; (d): the same
+    plans on the QNN HTP backend (emulated on x86_64) over `--htp-samples` evaluation samples, output SNR against
+    the float model. Targets: top-k better than the random mean at every k, on the task metric and on the HTP;
+    Spearman between CPU and HTP over the plans >= 0.8.
 (e) The whole analysis as a study runs it (32 calibration lines, isolation on the first 8): the progressive
     path (`analyze_progressive`: cheap scores, screening on one line, isolation where it can change a
     decision, worker processes) against today's exhaustive path (`analyze`: every tensor isolated both ways),
@@ -54,7 +54,7 @@ usefulness (what its ranking buys on the task and on the target's numerics):
     the real QDQ model with each path's top-k promoted against random k. Targets: the time falls (ratio < 1;
     on a model of about a hundred tensors the top 20 of two orders is a large share of them), and the
     progressive top-k beats random at every k.
-`--sections` runs a subset (the isolation scores that (c) and (d) rank by run when (b), (c) or (d) do).
+`--sections` runs a subset.
 Exits 1 if a target of a section that ran is missed.
 """
 
