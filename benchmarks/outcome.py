@@ -77,6 +77,7 @@ class Case:
     calibration: FeedList
     evaluation: FeedList
     metric: object  # a MetricSpec
+    shapes: dict | None = None  # fixed input shapes, for a model exported with dynamic ones
 
 
 # ---- the models and their data -----------------------------------------------------------------------------
@@ -118,12 +119,13 @@ def ocr_case(lines: int) -> Case:
     from mpstudio.metrics import ctc_charset
 
     path = demo_model_file()
-    charset = ctc_charset(prepare_model(path))
+    shapes = {"x": [1, 3, 48, 320]}
+    charset = ctc_charset(prepare_model(path, shapes))
     texts = sample_lines(lines + 32, SEED, set(charset))
     feeds = [{"x": preprocess_line(render_line(text, 1000 + SEED + i))} for i, text in enumerate(texts)]
     return Case("ocr", "PP-OCRv4 recognizer (rapidocr_onnxruntime) on lines of its own, CER against float",
                 path, FeedList(feeds[lines:], name="calibration lines"), FeedList(feeds[:lines], name="lines"),
-                metric_spec("cer", charset=charset))
+                metric_spec("cer", charset=charset), shapes)
 
 
 # ---- timing the phases ---------------------------------------------------------------------------------------
@@ -246,7 +248,7 @@ def run_case(case: Case, folder: Path, args) -> tuple[list[Outcome], dict, list[
     if (folder / case.name / "study.json").exists():  # a kept study of an earlier run: its results are reused
         study = Study.open(folder / case.name)
     else:
-        study = Study.create(folder / case.name, prepare_model(case.model), case.calibration, case.evaluation,
+        study = Study.create(folder / case.name, prepare_model(case.model, case.shapes), case.calibration, case.evaluation,
                              case.metric, name=f"outcome: {case.name}")
     float_value = study.float_value()
     baselines = {name: study.evaluate(plan, origin="baseline") for name, plan in named_baselines().items()}
