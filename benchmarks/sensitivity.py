@@ -226,6 +226,7 @@ def main() -> int:
     parser.add_argument("--arch-size", type=int, default=96, help="(f): its input size")
     parser.add_argument("--study", action="append", metavar="DIR",
                         help="(c), (d): also judge the ranking on this study (e.g. one benchmarks/outcome.py --keep made)")
+    parser.add_argument("--demo-lines", type=int, default=100, help="(c), (d): the demo study's evaluation lines")
     parser.add_argument("--no-demo", action="store_true", help="(c), (d): only the --study folders")
     parser.add_argument("--demo-study", metavar="DIR", help="(c), (d): keep the demo's study here (default: temporary)")
     parser.add_argument("--phase", choices=["ort", "mpstudio"], help=argparse.SUPPRESS)
@@ -368,7 +369,8 @@ def usefulness(args, failures: list) -> None:
     with tempfile.TemporaryDirectory(prefix="mpstudio-usefulness-") as tmp:
         folders = ([] if args.no_demo else [("demo", None)]) + [(Path(f).name, f) for f in args.study or []]
         for label, folder in folders:
-            study = Study.demo(Path(args.demo_study or tmp) / "demo") if folder is None else Study.open(folder)
+            study = (Study.demo(Path(args.demo_study or tmp) / f"demo-{args.demo_lines}", evaluation_lines=args.demo_lines)
+                     if folder is None else Study.open(folder))
             with study:
                 failures += ranking_usefulness.judge(study, label, ks,
                                                      args.htp_samples if "d" in args.sections else 0, _htp_agreement)
