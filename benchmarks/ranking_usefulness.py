@@ -104,6 +104,8 @@ def judge(study, label: str, ks: list[int], htp_samples: int, htp_agreement) -> 
     rho = float(spearmanr([cpu[p.name] for p in plans], [htp[p.name] for p in plans]).statistic)
     print(f"    (d) output SNR (dB) over {htp_samples} samples, {len(plans)} plans; Spearman CPU vs HTP {rho:.3f} "
           "(target >= 0.8)")
+    print("\n".join("        " + line for line in
+                     agreement.to_string(index=False, float_format=lambda v: f"{v:.3f}").splitlines()))
     for k in ks:
         randoms = [htp[p.name] for p in drawn[k]]
         wins = htp[f"top-{k}"] > float(np.mean(randoms))
