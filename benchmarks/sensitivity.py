@@ -1,7 +1,8 @@
 """The sensitivity engine on the demo model: its fidelity (ORT's tools, the naive loop) and its usefulness.
 
     python benchmarks/sensitivity.py [--samples 64] [--isolation-samples 8] [--naive-tensors 0] [--htp-tensors 0]
-                                     [--topk 5,20,50] [--htp-samples 4] [--sections abcd]
+                                     [--topk 5,20,50] [--htp-samples 4] [--sections abcde] [--study DIR ...]
+                                     [--no-demo] [--demo-study DIR]
 
 (a) Full per-tensor scoring (accumulated SNR of every activation, plus local 8/16-bit error) vs ORT's
     `qdq_loss_debug` (collect_activations on both models + compute_activation_error) on the same samples.
@@ -31,14 +32,13 @@
     Targets: >= 5x faster, Spearman >= 0.9 against the naive loop.
 (a) and (b) check fidelity (the engine computes what a slower method computes); (c) and (d) check
 usefulness (what its ranking buys on the task and on the target's numerics):
-(c) CER of the real QDQ model (ORT CPU, default session, all evaluation lines) when the top-k ranked
-    activation tensors are promoted to 16 bits from the all-8-bit plan vs k random ones (3 draws per k).
-    Target: top-k is better than the mean of the random draws at every k.
-(d) The same plans (all-8-bit, all-16-bit, top-k and the first random draw per k) on the QNN HTP backend
-    (emulated on x86_64; one inference takes about 0.3-2 s, so only `--htp-samples` lines): output SNR
-    against the float model on HTP, on ORT's CPU (default session) and with quantization simulated in float.
-    Targets: Spearman over the plans between CPU and HTP >= 0.8, and top-k better than random-k on HTP at
-    every k.
+(c), (d) judge the ranking where it is used (benchmarks/ranking_usefulness.py): against the base plan the search
+    and the studio start from (per-channel int8 weights where `--weights auto` picks them), with the order the
+    search walks, on the demo's study and on every `--study DIR` (e.g. the studies `benchmarks/outcome.py --keep`
+    makes). (c): the study's task metric for top-k against k random tensors (3 draws) at every k; (d): the same
+    plans on the QNN HTP backend (emulated on x86_64) over `--htp-samples` evaluation samples, output SNR against
+    the float model. Targets: top-k better than the random mean at every k, on the task metric and on the HTP;
+    Spearman between CPU and HTP over the plans >= 0.8.
 (e) The whole analysis as a study runs it (32 calibration lines, isolation on the first 8): the progressive
     path (`analyze_progressive`: cheap scores, screening on one line, isolation where it can change a
     decision, worker processes) against today's exhaustive path (`analyze`: every tensor isolated both ways),
@@ -54,7 +54,7 @@ usefulness (what its ranking buys on the task and on the target's numerics):
     the real QDQ model with each path's top-k promoted against random k. Targets: the time falls (ratio < 1;
     on a model of about a hundred tensors the top 20 of two orders is a large share of them), and the
     progressive top-k beats random at every k.
-`--sections` runs a subset (the isolation scores that (c) and (d) rank by run when (b), (c) or (d) do).
+`--sections` runs a subset.
 Exits 1 if a target of a section that ran is missed.
 """
 
@@ -224,6 +224,11 @@ def main() -> int:
     parser.add_argument("--write-old-record", help="(e): record the exhaustive run here (JSON, with the commit)")
     parser.add_argument("--arch", default="efficientnet_lite0", help="(f): an architecture of latency_models.py")
     parser.add_argument("--arch-size", type=int, default=96, help="(f): its input size")
+    parser.add_argument("--study", action="append", metavar="DIR",
+                        help="(c), (d): also judge the ranking on this study (e.g. one benchmarks/outcome.py --keep made)")
+    parser.add_argument("--demo-lines", type=int, default=100, help="(c), (d): the demo study's evaluation lines")
+    parser.add_argument("--no-demo", action="store_true", help="(c), (d): only the --study folders")
+    parser.add_argument("--demo-study", metavar="DIR", help="(c), (d): keep the demo's study here (default: temporary)")
     parser.add_argument("--phase", choices=["ort", "mpstudio"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
@@ -231,16 +236,13 @@ def main() -> int:
         return 0
 
     from mpstudio.data import FeedList
-    from mpstudio.loop.inprocess import evaluate
     from mpstudio.runtime import create_session
-    from mpstudio.sensitivity import OutputScorer, SwitchableModel, isolation_scores, rank_tensors, tensor_regions
+    from mpstudio.sensitivity import OutputScorer, SwitchableModel, isolation_scores, tensor_regions
     from mpstudio.sensitivity.isolation import float_qdq_session, float_references
 
     demo = load_demo()
     quantizer = quantizer_for(demo)
     quantizer.calibrate()
-    model_8 = quantizer.generate(PrecisionPlan.a8w8())
-    model_16 = quantizer.generate(PrecisionPlan.a16w8())
     failures = []
 
     # ---- (a) -------------------------------------------------------------------------------------------------
@@ -279,7 +281,10 @@ def main() -> int:
         failures += section_e(args, demo, quantizer)
     if "f" in args.sections:
         failures += section_f(args)
-    if not set(args.sections) & set("bcd"):
+    if set(args.sections) & set("cd"):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        usefulness(args, failures)
+    if "b" not in args.sections:
         return _finish(failures)
 
     # ---- (b) -------------------------------------------------------------------------------------------------
@@ -352,66 +357,23 @@ def main() -> int:
         if not rho >= 0.9:
             failures.append("isolation rank correlation")
 
-    # ---- (c) -------------------------------------------------------------------------------------------------
-    import pandas as pd
-
-    ranking = rank_tensors(pd.DataFrame({"tensor": switchable.tensors, "kind": "", "op": "", "node": "",
-                                         "namespace": "", "matched": True, "snr_db": np.nan, "cosine": np.nan,
-                                         "mse": np.nan, "max_abs": np.nan, "local_snr_8": np.nan,
-                                         "local_snr_16": np.nan, "passes_snr": False, "passes_cosine": False}), fast)
-    ordered = ranking["tensor"].tolist()
-    ks = [int(v) for v in args.topk.split(",")]
-    top_plans = {k: PrecisionPlan.a8w8().promote(ordered[:k], name=f"top-{k}") for k in ks}
-    random_plans = {k: [PrecisionPlan.a8w8().promote(random.Random(100 + r).sample(switchable.tensors, k),
-                                                     name=f"random-{k}.{r}") for r in range(3)] for k in ks}
-
-    if "c" in args.sections:
-        def cer(plan):
-            return evaluate(quantizer.generate(plan), demo.evaluation, demo.metric)
-
-        print(f"(c) usefulness on the task metric: CER on {len(demo.evaluation)} evaluation lines (ORT CPU, default "
-              f"session) when the top-k ranked activation tensors are promoted to 16 bits vs k random ones (3 draws); "
-              f"float {evaluate(quantizer.float_path, demo.evaluation, demo.metric):.4f}, all-8-bit "
-              f"{cer(PrecisionPlan.a8w8()):.4f}, all-16-bit activations {evaluate(model_16, demo.evaluation, demo.metric):.4f}")
-        useful = 0
-        for k in ks:
-            top = cer(top_plans[k])
-            randoms = [cer(plan) for plan in random_plans[k]]
-            wins = top < np.mean(randoms)
-            useful += wins
-            print(f"    k={k:<3} top-k {top:.4f}   random k: mean {np.mean(randoms):.4f} "
-                  f"({', '.join(f'{v:.4f}' for v in randoms)})   {'top-k better' if wins else 'TOP-K NOT BETTER'}")
-        print(f"    top-k beats the random mean at {useful} of {len(ks)} k (target: every k)")
-        if useful < len(ks):
-            failures.append("top-k vs random on CER")
-
-    # ---- (d) -------------------------------------------------------------------------------------------------
-    if "d" in args.sections and args.htp_samples > 0:
-        plans = [PrecisionPlan.a8w8(), PrecisionPlan.a16w8()]
-        for k in ks:
-            plans += [top_plans[k], random_plans[k][0]]
-        htp_data = demo.evaluation.head(args.htp_samples)
-        agreement = _htp_agreement(quantizer, plans, htp_data, switchable.output_names)
-        if agreement is None:
-            failures.append("HTP agreement (the QNN HTP backend is not available)")
-        else:
-            print(f"(d) agreement with the QNN HTP backend (emulated on x86_64): output SNR (dB) against the float "
-                  f"model over {args.htp_samples} evaluation lines, {len(plans)} plans, on ORT's CPU (default "
-                  f"session, and quantization simulated in float) and on HTP (htp_arch {HTP_ARCH})")
-            print(agreement.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-            htp = dict(zip(agreement["plan"], agreement["htp"]))
-            rho = spearman(dict(zip(agreement["plan"], agreement["cpu"])), htp)
-            rho_fake = spearman(dict(zip(agreement["plan"], agreement["cpu_fake_quant"])), htp)
-            htp_wins = sum(htp[f"top-{k}"] > htp[f"random-{k}.0"] for k in ks)
-            print(f"    Spearman over the plans, CPU vs HTP: {rho:.3f} (default CPU session, target >= 0.8), "
-                  f"{rho_fake:.3f} (fake-quant); top-k beats random-k on HTP at {htp_wins} of {len(ks)} k "
-                  "(target: every k)")
-            if not rho >= 0.8:
-                failures.append("CPU vs HTP plan ranking")
-            if htp_wins < len(ks):
-                failures.append("top-k vs random on HTP")
-
     return _finish(failures)
+
+
+def usefulness(args, failures: list) -> None:
+    """(c) and (d) on the demo and on every `--study` (see benchmarks/ranking_usefulness.py)."""
+    import ranking_usefulness
+    from mpstudio.study import Study
+
+    ks = [int(v) for v in args.topk.split(",")]
+    with tempfile.TemporaryDirectory(prefix="mpstudio-usefulness-") as tmp:
+        folders = ([] if args.no_demo else [("demo", None)]) + [(Path(f).name, f) for f in args.study or []]
+        for label, folder in folders:
+            study = (Study.demo(Path(args.demo_study or tmp) / f"demo-{args.demo_lines}", evaluation_lines=args.demo_lines)
+                     if folder is None else Study.open(folder))
+            with study:
+                failures += ranking_usefulness.judge(study, label, ks,
+                                                     args.htp_samples if "d" in args.sections else 0, _htp_agreement)
 
 
 def _finish(failures) -> int:

@@ -1,0 +1,119 @@
+"""Sections (c) and (d) of benchmarks/sensitivity.py: what the ranking buys, measured where it is used.
+
+The ranking is judged against the plan the search and the studio start from, not against all-8-bit with
+per-tensor weights: per-channel int8 weights where they win (`mpstudio.search.weights.base_plan`, the decision
+`--weights auto` makes, by the weights' scores and by measurement), the sensitivity analysis of that base
+(`Study.sensitivity(plan=base)`, what the search computes) and the order the search walks
+(`search.promotion_order`: gain per estimated latency cost, then the tensors the analysis did not isolate). Plan
+top-k promotes the first k of that order on the base; random-k promotes k tensors drawn (seeded) from the same
+tensors.
+
+(c) The task metric of the study (ORT's CPU run of the real QDQ model over every evaluation sample, as
+    `Study.evaluate` stores it) for top-k against the mean of `DRAWS` random draws per k.
+    Target: top-k better than the random mean at every k.
+(d) The same plans (the base, its all-16-bit counterpart, top-k and random-k's draws) on the QNN HTP backend
+    (emulated on x86_64) over the first `--htp-samples` evaluation samples: output SNR against the float model
+    on the HTP and on ORT's CPU (the same QDQ model, the same samples).
+    Targets: top-k better than the random mean on the HTP at every k; Spearman between CPU and HTP over the
+    plans >= 0.8.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+DRAWS = 3
+
+
+@dataclass
+class _Baselines:
+    """What `weights.base_plan` reads of a search's walk: the study, its baselines, and how it evaluates."""
+
+    study: object
+    cancel: object = None
+
+    def __post_init__(self):
+        from mpstudio.search import named_baselines
+
+        self.hib = self.study.higher_is_better
+        named = named_baselines()
+        self.baselines = {name: self.study.evaluate(named[name], origin="baseline") for name in ("a8w8", "a16w8")}
+
+    def evaluate(self, plans):
+        return [self.study.evaluate(plan, origin="baseline") for plan in plans]
+
+
+def base_and_order(study, samples: int = 32, isolation_samples: int = 8):
+    """The base plan `--weights auto` starts from, why, its all-16-bit counterpart and the promotion order."""
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.search import promotion_order
+    from mpstudio.search.weights import base_plan
+
+    base, _, why = base_plan(_Baselines(study), "auto")
+    analysed = None if base.hash == PrecisionPlan.a8w8().hash else base
+    report = study.sensitivity(samples=samples, isolation_samples=isolation_samples, plan=analysed)
+    order, _ = promotion_order(study, report, base)
+    top = PrecisionPlan(activation_type="uint16", weight_type=base.weight_type, per_channel=base.per_channel,
+                        name="all-16-bit of the base")
+    return base, why, top, order
+
+
+def plans_for(base, order: list[str], ks: list[int]):
+    pool = sorted(order)  # the draws do not depend on the order
+    top = {k: base.promote(order[:k], name=f"top-{k}") for k in ks}
+    drawn = {k: [base.promote(random.Random(100 + r).sample(pool, k), name=f"random-{k}.{r}") for r in range(DRAWS)]
+             for k in ks}
+    return top, drawn
+
+
+def judge(study, label: str, ks: list[int], htp_samples: int, htp_agreement) -> list[str]:
+    """Sections (c) and (d) on one study; returns the targets missed."""
+    base, why, all_16, order = base_and_order(study)
+    ks = [k for k in ks if k < len(order)]
+    top, drawn = plans_for(base, order, ks)
+    sign = 1.0 if study.higher_is_better else -1.0
+    value = {}
+
+    def metric(plan):
+        value[plan.name] = study.evaluate(plan, origin="benchmark").value
+        return value[plan.name]
+
+    print(f"[{label}] base: {why}; {len(order)} tensors in the order; metric {study.metric_name} on "
+          f"{len(study.evaluation_data)} samples: base {metric(base):.4f}, all-16-bit {metric(all_16):.4f}")
+    failures = []
+    for k in ks:
+        mine, randoms = metric(top[k]), [metric(p) for p in drawn[k]]
+        wins = sign * mine > sign * float(np.mean(randoms))
+        print(f"    (c) k={k:<3} top-k {mine:.4f}   random k: mean {np.mean(randoms):.4f} "
+              f"({', '.join(f'{v:.4f}' for v in randoms)})   {'top-k better' if wins else 'TOP-K NOT BETTER'}")
+        if not wins:
+            failures.append(f"[{label}] (c) top-{k} vs random on {study.metric_name}")
+    if htp_samples <= 0:
+        return failures
+    plans = [base, all_16] + [p for k in ks for p in [top[k], *drawn[k]]]
+    names = [o.name for o in study.prepared.model.graph.output]
+    agreement = htp_agreement(study.quantizer, plans, study.evaluation_data.head(htp_samples), names)
+    if agreement is None:
+        return failures + [f"[{label}] (d) the QNN HTP backend is not available"]
+    htp, cpu = dict(zip(agreement["plan"], agreement["htp"])), dict(zip(agreement["plan"], agreement["cpu"]))
+    from scipy.stats import spearmanr
+
+    rho = float(spearmanr([cpu[p.name] for p in plans], [htp[p.name] for p in plans]).statistic)
+    print(f"    (d) output SNR (dB) over {htp_samples} samples, {len(plans)} plans; Spearman CPU vs HTP {rho:.3f} "
+          "(target >= 0.8)")
+    print("\n".join("        " + line for line in
+                     agreement.to_string(index=False, float_format=lambda v: f"{v:.3f}").splitlines()))
+    for k in ks:
+        randoms = [htp[p.name] for p in drawn[k]]
+        wins = htp[f"top-{k}"] > float(np.mean(randoms))
+        print(f"        k={k:<3} HTP top-k {htp[f'top-{k}']:.3f}   random k: mean {np.mean(randoms):.3f}   CPU top-k "
+              f"{cpu[f'top-{k}']:.3f} random mean {np.mean([cpu[p.name] for p in drawn[k]]):.3f}   "
+              f"{'top-k better' if wins else 'TOP-K NOT BETTER'}")
+        if not wins:
+            failures.append(f"[{label}] (d) top-{k} vs random on the HTP")
+    if not rho >= 0.8:
+        failures.append(f"[{label}] (d) CPU vs HTP plan ranking ({rho:.3f})")
+    return failures

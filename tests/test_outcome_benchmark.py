@@ -1,0 +1,80 @@
+"""benchmarks/outcome.py's gates on a real small study: they pass a search's honest answer and catch a dominated
+pick and a pointless evaluation."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from conftest import chain_feeds, make_chain_model
+from mpstudio.data import FeedList
+from mpstudio.plan import PrecisionPlan
+from mpstudio.search import search
+from mpstudio.study import Study
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def outcome():
+    """benchmarks/outcome.py, loaded from its file (an installed package may be called `outcome` too)."""
+    spec = importlib.util.spec_from_file_location("outcome_benchmark", ROOT / "benchmarks" / "outcome.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture
+def study(tmp_path):
+    path = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=6, size=48), path)
+    s = Study.create(tmp_path / "study", path, FeedList(chain_feeds(8, size=48)),
+                     FeedList(chain_feeds(6, size=48, seed=5)))
+    yield s
+    s.close()
+
+
+def _ms(e):
+    return e.latency("estimate").ms
+
+
+def test_the_gates_pass_a_search_that_picks_over_every_stored_plan(study, outcome):
+    baselines = {"a8w8": study.evaluate(PrecisionPlan.a8w8()), "a16w8": study.evaluate(PrecisionPlan.a16w8())}
+    before = outcome.stored(study, baselines["a8w8"].accuracy_source)
+    result = search(study, "a16w8+5%", weights="per-tensor", max_evaluations=8, confirm=None, quiet=True)
+    failures, mixed_only = outcome.judge(study, result, before, baselines)
+    assert failures == [], failures
+    assert result.reached and not mixed_only  # on this chain every partial promotion costs more than a16w8
+
+
+def test_the_gates_catch_a_dominated_pick_and_a_pointless_evaluation(study, outcome):
+    a16 = study.evaluate(PrecisionPlan.a16w8())
+    partial = study.evaluate(PrecisionPlan.a8w8().promote(["y", "block5_out"], name="partial"))
+    assert _ms(partial) >= _ms(a16) and partial.value < a16.value  # the premise, as measured
+    assert outcome.dominated_by(partial, [a16, partial], True) is a16
+    assert outcome.dominated_by(a16, [a16, partial], True) is None
+    found = outcome.pointless_evaluations(study, [a16], [partial], threshold=1000.0, higher=True)
+    assert len(found) == 1 and "all-16-bit plan of its weights" in found[0]
+    # A plan stored before that reaches the target makes any dearer evaluation pointless too.
+    found = outcome.pointless_evaluations(study, [a16], [partial], threshold=a16.value, higher=True)
+    assert len(found) == 1 and "reaches the target" in found[0]
+    assert outcome.pointless_evaluations(study, [], [partial], threshold=1000.0, higher=True) == []
+
+
+def test_targets_lie_between_the_best_all_8_bit_and_all_16_bit_values(outcome):
+    class E:
+        def __init__(self, value):
+            self.value = value
+
+    base = {"a8w8": E(0.80), "a8w8-pc": E(0.88), "a16w8": E(0.84), "a16w8-pc": E(0.92)}
+    assert outcome.targets_of(base, True) == [pytest.approx(0.89), pytest.approx(0.91)]
+    errors = {"a8w8": E(0.16), "a8w8-pc": E(0.12), "a16w8": E(0.15), "a16w8-pc": E(0.04)}
+    assert outcome.targets_of(errors, False) == [pytest.approx(0.10), pytest.approx(0.06)]
