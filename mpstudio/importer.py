@@ -21,7 +21,7 @@ import onnx
 from . import encodings as encodings_format
 from . import qdq
 from .errors import MpstudioError
-from .import_check import quantized_before_activation, unapplied_encodings
+from .import_check import float_biases, quantized_before_activation, unapplied_encodings, weight_code_differences
 from .graph import BIAS, WEIGHT, ModelGraph
 from .plan import ACTIVATION_TYPES, WEIGHT_TYPES, PrecisionPlan, TensorOverride
 from .qdq import ACTIVATION, PARAM, Encoding
@@ -59,6 +59,10 @@ class ImportedPlan:
     calibrated: tuple[str, ...]
     unapplied: tuple[tuple[str, str], ...] = ()
     before_activation: tuple[str, ...] = ()  # pinned op outputs quantized ahead of their Relu/Clip, as the source
+    # Biases a QDQ source computes in float (an encodings file: the biases it does not list); the plan's model
+    # has ORT's int32 biases.
+    float_biases: tuple[str, ...] = ()
+    weight_codes: tuple[tuple[str, int, int], ...] = ()  # (weight, codes differing from the source's, codes)
 
     def describe(self) -> str:
         lines = [f"imported {self.source} as plan {self.plan_id} ({self.plan.summary()})",
@@ -71,6 +75,17 @@ class ImportedPlan:
             lines.append(f"  {len(self.unapplied)} imported encoding(s) the plan's model does not apply (its numbers "
                          "can differ from the source's there):")
             lines += [f"    {name}: {why}" for name, why in self.unapplied]
+        if self.float_biases:
+            where = ("the source computes in float" if self.source == "QDQ model" else
+                     "not in the file (a source that computed them in float, as AIMET's sim does, differs there)")
+            lines.append(f"  {len(self.float_biases)} bias(es) {where}; the plan's model quantizes them to int32 at "
+                         f"input scale x weight scale, as the HTP computes them: {_few(self.float_biases)}")
+        if self.weight_codes:
+            differing = sum(d for _, d, _ in self.weight_codes)
+            lines.append(f"  {len(self.weight_codes)} weight(s) whose integer codes differ from the source's at the same "
+                         f"scale ({differing} code(s); the source rounded them another way, or changed the weights): "
+                         + ", ".join(f"{n!r} ({d} of {t})" for n, d, t in self.weight_codes[:_SHOWN])
+                         + (f" and {len(self.weight_codes) - _SHOWN} more" if len(self.weight_codes) > _SHOWN else ""))
         if self.skipped:
             reasons = Counter(why for _, why in self.skipped)
             for why, count in reasons.items():
@@ -102,8 +117,11 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     mentioned = {t.name for t in tensors} | {name for name, _ in skipped}
     calibrated = tuple(n for n in graph.activations() + graph.weights()
                        if n not in mentioned and graph.tensors[n].quantizable)
+    model = qdq.read(source) if kind == "QDQ model" else None
+    codes = weight_code_differences(model, _float_names(model, graph), generated) if model is not None else []
     return ImportedPlan(plan, plan_id, kind, kept, tuple(skipped), calibrated, tuple(unapplied),
-                        tuple(quantized_before_activation(generated, graph, kept)))
+                        tuple(quantized_before_activation(generated, graph, kept)),
+                        tuple(float_biases(graph, model, mentioned)), tuple(codes))
 
 
 def read_import(source, graph: ModelGraph) -> tuple[str, list[ImportedTensor], list[tuple[str, str]]]:
