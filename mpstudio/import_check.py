@@ -105,10 +105,11 @@ def float_biases(graph: ModelGraph, source: QdqModel | None, listed: Iterable[st
     return out
 
 
-def weight_code_differences(source: QdqModel, names: Mapping[str, str], generated) -> list[tuple[str, int, int]]:
-    """(weight, codes that differ, codes) for every weight whose integers in the plan's `generated` model differ
-    from the ones the QDQ `source` computes with: stored codes, or a float weight's QuantizeLinear at run time
-    (round half to even, as ONNX defines it). `names`: the source's tensor name -> the float model's."""
+def weight_code_differences(source: QdqModel, names: Mapping[str, str], generated) -> list[tuple]:
+    """(weight, flat indices, the source's codes there, codes in all) for every weight whose integers in the
+    plan's `generated` model differ from the ones the QDQ `source` computes with: stored codes, or a float
+    weight's QuantizeLinear at run time (round half to even, as ONNX defines it). `names`: the source's tensor
+    name -> the float model's."""
     ours = read(generated)
     out = []
     for tensor in source.params().values():
@@ -119,9 +120,10 @@ def weight_code_differences(source: QdqModel, names: Mapping[str, str], generate
         theirs, codes = _codes(source, tensor.name, tensor.encoding), _codes(ours, name, mine.encoding)
         if theirs is None or codes is None or theirs.shape != codes.shape:
             continue
-        differing = int(np.count_nonzero(theirs.astype(np.int64) != codes.astype(np.int64)))
-        if differing:
-            out.append((name, differing, int(codes.size)))
+        differing = np.flatnonzero(theirs.astype(np.int64) != codes.astype(np.int64))
+        if differing.size:
+            out.append((name, differing.tolist(), theirs.reshape(-1)[differing].astype(np.int64).tolist(),
+                        int(codes.size)))
     return out
 
 

@@ -63,6 +63,7 @@ class ImportedPlan:
     # has ORT's int32 biases.
     float_biases: tuple[str, ...] = ()
     weight_codes: tuple[tuple[str, int, int], ...] = ()  # (weight, codes differing from the source's, codes)
+    source_codes: tuple[tuple[str, int, int], ...] = ()  # (weight, codes taken from the source, codes)
 
     def describe(self) -> str:
         lines = [f"imported {self.source} as plan {self.plan_id} ({self.plan.summary()})",
@@ -80,12 +81,12 @@ class ImportedPlan:
                      "not in the file (a source that computed them in float, as AIMET's sim does, differs there)")
             lines.append(f"  {len(self.float_biases)} bias(es) {where}; the plan's model quantizes them to int32 at "
                          f"input scale x weight scale, as the HTP computes them: {_few(self.float_biases)}")
+        if self.source_codes:
+            lines.append(f"  {len(self.source_codes)} weight(s) take the source's integer codes where ORT's quantizer "
+                         f"rounds otherwise at the same scale: {_counts(self.source_codes)}")
         if self.weight_codes:
-            differing = sum(d for _, d, _ in self.weight_codes)
-            lines.append(f"  {len(self.weight_codes)} weight(s) whose integer codes differ from the source's at the same "
-                         f"scale ({differing} code(s); the source rounded them another way, or changed the weights): "
-                         + ", ".join(f"{n!r} ({d} of {t})" for n, d, t in self.weight_codes[:_SHOWN])
-                         + (f" and {len(self.weight_codes) - _SHOWN} more" if len(self.weight_codes) > _SHOWN else ""))
+            lines.append(f"  {len(self.weight_codes)} weight(s) whose integer codes still differ from the source's "
+                         f"(not stored quantized in the plan's model): {_counts(self.weight_codes)}")
         if self.skipped:
             reasons = Counter(why for _, why in self.skipped)
             for why, count in reasons.items():
@@ -106,22 +107,31 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     kind, tensors, skipped = read_import(source, graph)
     plan = derive_plan(graph, tensors)
     plan.validate(graph, study.htp_arch)
-    key = study.quantizer.save_pinned({t.name: t.encoding for t in tensors})
+    encodings = {t.name: t.encoding for t in tensors}
     stem = Path(source).stem if isinstance(source, (str, os.PathLike)) else "plan"
-    plan = replace(plan, encodings=key, name=name or f"imported {stem}")
-    plan_id = study.add_plan(plan, origin=ORIGIN)
+    plan = replace(plan, encodings=study.quantizer.save_pinned(encodings), name=name or f"imported {stem}")
     generated = study.quantizer.generate(plan)
+    model = qdq.read(source) if kind == "QDQ model" else None
+    taken, remaining = (), []
+    if model is not None:
+        names = _float_names(model, graph)
+        codes = weight_code_differences(model, names, generated)
+        if codes:  # the source rounded some weights another way: the plan's model takes its codes
+            pinned_codes = {weight: (indices, values) for weight, indices, values, _ in codes}
+            plan = replace(plan, encodings=study.quantizer.save_pinned(encodings, pinned_codes))
+            generated = study.quantizer.generate(plan)
+            taken = tuple((weight, len(indices), total) for weight, indices, _, total in codes)
+        remaining = [(w, len(i), total) for w, i, _, total in weight_code_differences(model, names, generated)]
+    plan_id = study.add_plan(plan, origin=ORIGIN)
     unapplied = unapplied_encodings(generated, graph, tensors)
     left_out = {name for name, _ in unapplied}
     kept = tuple(t.name for t in tensors if t.name not in left_out)
     mentioned = {t.name for t in tensors} | {name for name, _ in skipped}
     calibrated = tuple(n for n in graph.activations() + graph.weights()
                        if n not in mentioned and graph.tensors[n].quantizable)
-    model = qdq.read(source) if kind == "QDQ model" else None
-    codes = weight_code_differences(model, _float_names(model, graph), generated) if model is not None else []
     return ImportedPlan(plan, plan_id, kind, kept, tuple(skipped), calibrated, tuple(unapplied),
                         tuple(quantized_before_activation(generated, graph, kept)),
-                        tuple(float_biases(graph, model, mentioned)), tuple(codes))
+                        tuple(float_biases(graph, model, mentioned)), tuple(remaining), taken)
 
 
 def read_import(source, graph: ModelGraph) -> tuple[str, list[ImportedTensor], list[tuple[str, str]]]:
@@ -316,6 +326,11 @@ def _few(names, limit: int = _SHOWN) -> str:
     names = list(names)
     shown = ", ".join(repr(n) for n in names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _counts(rows) -> str:
+    shown = ", ".join(f"{name!r} ({count} of {total})" for name, count, total in rows[:_SHOWN])
+    return shown + (f" and {len(rows) - _SHOWN} more" if len(rows) > _SHOWN else "")
 
 
 def _close_hint(name: str, graph: ModelGraph) -> str:

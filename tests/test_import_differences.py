@@ -30,7 +30,7 @@ def test_aimets_qdq_model_reports_its_float_bias_and_matching_weight_codes(tmp_p
         assert from_file.float_biases == ("conv.bias",) and "not in the file" in from_file.describe()
 
 
-def test_weight_codes_the_source_rounded_another_way_are_counted(tmp_path):
+def test_the_plans_model_takes_the_weight_codes_the_source_rounded_another_way(tmp_path):
     model = onnx.load(str(DATA / "eltwise_qdq.onnx"))
     inits = {i.name: i for i in model.graph.initializer}
     weight = numpy_helper.to_array(inits["conv.weight"]).copy()
@@ -40,10 +40,27 @@ def test_weight_codes_the_source_rounded_another_way_are_counted(tmp_path):
     inits["conv.weight"].CopyFrom(numpy_helper.from_array(weight, "conv.weight"))
     changed = tmp_path / "changed_qdq.onnx"
     onnx.save(model, str(changed))
+    # AIMET's weight is codes x scale: its codes are the weight over the scale, exactly.
+    aimets_codes = np.rint(weight / scale.reshape(-1, 1, 1, 1)).astype(np.int64)
     with _study(tmp_path) as study:
-        imported = study.import_plan(changed)
-        assert imported.weight_codes == (("conv.weight", 2, weight.size),)
+        plain = study.quantizer.generate(study.import_plan(DATA / "eltwise_qdq.onnx").plan)
+        imported = study.import_plan(changed, name="changed")
+        assert imported.source_codes == (("conv.weight", 2, weight.size),) and imported.weight_codes == ()
         assert "'conv.weight' (2 of 216)" in imported.describe()
+        ours = study.quantizer.generate(imported.plan)
+        stored = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(ours)).graph.initializer}
+        np.testing.assert_array_equal(stored["conv.weight_quantized"], aimets_codes)
+        before = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(plain)).graph.initializer}
+        assert np.count_nonzero(before["conv.weight_quantized"] != aimets_codes) == 2  # what ORT alone gives
+        # The outputs follow: the plan's model computes what the changed source computes on ORT's CPU.
+        from mpstudio.data import FeedList
+        from mpstudio.loop.inprocess import run_outputs
+
+        feeds = FeedList(eltwise_feeds(4, seed=2))
+        source_out = np.stack([o["y"] for o in run_outputs(changed, feeds)])
+        plan_out = np.stack([o["y"] for o in run_outputs(ours, feeds)])
+        plain_out = np.stack([o["y"] for o in run_outputs(plain, feeds)])
+        assert np.abs(plan_out - source_out).max() <= np.abs(plain_out - source_out).max()
 
 
 def test_a_plans_own_qdq_model_imports_with_no_such_difference(tmp_path):
