@@ -139,7 +139,10 @@ def _codes(model: QdqModel, name: str, encoding: Encoding) -> np.ndarray | None:
     value = model.initializers.get(name)
     if value is None:
         return None
-    w = numpy_helper.to_array(value).astype(np.float32)
+    w = numpy_helper.to_array(value)
+    if np.issubdtype(w.dtype, np.integer):  # stored codes under the tensor's own name (AIMET writes `W_q`)
+        return w
+    w = w.astype(np.float32)
     scale = np.asarray(encoding.scale, np.float32)
     zero = np.asarray(encoding.zero_point, np.int64)
     if encoding.per_channel:
