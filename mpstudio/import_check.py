@@ -85,6 +85,7 @@ def float_biases(graph: ModelGraph, source: QdqModel | None, listed: Iterable[st
     """The float model's biases the source leaves in float: read by their op without a DequantizeLinear in a QDQ
     `source`, or, for an encodings file (`source` None), not among its `listed` names."""
     listed = set(listed)
+    nodes = {n.name: n for n in source.model.graph.node} if source is not None else {}
     out = []
     for name, info in graph.tensors.items():
         if info.kind != BIAS or name in listed:
@@ -94,12 +95,13 @@ def float_biases(graph: ModelGraph, source: QdqModel | None, listed: Iterable[st
             continue
         for consumer in info.consumers:
             node = graph.nodes.get(consumer)
-            mine = next((n for n in source.model.graph.node if n.name == consumer), None)
-            if node is None or mine is None or name not in node.inputs:
+            theirs = nodes.get(consumer)
+            if node is None or theirs is None or name not in node.inputs:
                 continue
-            value = mine.input[list(node.inputs).index(name)] if len(mine.input) > list(node.inputs).index(name) else ""
+            position = list(node.inputs).index(name)
+            value = theirs.input[position] if position < len(theirs.input) else ""
             producer = source.producer.get(value)
-            if value and (producer is None or producer.op_type != "DequantizeLinear"):
+            if value and (producer is None or producer.op_type != "DequantizeLinear"):  # read as a float
                 out.append(name)
                 break
     return out
