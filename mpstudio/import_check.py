@@ -6,6 +6,11 @@ ORT leaves in float applies nowhere, and where widths meet ORT may write a tenso
 some fused ops encodings of their own; `quantize.unfold` puts those quantizers back in the plan's model, and
 an op's encoding equal to its activation's output's is applied by that quantizer. What is still not applied
 (constants ORT leaves in float, per-channel or unusual cases) is listed, with why, instead of counted as kept.
+
+Two differences no encoding shows are listed too: biases the source computes in float (AIMET's HTP
+configurations have no bias quantizers; the plan's model has ORT's int32 biases, as the HTP computes), and
+weights whose integer codes differ from the source's at the same scale (two tools rounding a weight that sits
+on a rounding tie differently, or a source that changed its weights, e.g. by AdaRound).
 """
 
 from __future__ import annotations
@@ -13,9 +18,12 @@ from __future__ import annotations
 import math
 from typing import Iterable, Mapping
 
+import numpy as np
+from onnx import numpy_helper
+
 from .folding import FOLDED_ACTIVATIONS
-from .graph import ModelGraph
-from .qdq import Encoding, QuantizedTensor, quantized_tensors
+from .graph import BIAS, ModelGraph
+from .qdq import PARAM, QUANTIZED_INITIALIZER_SUFFIX, Encoding, QdqModel, QuantizedTensor, quantized_tensors, read
 
 
 def unapplied_encodings(qdq_model, graph: ModelGraph, tensors: Iterable) -> list[tuple[str, str]]:
@@ -71,3 +79,76 @@ def _fused_activation(name: str, graph: ModelGraph):
 def _same(a: Encoding, b: Encoding) -> bool:
     return (a.dtype == b.dtype and tuple(a.zero_point) == tuple(b.zero_point) and len(a.scale) == len(b.scale)
             and all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(a.scale, b.scale)))
+
+
+def float_biases(graph: ModelGraph, source: QdqModel | None, listed: Iterable[str]) -> list[str]:
+    """The float model's biases the source leaves in float: read by their op without a DequantizeLinear in a QDQ
+    `source`, or, for an encodings file (`source` None), not among its `listed` names."""
+    listed = set(listed)
+    nodes = {n.name: n for n in source.model.graph.node} if source is not None else {}
+    out = []
+    for name, info in graph.tensors.items():
+        if info.kind != BIAS or name in listed:
+            continue
+        if source is None:
+            out.append(name)
+            continue
+        for consumer in info.consumers:
+            node = graph.nodes.get(consumer)
+            theirs = nodes.get(consumer)
+            if node is None or theirs is None or name not in node.inputs:
+                continue
+            position = list(node.inputs).index(name)
+            value = theirs.input[position] if position < len(theirs.input) else ""
+            producer = source.producer.get(value)
+            if value and (producer is None or producer.op_type != "DequantizeLinear"):  # read as a float
+                out.append(name)
+                break
+    return out
+
+
+def weight_code_differences(source: QdqModel, names: Mapping[str, str], generated) -> list[tuple]:
+    """(weight, flat indices, the source's codes there, codes in all) for every weight whose integers in the
+    plan's `generated` model differ from the ones the QDQ `source` computes with: stored codes, or a float
+    weight's QuantizeLinear at run time (round half to even, as ONNX defines it). `names`: the source's tensor
+    name -> the float model's."""
+    ours = read(generated)
+    out = []
+    for tensor in source.params().values():
+        name = names.get(tensor.name)
+        mine = ours.tensors.get(name) if name else None
+        if mine is None or mine.kind != PARAM or mine.encoding != _with_axis(tensor.encoding, mine.encoding.axis):
+            continue
+        theirs, codes = _codes(source, tensor.name, tensor.encoding), _codes(ours, name, mine.encoding)
+        if theirs is None or codes is None or theirs.shape != codes.shape:
+            continue
+        differing = np.flatnonzero(theirs.astype(np.int64) != codes.astype(np.int64))
+        if differing.size:
+            out.append((name, differing.tolist(), theirs.reshape(-1)[differing].astype(np.int64).tolist(),
+                        int(codes.size)))
+    return out
+
+
+def _with_axis(encoding: Encoding, axis: int | None) -> Encoding:
+    return Encoding(encoding.dtype, encoding.scale, encoding.zero_point, axis if encoding.per_channel else None)
+
+
+def _codes(model: QdqModel, name: str, encoding: Encoding) -> np.ndarray | None:
+    """The integers `model` computes weight `name` with: its stored codes, or its float value quantized."""
+    stored = model.initializers.get(name + QUANTIZED_INITIALIZER_SUFFIX)
+    if stored is not None:
+        return numpy_helper.to_array(stored)
+    value = model.initializers.get(name)
+    if value is None:
+        return None
+    w = numpy_helper.to_array(value)
+    if np.issubdtype(w.dtype, np.integer):  # stored codes under the tensor's own name (AIMET writes `W_q`)
+        return w
+    w = w.astype(np.float32)
+    scale = np.asarray(encoding.scale, np.float32)
+    zero = np.asarray(encoding.zero_point, np.int64)
+    if encoding.per_channel:
+        shape = [1] * w.ndim
+        shape[encoding.axis % w.ndim] = -1
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return np.clip(np.rint(w / scale) + zero, encoding.qmin, encoding.qmax).astype(np.int64)

@@ -21,7 +21,7 @@ import onnx
 from . import encodings as encodings_format
 from . import qdq
 from .errors import MpstudioError
-from .import_check import quantized_before_activation, unapplied_encodings
+from .import_check import float_biases, quantized_before_activation, unapplied_encodings, weight_code_differences
 from .graph import BIAS, WEIGHT, ModelGraph
 from .plan import ACTIVATION_TYPES, WEIGHT_TYPES, PrecisionPlan, TensorOverride
 from .qdq import ACTIVATION, PARAM, Encoding
@@ -59,6 +59,11 @@ class ImportedPlan:
     calibrated: tuple[str, ...]
     unapplied: tuple[tuple[str, str], ...] = ()
     before_activation: tuple[str, ...] = ()  # pinned op outputs quantized ahead of their Relu/Clip, as the source
+    # Biases a QDQ source computes in float (an encodings file: the biases it does not list); the plan's model
+    # has ORT's int32 biases.
+    float_biases: tuple[str, ...] = ()
+    weight_codes: tuple[tuple[str, int, int], ...] = ()  # (weight, codes differing from the source's, codes)
+    source_codes: tuple[tuple[str, int, int], ...] = ()  # (weight, codes taken from the source, codes)
 
     def describe(self) -> str:
         lines = [f"imported {self.source} as plan {self.plan_id} ({self.plan.summary()})",
@@ -71,6 +76,17 @@ class ImportedPlan:
             lines.append(f"  {len(self.unapplied)} imported encoding(s) the plan's model does not apply (its numbers "
                          "can differ from the source's there):")
             lines += [f"    {name}: {why}" for name, why in self.unapplied]
+        if self.float_biases:
+            where = ("the source computes in float" if self.source == "QDQ model" else
+                     "not in the file (a source that computed them in float, as AIMET's sim does, differs there)")
+            lines.append(f"  {len(self.float_biases)} bias(es) {where}; the plan's model quantizes them to int32 at "
+                         f"input scale x weight scale, as the HTP computes them: {_few(self.float_biases)}")
+        if self.source_codes:
+            lines.append(f"  {len(self.source_codes)} weight(s) take the source's integer codes where ORT's quantizer "
+                         f"rounds otherwise at the same scale: {_counts(self.source_codes)}")
+        if self.weight_codes:
+            lines.append(f"  {len(self.weight_codes)} weight(s) whose integer codes still differ from the source's "
+                         f"(not stored quantized in the plan's model): {_counts(self.weight_codes)}")
         if self.skipped:
             reasons = Counter(why for _, why in self.skipped)
             for why, count in reasons.items():
@@ -91,11 +107,22 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     kind, tensors, skipped = read_import(source, graph)
     plan = derive_plan(graph, tensors)
     plan.validate(graph, study.htp_arch)
-    key = study.quantizer.save_pinned({t.name: t.encoding for t in tensors})
+    encodings = {t.name: t.encoding for t in tensors}
     stem = Path(source).stem if isinstance(source, (str, os.PathLike)) else "plan"
-    plan = replace(plan, encodings=key, name=name or f"imported {stem}")
-    plan_id = study.add_plan(plan, origin=ORIGIN)
+    plan = replace(plan, encodings=study.quantizer.save_pinned(encodings), name=name or f"imported {stem}")
     generated = study.quantizer.generate(plan)
+    model = qdq.read(source) if kind == "QDQ model" else None
+    taken, remaining = (), []
+    if model is not None:
+        names = _float_names(model, graph)
+        codes = weight_code_differences(model, names, generated)
+        if codes:  # the source rounded some weights another way: the plan's model takes its codes
+            pinned_codes = {weight: (indices, values) for weight, indices, values, _ in codes}
+            plan = replace(plan, encodings=study.quantizer.save_pinned(encodings, pinned_codes))
+            generated = study.quantizer.generate(plan)
+            taken = tuple((weight, len(indices), total) for weight, indices, _, total in codes)
+        remaining = [(w, len(i), total) for w, i, _, total in weight_code_differences(model, names, generated)]
+    plan_id = study.add_plan(plan, origin=ORIGIN)
     unapplied = unapplied_encodings(generated, graph, tensors)
     left_out = {name for name, _ in unapplied}
     kept = tuple(t.name for t in tensors if t.name not in left_out)
@@ -103,7 +130,8 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     calibrated = tuple(n for n in graph.activations() + graph.weights()
                        if n not in mentioned and graph.tensors[n].quantizable)
     return ImportedPlan(plan, plan_id, kind, kept, tuple(skipped), calibrated, tuple(unapplied),
-                        tuple(quantized_before_activation(generated, graph, kept)))
+                        tuple(quantized_before_activation(generated, graph, kept)),
+                        tuple(float_biases(graph, model, mentioned)), tuple(remaining), taken)
 
 
 def read_import(source, graph: ModelGraph) -> tuple[str, list[ImportedTensor], list[tuple[str, str]]]:
@@ -298,6 +326,11 @@ def _few(names, limit: int = _SHOWN) -> str:
     names = list(names)
     shown = ", ".join(repr(n) for n in names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _counts(rows) -> str:
+    shown = ", ".join(f"{name!r} ({count} of {total})" for name, count, total in rows[:_SHOWN])
+    return shown + (f" and {len(rows) - _SHOWN} more" if len(rows) > _SHOWN else "")
 
 
 def _close_hint(name: str, graph: ModelGraph) -> str:

@@ -26,7 +26,7 @@ from .calibrate import (CALIBRATION_METHODS, FLOAT_RANGES, CalibrationCache, cac
                         store_ranges, weight_form, weight_form_plan, with_quantized_weights)
 from .config import qnn_config, quantize_kwargs
 from .fusion import fuse_activations
-from .unfold import unfold_imported
+from .unfold import set_weight_codes, unfold_imported
 from .ort_patch import fast_ort_quantizer, quiet_ort_logging
 from .versions import GENERATOR_VERSION, toolchain_key
 
@@ -144,6 +144,7 @@ class Quantizer:
         fuse_activations(out)
         if pinned:
             unfold_imported(out, self.prepared.model, self.graph, pinned)
+            set_weight_codes(out, self.pinned_codes(plan))
 
     # ---- regeneration ------------------------------------------------------------------------------------
     def model_path(self, plan: PrecisionPlan) -> Path:
@@ -177,11 +178,15 @@ class Quantizer:
         return out
 
     # ---- imported encodings ------------------------------------------------------------------------------
-    def save_pinned(self, tensors: Mapping[str, Encoding]) -> str:
+    def save_pinned(self, tensors: Mapping[str, Encoding],
+                    codes: Mapping[str, tuple[list[int], list[int]]] | None = None) -> str:
         """Keep imported encodings (float tensor -> Encoding, per-channel ones with their axis); returns the
-        key a plan names them by (`PrecisionPlan.encodings`)."""
+        key a plan names them by (`PrecisionPlan.encodings`). `codes`: weight -> (flat indices, integer codes)
+        the source computes with where ORT's quantizer rounds otherwise; the plan's model takes them."""
         data = {name: {"dtype": e.dtype, "scale": list(e.scale), "zero_point": list(e.zero_point), "axis": e.axis}
                 for name, e in sorted(tensors.items())}
+        for name, (indices, values) in (codes or {}).items():
+            data[name]["codes"] = {"index": [int(i) for i in indices], "value": [int(v) for v in values]}
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         key = hashlib.sha256(text.encode()).hexdigest()[:16]
         path = self.encodings_dir / f"{key}.json"
@@ -203,3 +208,11 @@ class Quantizer:
         data = json.loads(path.read_text())
         return {name: Encoding(e["dtype"], tuple(e["scale"]), tuple(e["zero_point"]), e["axis"])
                 for name, e in data.items()}
+
+    def pinned_codes(self, plan: PrecisionPlan) -> dict[str, tuple[list[int], list[int]]]:
+        """The weight codes an imported plan takes from its source (weight -> flat indices, codes)."""
+        path = self.encodings_dir / f"{plan.encodings}.json"
+        if not plan.encodings or not path.exists():
+            return {}
+        return {name: (e["codes"]["index"], e["codes"]["value"])
+                for name, e in json.loads(path.read_text()).items() if "codes" in e}

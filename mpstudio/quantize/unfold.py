@@ -7,6 +7,9 @@ an encoding of their own, so AIMET's sim rounds twice there: at the op's output 
 activation's output. Where an imported encoding for such an op's output differs from the activation output's,
 this pass restores the activation and puts a Q/DQ pair with the imported encoding on the op's output, so the
 plan's model computes what the source computed.
+
+It also gives the plan's model the weight codes the source computes with where ORT's quantizer rounds a weight
+otherwise at the same scale (a value on a rounding tie, which two tools round differently).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from onnx import helper, numpy_helper
 
 from ..folding import folded_activation
 from ..graph import ModelGraph, producers_and_consumers
-from ..qdq import Encoding
+from ..qdq import QUANTIZED_INITIALIZER_SUFFIX, Encoding
 
 _NUMPY = {"uint8": np.uint8, "int8": np.int8, "uint16": np.uint16, "int16": np.int16}
 
@@ -108,6 +111,29 @@ def _restore(model, op, float_activation, name, output, encoding, float_inits, i
         helper.make_node("DequantizeLinear", [quantized, scale, zero], [dequantized],
                          name=f"{name}_DequantizeLinear"),
         activation])
+
+
+def set_weight_codes(path: str | Path, codes: Mapping[str, tuple[list[int], list[int]]]) -> list[str]:
+    """Set, in the QDQ model at `path` (rewritten in place), each weight's stored codes at the given flat indices
+    (weight -> (indices, codes)). Returns the weights changed; a weight the model does not store quantized is
+    left as it is."""
+    if not codes:
+        return []
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    changed = []
+    for name, (indices, values) in sorted(codes.items()):
+        stored = inits.get(name + QUANTIZED_INITIALIZER_SUFFIX)
+        if stored is None:
+            continue
+        array = numpy_helper.to_array(stored).copy()
+        flat = array.reshape(-1)
+        flat[np.asarray(indices, np.int64)] = np.asarray(values, np.int64).astype(array.dtype)
+        stored.CopyFrom(numpy_helper.from_array(flat.reshape(array.shape), stored.name))
+        changed.append(name)
+    if changed:
+        onnx.save(model, str(path))
+    return changed
 
 
 def _sort(model: onnx.ModelProto) -> None:

@@ -1,0 +1,74 @@
+"""What an import reports beyond encodings: the biases the source computes in float and the weights whose integer
+codes differ from the source's, on AIMET's recorded export (tests/data/aimet, no AIMET needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from test_aimet_exchange import DATA, eltwise_feeds, make_eltwise_model
+
+
+def _study(tmp_path):
+    from mpstudio.data import FeedList
+    from mpstudio.study import Study
+
+    return Study.create(tmp_path / "study", make_eltwise_model(), FeedList(eltwise_feeds(4)))
+
+
+def test_aimets_qdq_model_reports_its_float_bias_and_matching_weight_codes(tmp_path):
+    with _study(tmp_path) as study:
+        imported = study.import_plan(DATA / "eltwise_qdq.onnx")
+        # AIMET's to_onnx_qdq reads conv.bias as a float initializer; the plan's model has ORT's int32 bias.
+        assert imported.float_biases == ("conv.bias",)
+        assert "1 bias(es) the source computes in float" in imported.describe()
+        # AIMET's weight is its fake-quantized value: at the pinned scales the plan's model has the same codes.
+        assert imported.weight_codes == ()
+        # The encodings file lists no bias either: the report says the plan's model derives it.
+        from_file = study.import_plan(DATA / "eltwise.encodings", name="from file")
+        assert from_file.float_biases == ("conv.bias",) and "not in the file" in from_file.describe()
+
+
+def test_the_plans_model_takes_the_weight_codes_the_source_rounded_another_way(tmp_path):
+    model = onnx.load(str(DATA / "eltwise_qdq.onnx"))
+    inits = {i.name: i for i in model.graph.initializer}
+    weight = numpy_helper.to_array(inits["conv.weight"]).copy()
+    scale = numpy_helper.to_array(inits["conv.weight_scale"])
+    weight[2, 1, 0, 0] += scale[2]  # one code one step up, as another rounding of a tie would give
+    weight[5, 0, 2, 2] -= scale[5]
+    inits["conv.weight"].CopyFrom(numpy_helper.from_array(weight, "conv.weight"))
+    changed = tmp_path / "changed_qdq.onnx"
+    onnx.save(model, str(changed))
+    # AIMET's weight is codes x scale: its codes are the weight over the scale, exactly.
+    aimets_codes = np.rint(weight / scale.reshape(-1, 1, 1, 1)).astype(np.int64)
+    with _study(tmp_path) as study:
+        plain = study.quantizer.generate(study.import_plan(DATA / "eltwise_qdq.onnx").plan)
+        imported = study.import_plan(changed, name="changed")
+        assert imported.source_codes == (("conv.weight", 2, weight.size),) and imported.weight_codes == ()
+        assert "'conv.weight' (2 of 216)" in imported.describe()
+        ours = study.quantizer.generate(imported.plan)
+        stored = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(ours)).graph.initializer}
+        np.testing.assert_array_equal(stored["conv.weight_quantized"], aimets_codes)
+        before = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(plain)).graph.initializer}
+        assert np.count_nonzero(before["conv.weight_quantized"] != aimets_codes) == 2  # what ORT alone gives
+        # The outputs follow: the plan's model computes what the changed source computes on ORT's CPU.
+        from mpstudio.data import FeedList
+        from mpstudio.loop.inprocess import run_outputs
+
+        feeds = FeedList(eltwise_feeds(4, seed=2))
+        source_out = np.stack([o["y"] for o in run_outputs(changed, feeds)])
+        plan_out = np.stack([o["y"] for o in run_outputs(ours, feeds)])
+        plain_out = np.stack([o["y"] for o in run_outputs(plain, feeds)])
+        assert np.abs(plan_out - source_out).max() <= np.abs(plain_out - source_out).max()
+
+
+def test_a_plans_own_qdq_model_imports_with_no_such_difference(tmp_path):
+    with _study(tmp_path) as study:
+        first = study.import_plan(DATA / "eltwise_qdq.onnx")
+        own = study.quantizer.generate(first.plan)  # int32 biases, stored weight codes
+        again = study.import_plan(own, name="again")
+        assert again.float_biases == () and again.weight_codes == ()
+        codes = numpy_helper.to_array({i.name: i for i in onnx.load(str(own)).graph.initializer}
+                                      ["conv.weight_quantized"])
+        assert codes.dtype == np.int8
