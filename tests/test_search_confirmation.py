@@ -172,6 +172,9 @@ def test_a_budget_spent_on_misses_says_which_dearer_plans_were_not_confirmed(tmp
         for name in ("a8w8+2x16", "a8w8+4x16", "a16w8"):
             assert f"plan {stored.ids[name]} {name}" in note
         assert "a8w8+3x16" in note  # dominated on the CPU, still a candidate
+        from mpstudio.widgets.search_card import search_card_html
+
+        assert "4 dearer plan(s)" in search_card_html(result)  # the studio's card says it too
 
 
 @pytest.mark.htp
@@ -196,3 +199,6 @@ def test_a_pick_within_noise_on_the_htp_is_reported_as_such(tmp_path):
         text = result.describe()
         assert f"within noise of the target on {htp.accuracy_source}" in text
         assert "is within noise of it on" in text  # CPU reaches, HTP within noise: said where they disagree
+        from mpstudio.widgets.search_card import search_card_html
+
+        assert ">within noise</span>" in search_card_html(result)  # the card's CPU/HTP table
