@@ -1,5 +1,6 @@
-"""The HTP confirmation of a search: the plans of the walk's front around its pick evaluated on the HTP too,
-and the recommendation made on the HTP's numbers."""
+"""The HTP confirmation of a search: the walk's pick evaluated on the HTP, then its neighbours (cheaper plans of
+the walk's front when the pick reaches the target there, every dearer plan the walk evaluated when it clearly
+misses), a pick within noise of the target reported as such, and the recommendation made on the HTP's numbers."""
 
 from __future__ import annotations
 
@@ -10,21 +11,26 @@ from ..store import Evaluation
 from ..loop.build_failures import BuildFailed, BuildFailure
 from ..loop.front import pareto_mask
 from .choice import choose, stored_evaluations
+from .evidence import MISSES, REACHES, WITHIN_NOISE
 from .recommend import better_for_little_more, estimate_ms
 from .result import Confirmation, SearchResult
 from .walk import Walk
 
 
 def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> SearchResult:
-    """`result` with the front around its pick evaluated on `backend` too, and recommended on its numbers.
+    """`result` with its pick and the plans around it evaluated on `backend` too, and recommended on its numbers.
 
-    From the walk's pick along the front of the walk's evaluations (value against estimated latency):
-    when the pick reaches the target on `backend`, the next cheaper plans while they reach it too (the
-    walk's backend may have been pessimistic); when it misses, the next dearer ones until one reaches it;
-    at most `max_plans` evaluations (`walk_front`). A plan the backend cannot build is infeasible there: it is
-    stored as such (`loop.build_failures`), passed over for the next plan of the front, and listed in the result.
+    The candidates are `confirmation_order`'s: the cheaper plans of the walk's front, the pick, then every dearer
+    plan the walk's source holds by estimated latency (mixed plans the front leaves out included, all-16-bit
+    last). When the pick reaches the target on `backend`, the next cheaper plans while they reach it too (the
+    walk's backend may have been pessimistic); when it clearly misses, the next dearer ones until one reaches it
+    or is within noise of it; when it is within noise (it meets or misses the threshold by less than the metric's
+    resolution, or the threshold lies inside its interval: `evidence.TargetEvidence`), nothing more: the result
+    says so. At most `max_plans` evaluations (`walk_front`). A plan the backend cannot build is infeasible there:
+    it is stored as such (`loop.build_failures`), passed over for the next candidate, and listed in the result.
     The recommendation is then chosen over every plan the study holds from `backend` (`choice.choose`, so only
-    plans that built): the cheapest that reaches the target, else the most accurate, never dominated.
+    plans that built): the cheapest that clearly reaches the target, else the cheapest within noise of it, else
+    the most accurate, never dominated.
     """
     if walk.runner is None and backend == "htp":
         from ..runtime import register_qnn
@@ -34,13 +40,14 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
         except MpstudioError as exc:
             return replace(result, confirm_note=f"not confirmed on the HTP: {exc} (search with --backend htp "
                                                 "or an --agent, or pass confirm=None to skip this step)")
-    front = _front(walk, result.recommended)
-    at = next(i for i, e in enumerate(front) if e.plan_id == result.recommended.plan_id)
+    front, at = _candidates(walk, result.recommended)
     done: list[Confirmation] = []
     unbuilt: list[BuildFailure] = []
+    tried: set[int] = set()
 
-    def check(i: int) -> bool | None:
+    def check(i: int):
         e = front[i]
+        tried.add(i)
         walk.check_cancel()
         job = walk.study.submit(walk.study.plan(e.plan_id), backend, origin=f"search {walk.search_id} confirm",
                                 search_id=walk.search_id)
@@ -50,13 +57,15 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
             unbuilt.append(exc.failure)
             if walk.progress:
                 walk.progress(len(done), max_plans, f"search: {e.name} cannot be built on {exc.failure.where}; "
-                                                    "trying the next plan of the front")
+                                                    "trying the next candidate")
             return None
-        done.append(Confirmation(e, confirmed))
+        verdict = walk.evidence.verdict(confirmed)
+        done.append(Confirmation(e, confirmed, walk.evidence.verdict(e), verdict))
         if walk.progress:
             walk.progress(len(done), max_plans, f"search: confirmed {e.name} on {confirmed.accuracy_source}: "
-                                                f"{confirmed.metric} {confirmed.value:.4f} (walk {e.value:.4f})")
-        return walk.reaches(confirmed)
+                                                f"{confirmed.metric} {confirmed.value:.4f} (walk {e.value:.4f}), "
+                                                f"{verdict}")
+        return {REACHES: True, MISSES: False}.get(verdict, WITHIN_NOISE)
 
     failure = ""
     try:
@@ -69,21 +78,24 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
             failure = (f"no plan of the front could be built on {unbuilt[0].where} ({len(unbuilt)} tried): the "
                        "recommendation stands on the walk's numbers alone and may not build there either")
         return replace(result, confirm_note=failure, unbuildable=(*result.unbuildable, *unbuilt))
-    return _recommend(walk, result, done, failure, tuple(unbuilt))
+    return _recommend(walk, result, done, failure or _untried_note(done, front, at, tried, max_plans),
+                      tuple(unbuilt))
 
 
 def walk_front(n: int, at: int, check, full) -> None:
-    """Confirm along a front of `n` plans (cheapest first) from the pick at `at`: `check(i)` says whether plan i
-    reaches the target on the confirming backend (None: it cannot be built there), `full()` whether the budget is
-    spent. The first plan that builds, from the pick on (dearer ones first, then cheaper), sets the direction:
-    when it reaches the target, cheaper plans follow while they reach it too (the walk's backend may have been
-    pessimistic); when it misses, dearer ones until one reaches it. Plans that cannot be built are passed over;
-    when no dearer plan that builds reaches the target and some dearer ones could not be built, the cheaper ones
-    follow (while they reach it, once one does): they are what is left to recommend from."""
+    """Confirm along `n` candidate plans (cheapest first: `confirmation_order`) from the pick at `at`: `check(i)`
+    says whether plan i reaches the target on the confirming backend (True), clearly misses it (False), is within
+    noise of it (`WITHIN_NOISE`) or cannot be built there (None); `full()` whether the budget is spent. The first
+    plan that builds, from the pick on (dearer ones first, then cheaper), sets the direction: when it reaches the
+    target, cheaper plans follow while they reach it too (the walk's backend may have been pessimistic); when it
+    clearly misses, dearer ones until one reaches it or is within noise of it; when it is within noise, nothing
+    follows (a difference the samples cannot tell calls for no dearer plan). Plans that cannot be built are passed
+    over; when no dearer plan that builds reaches the target and some dearer ones could not be built, the cheaper
+    ones follow (while they reach it, once one does): they are what is left to recommend from."""
     tried: set[int] = set()
     unbuilt: set[int] = set()
 
-    def verdict(i: int) -> bool | None:
+    def verdict(i: int):
         tried.add(i)
         found = check(i)
         if found is None:
@@ -98,15 +110,15 @@ def walk_front(n: int, at: int, check, full) -> None:
         if reaches is not None:
             anchor = i
             break
-    if anchor is None:
+    if anchor is None or reaches == WITHIN_NOISE:
         return
-    step = -1 if reaches else 1
+    step = -1 if reaches is True else 1
     i = anchor + step
     while 0 <= i < n and not full():
         if i not in tried:
             found = verdict(i)
-            if found is not None and found != (step == -1):
-                return  # a cheaper one misses, or a dearer one reaches it: the edge is found
+            if found is not None and found is not (step == -1):
+                return  # a cheaper one misses, or a dearer one reaches it (or is within noise): the edge is found
         i += step
     if step == 1 and any(i > anchor for i in unbuilt):
         reached = False
@@ -115,21 +127,53 @@ def walk_front(n: int, at: int, check, full) -> None:
                 return
             if i not in tried:
                 found = verdict(i)
-                if reached and found is False:
+                if found == WITHIN_NOISE or (reached and found is False):
                     return
-                reached = reached or bool(found)
+                reached = reached or found is True
 
 
-def _front(walk: Walk, recommended: Evaluation) -> list[Evaluation]:
-    """The front of the study's plans on the walk's source (value against estimated latency) with its pick,
-    cheapest first."""
-    unique = list({e.plan_id: e for e in walk.stored()}.values())
-    on_front = pareto_mask([e.value for e in unique], [estimate_ms(e) for e in unique], walk.hib)
-    front = [e for e, keep in zip(unique, on_front) if keep]
-    if all(e.plan_id != recommended.plan_id for e in front):
-        front.append(recommended)
-    front.sort(key=lambda e: (estimate_ms(e), e.plan_id))
-    return front
+def confirmation_order(stored, pick: Evaluation, higher_is_better: bool, all_sixteen,
+                       latency_budget_ms: float | None = None) -> tuple[list[Evaluation], int]:
+    """The plans a confirmation may try, in the order `walk_front` reads them, and the pick's place among them.
+    Before the pick: the plans of the front of `stored` (one accuracy source; value against estimated latency)
+    cheaper than it, cheapest first. After it: every other stored plan at least as dear and within the latency
+    budget, by estimated latency, the ones the front leaves out included (the confirming backend can order two
+    plans differently from the walk's), with the plans `all_sixteen(e)` says keep every activation at 16 bits
+    last, so that a partial promotion is tried before all-16-bit."""
+    unique = list({e.plan_id: e for e in stored}.values())
+    if all(e.plan_id != pick.plan_id for e in unique):
+        unique.append(pick)
+
+    def key(e):
+        return estimate_ms(e), e.plan_id
+    on_front = pareto_mask([e.value for e in unique], [estimate_ms(e) for e in unique], higher_is_better)
+    cheaper = sorted((e for e, keep in zip(unique, on_front) if keep and key(e) < key(pick)), key=key)
+    taken = {e.plan_id for e in cheaper} | {pick.plan_id}
+    dearer = [e for e in unique if e.plan_id not in taken and estimate_ms(e) >= estimate_ms(pick)
+              and (latency_budget_ms is None or estimate_ms(e) <= latency_budget_ms)]
+    dearer.sort(key=lambda e: (bool(all_sixteen(e)), *key(e)))
+    return [*cheaper, pick, *dearer], len(cheaper)
+
+
+def _candidates(walk: Walk, pick: Evaluation) -> tuple[list[Evaluation], int]:
+    """`confirmation_order` over every plan of the study on the walk's source."""
+    return confirmation_order(walk.stored(), pick, walk.hib,
+                              lambda e: walk.study.plan(e.plan_id).activation_type == "uint16",
+                              walk.latency_budget_ms)
+
+
+def _untried_note(done: list[Confirmation], front: list[Evaluation], at: int, tried: set[int], max_plans: int) -> str:
+    """What the budget left out when no confirmed plan reaches the target or is within noise of it: the dearer
+    candidates not confirmed ("" when there are none, or a confirmed plan answers)."""
+    if any(c.verdict in (REACHES, WITHIN_NOISE) for c in done):
+        return ""
+    left = [front[i] for i in range(at + 1, len(front)) if i not in tried]
+    if not left:
+        return ""
+    names = ", ".join(f"plan {e.plan_id} {e.name}" for e in left[:4]) + (", ..." if len(left) > 4 else "")
+    return (f"no confirmed plan reaches the target on {done[0].confirmed.accuracy_source}; {len(left)} dearer plan(s) "
+            f"the walk evaluated were not confirmed within --confirm-plans {max_plans} ({names}): raise it to "
+            "confirm them")
 
 
 def _recommend(walk: Walk, result: SearchResult, done: list[Confirmation], failure: str,

@@ -39,7 +39,8 @@ class SearchResult:
     float_value: float | None = None
     alternatives: tuple = ()  # of Evaluation, by estimated latency
     confirmations: tuple = ()  # of Confirmation, in the order they ran
-    confirm_note: str = ""  # why the front was not confirmed (empty when it was, or was not asked for)
+    # Why the front was not confirmed, or what the confirmation's budget left out (empty when nothing is to be said)
+    confirm_note: str = ""
     walk_pick: Evaluation | None = None  # the walk's own pick, when the confirmation changed the recommendation
     considered: tuple = ()  # of choice.Considered: every stored plan the recommendation chose among
     choice: str = ""  # why the recommended plan, in words
@@ -137,7 +138,8 @@ class SearchResult:
                          f"{self._noise_note()})" + (f", {est}" if est else ""))
         else:
             relative = f", {self.misses_by / abs(self.threshold):.1%} of it" if self.threshold else ""
-            lines.append(f"recommended (the closest): plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f}"
+            label = "within noise of the target" if self.within_noise else "the closest"
+            lines.append(f"recommended ({label}): plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f}"
                          f"{r.interval_text()} [{r.accuracy_source}], misses the threshold by {self.misses_by:.4f}"
                          f"{relative}{self._noise_note()}" + (f"; {est}" if est else ""))
         if self.walk_pick is not None:
@@ -187,10 +189,8 @@ class SearchResult:
                  "sample):",
                  f"  {'plan':>6} {'name':<24} {walk[:26]:>26} {confirmed[:26]:>26} {'est. ms':>8}"]
         for c in sorted(self.confirmations, key=lambda c: estimate_ms(c.walk)):
-            cells = []
-            for e in (c.walk, c.confirmed):
-                ok = meets(e.value, self.threshold, self.higher_is_better)
-                cells.append(f"{e.value:.4f} {'reaches' if ok else 'misses'}")
+            cells = [f"{e.value:.4f} {verdict}" for e, verdict in
+                     zip((c.walk, c.confirmed), c.verdicts(self.threshold, self.higher_is_better))]
             lines.append(f"  {c.walk.plan_id:>6} {c.walk.name[:24]:<24} {cells[0]:>26} {cells[1]:>26} "
                          f"{estimate_ms(c.walk):>8.3f}")
         found = self.disagreements
@@ -201,28 +201,42 @@ class SearchResult:
 
 @dataclass(frozen=True)
 class Confirmation:
-    """One plan of a search's front as the walk scored it (`walk`) and as the confirming backend did."""
+    """One plan as the walk scored it (`walk`) and as the confirming backend did, with what each value says of the
+    target (`walk_verdict`, `verdict`: "reaches", "misses" or "within noise", `evidence.TargetEvidence`; empty
+    when not judged, and the value is then read against the threshold alone)."""
 
     walk: Evaluation
     confirmed: Evaluation
+    walk_verdict: str = ""
+    verdict: str = ""
+
+    def verdicts(self, threshold: float, higher_is_better: bool) -> tuple[str, str]:
+        """(on the walk's backend, on the confirming one)."""
+        return tuple(v or ("reaches" if meets(e.value, threshold, higher_is_better) else "misses")
+                     for v, e in ((self.walk_verdict, self.walk), (self.verdict, self.confirmed)))
 
     def to_json(self, threshold: float, higher_is_better: bool) -> dict:
+        verdicts = dict(zip(("walk", "confirmed"), self.verdicts(threshold, higher_is_better)))
         return {"plan_id": self.walk.plan_id, "name": self.walk.name, "estimate_ms": estimate_ms(self.walk),
                 **{f"{key}_{field}": value for key, e in (("walk", self.walk), ("confirmed", self.confirmed))
                    for field, value in (("source", e.accuracy_source), ("value", e.value),
-                                        ("reaches", meets(e.value, threshold, higher_is_better)))}}
+                                        ("reaches", verdicts[key] == "reaches"), ("verdict", verdicts[key]))}}
+
+
+_SAYS = {"reaches": "reaches the target", "misses": "misses the target", "within noise": "is within noise of the target"}
 
 
 def disagreements(confirmations, threshold: float, higher_is_better: bool) -> list[str]:
     """Where two backends disagree over the same plans: a plan that reaches `threshold` on one and not on the
-    other, and pairs of plans the two order differently (ties on either side are no disagreement)."""
+    other (or is within noise of it on one only), and pairs of plans the two order differently (ties on either
+    side are no disagreement)."""
     found = []
     for c in confirmations:
-        walk, confirmed = (meets(e.value, threshold, higher_is_better) for e in (c.walk, c.confirmed))
+        walk, confirmed = c.verdicts(threshold, higher_is_better)
         if walk != confirmed:
-            found.append(f"plan {c.walk.plan_id} {c.walk.name} {'reaches' if walk else 'misses'} the target on "
-                         f"{c.walk.accuracy_source} ({c.walk.value:.4f}) and {'reaches' if confirmed else 'misses'} "
-                         f"it on {c.confirmed.accuracy_source} ({c.confirmed.value:.4f})")
+            found.append(f"plan {c.walk.plan_id} {c.walk.name} {_SAYS[walk]} on {c.walk.accuracy_source} "
+                         f"({c.walk.value:.4f}) and {_SAYS[confirmed].replace(' the target', ' it')} on "
+                         f"{c.confirmed.accuracy_source} ({c.confirmed.value:.4f})")
     sign = 1.0 if higher_is_better else -1.0
     items = list(confirmations)
     for i, a in enumerate(items):

@@ -10,7 +10,6 @@ import panel as pn
 import param
 
 from ..search.recommend import LITTLE_MORE, MUCH_BETTER, estimate_ms
-from ..search.targets import meets
 from .base import View, laid_out_once
 from .state import StudioState
 
@@ -57,18 +56,17 @@ def _confirmation_table(result) -> str:
     rows = []
     for c in sorted(result.confirmations, key=lambda c: estimate_ms(c.walk)):
         cells = []
-        for e in (c.walk, c.confirmed):
-            ok = meets(e.value, result.threshold, result.higher_is_better)
-            colour = "#1a7f37" if ok else "#b42318"
-            cells.append(f"<td style='{_CELL}'>{e.value:.4f} <span style='color:{colour}'>"
-                         f"{'reaches' if ok else 'misses'}</span></td>")
+        for e, verdict in zip((c.walk, c.confirmed), c.verdicts(result.threshold, result.higher_is_better)):
+            colour = {"reaches": "#1a7f37", "misses": "#b42318"}.get(verdict, "#9a6700")
+            cells.append(f"<td style='{_CELL}'>{e.value:.4f} <span style='color:{colour}'>{verdict}</span></td>")
         mark = " style='background:#fff4d6'" if c.walk.plan_id == result.recommended.plan_id else ""
         rows.append(f"<tr{mark}><td style='{_CELL}'>{c.walk.plan_id}</td><td style='{_CELL};text-align:left'>"
                     f"{html.escape(c.walk.name)}</td>{''.join(cells)}<td style='{_CELL}'>"
                     f"{_ms(estimate_ms(c.walk))}</td></tr>")
     return (f"<table style='border-collapse:collapse;font-size:12px;margin:4px 0'><tr><th style='{_HEAD}'>plan</th>"
             f"<th style='{_HEAD};text-align:left'>name</th><th style='{_HEAD}'>{walk}</th>"
-            f"<th style='{_HEAD}'>{confirmed}</th><th style='{_HEAD}'>estimate</th></tr>{''.join(rows)}</table>")
+            f"<th style='{_HEAD}'>{confirmed}</th><th style='{_HEAD}'>estimate</th></tr>{''.join(rows)}</table>"
+            + (f"<p style='color:#555'>{html.escape(result.confirm_note)}</p>" if result.confirm_note else ""))
 
 
 def _disagreements(result) -> str:
