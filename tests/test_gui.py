@@ -51,7 +51,10 @@ def test_box_select_promote_evaluate_and_see_the_new_point(page, studio):
 
     before = source_column(page, "points", "plan_id") or []  # the promote evaluates the plan too (on edit)
     page.get_by_role("button", name="Promote to 16-bit").click()
-    wait_until(lambda: set(state.plan.overrides) == set(expected), 10)
+    # 30 s: served studios measure the per-channel baselines in the background, so a loaded machine answers late.
+    wait_until(lambda: set(state.plan.overrides) == set(expected), 30,
+               message=f"the plan's overrides {sorted(state.plan.overrides)} are not the selection {sorted(expected)}"
+               f" (plan {state.plan.name})")
     wait_until(lambda: all((source_column(page, "nodes", "bits") or [""] * len(ids))[i] == "16"
                            for i in inside if state.tensors is not None), 10, message="promoted nodes are not drawn as 16-bit")
 
