@@ -37,6 +37,15 @@ POOL_OPS = {"AveragePool", "MaxPool", "LpPool"}
 OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normalize", "resize", "reduce", "pool",
               "dma", "layout", "convert")
 
+# Mechanisms of the cost formulas that can be switched off, to measure what each moves
+# (benchmarks/latency_fit.py --without NAME; docs/latency.md, "Mechanisms"):
+#   layout_look_through: an activation after a metadata-only reshape of a matrix op's output still fuses into or
+#     overlaps with that matrix op;
+#   clamp_after_vector: a Relu/Clip after a vector op in the same type fuses into it (BatchNorm -> Relu);
+#   channels_last_transpose: a 4-D Transpose that only moves channels to or from the last axis is free (the HTP
+#     keeps activations channels-last).
+MECHANISMS = {"layout_look_through": True, "clamp_after_vector": True, "channels_last_transpose": True}
+
 TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
              "uint4": 4, "int4": 4}
 
