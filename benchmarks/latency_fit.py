@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import math
 import pickle
@@ -103,6 +104,7 @@ def features(cache: Path, names) -> dict[tuple[str, str], latency.OpFeatures]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
 def _formulas_key() -> str:
     """What the features depend on besides the model: the cost model's reading code and its switched mechanisms."""
     code = b"".join(p.read_bytes() for p in sorted(Path(latency.__file__).parent.glob("*.py")) if p.name != "arch.py")
