@@ -93,3 +93,22 @@ def test_relu_after_batchnorm_fuses_into_it():
     assert fused.loc["relu", "engine"] == "fused" and fused.loc["relu", "ms"] == 0
     apart = estimate_latency(_bn_relu(second_reader=True)).ops.set_index("node")
     assert apart.loc["relu", "engine"] == "hvx" and apart.loc["relu", "ms"] > 0
+
+
+def _conv_prelu():
+    rng = np.random.default_rng(0)
+    consts = {"w": rng.normal(0, 0.05, (64, 64, 3, 3)).astype(np.float32),
+              "slope": np.full((64, 1, 1), 0.25, np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("PRelu", ["c", "slope"], ["y"], name="prelu")]
+    return _model(nodes, consts, [1, 64, 64, 64], [1, 64, 64, 64])
+
+
+def test_prelu_is_an_op_of_its_own_overlapped_with_its_conv(monkeypatch):
+    rows = estimate_latency(_conv_prelu()).ops.set_index("node")
+    assert rows.loc["prelu", "engine"] == "hvx"
+    # Its vector time hides behind the convolution: what remains is its fixed per-op cost.
+    assert rows.loc["prelu", "hidden_ms"] > 0
+    assert rows.loc["prelu", "ms"] == pytest.approx(rows.loc["prelu", "overhead_ms"], rel=1e-6)
+    monkeypatch.setitem(MECHANISMS, "prelu_overlaps", False)
+    assert estimate_latency(_conv_prelu()).ops.set_index("node").loc["prelu", "engine"] == "fused"

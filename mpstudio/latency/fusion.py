@@ -181,7 +181,10 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
         # A bias, or a scale by a constant, folds into the matrix op's output requantization.
         folds = (op.op_type == "Add" and op.weight_bytes > 0 and src.op_type in ("MatMul", "Gemm")
                  or op.op_type in ("Mul", "Div") and 0 < op.weight_bytes <= 4)
-        if op.op_type in _FUSABLE or folds:
+        # PReLU (a per-channel slope) is a layer of its own on the device, run while the matrix unit works.
+        if op.op_type == "PRelu" and MECHANISMS["prelu_overlaps"] and op.engine == "hvx":
+            op.hidden_by = index
+        elif op.op_type in _FUSABLE or folds:
             op.engine = "fused"
             for out, _, _ in op.outputs:
                 producer[out] = index

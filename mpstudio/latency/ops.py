@@ -43,8 +43,11 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 #     overlaps with that matrix op;
 #   clamp_after_vector: a Relu/Clip after a vector op in the same type fuses into it (BatchNorm -> Relu);
 #   channels_last_transpose: a 4-D Transpose that only moves channels to or from the last axis is free (the HTP
-#     keeps activations channels-last).
-MECHANISMS = {"layout_look_through": True, "clamp_after_vector": True, "channels_last_transpose": True}
+#     keeps activations channels-last);
+#   prelu_overlaps: a PReLU after a matrix op runs as an op of its own on HVX, overlapped with that matrix op (the
+#     device's layer counts show one layer per PReLU), instead of fusing into it.
+MECHANISMS = {"layout_look_through": True, "clamp_after_vector": True, "channels_last_transpose": True,
+              "prelu_overlaps": True}
 
 TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
              "uint4": 4, "int4": 4}
