@@ -201,6 +201,8 @@ def main(argv=None) -> int:
     print("building and reading the models (cached):", flush=True)
     priced = fitting.Priced(features(cache, set(data["model"])))
     start = {**latency.HTP_ARCHS, **latency.arch.DEVICE_ARCHS}
+    for device, generation in fitting.FIT_DEVICES.items():  # stored constants without a device's own: its generation's
+        start.setdefault(device, latency.arch.device_variant(start[generation], device, 1.0, 1.0))
     t0 = time.perf_counter()
     fixed = tuple(args.fix)
     fitted = fitting.fit_constants(priced, data, start, latency.SPREAD, args.iterations, fixed)
