@@ -182,6 +182,8 @@ def main(argv=None) -> int:
     parser.add_argument("--without", action="append", default=[], choices=sorted(MECHANISMS), metavar="MECHANISM",
                         help="switch a mechanism of the cost formulas off, to measure the rows it moves "
                              f"({', '.join(sorted(MECHANISMS))})")
+    parser.add_argument("--with", dest="with_", action="append", default=[], choices=sorted(MECHANISMS),
+                        metavar="MECHANISM", help="switch a mechanism that is off by default on")
     parser.add_argument("--only", action="append", default=[], metavar="ARCHITECTURE",
                         help="cross-validate leaving out only these architectures (the fits still use every other "
                              "row): a quicker look at the rows a change moves; the gate needs the full run")
@@ -190,6 +192,8 @@ def main(argv=None) -> int:
     paths = args.data or DATA
     for name in args.without:
         MECHANISMS[name] = False
+    for name in args.with_:
+        MECHANISMS[name] = True
     cache = args.cache or cache_root() / "latency-fit"
     data = published(paths, device_constants=not args.shared_v73)
     buildable = set(BUILT)

@@ -37,17 +37,18 @@ POOL_OPS = {"AveragePool", "MaxPool", "LpPool"}
 OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normalize", "resize", "reduce", "pool",
               "dma", "layout", "convert")
 
-# Mechanisms of the cost formulas that can be switched off, to measure what each moves
-# (benchmarks/latency_fit.py --without NAME; docs/latency.md, "Mechanisms"):
+# Mechanisms of the cost formulas that can be switched, to measure what each moves
+# (benchmarks/latency_fit.py --with / --without NAME; docs/latency.md, "Mechanisms"):
 #   layout_look_through: an activation after a metadata-only reshape of a matrix op's output still fuses into or
 #     overlaps with that matrix op;
 #   clamp_after_vector: a Relu/Clip after a vector op in the same type fuses into it (BatchNorm -> Relu);
 #   channels_last_transpose: a 4-D Transpose that only moves channels to or from the last axis is free (the HTP
-#     keeps activations channels-last);
+#     keeps activations channels-last; but it also frees a transformer's key transpose [B,S,H,D] -> [B,H,D,S],
+#     which moves data: it needs the tensor's axis format, not its rank);
 #   prelu_overlaps: a PReLU after a matrix op runs as an op of its own on HVX, overlapped with that matrix op (the
 #     device's layer counts show one layer per PReLU), instead of fusing into it.
-# On: those that reduced the cross-validation's misses. Off: measured and rejected, kept to be measured again
-# (docs/latency.md, "Mechanisms").
+# On: what held in the cross-validation and leaves the six fitted architectures' in-sample rows unchanged. Off:
+# measured and rejected (more cross-validation misses), kept to be measured again.
 MECHANISMS = {"layout_look_through": False, "clamp_after_vector": False, "channels_last_transpose": False,
               "prelu_overlaps": True}
 
