@@ -190,11 +190,15 @@ def fit_constants(priced: Priced, rows: pd.DataFrame, start: Mapping[str, HtpArc
 
 # ---- cross-validation ------------------------------------------------------------------------------------------
 def cross_validate(priced: Priced, rows: pd.DataFrame, start: Mapping[str, HtpArch], iterations: int = 60,
-                   progress: Callable[[str], None] | None = None, fixed: tuple[str, ...] = ()) -> np.ndarray:
-    """Each row's estimate by constants fitted without its model (leave one architecture out)."""
+                   progress: Callable[[str], None] | None = None, fixed: tuple[str, ...] = (),
+                   models=None) -> np.ndarray:
+    """Each row's estimate by constants fitted without its model (leave one architecture out); only the rows of
+    `models` when given (the others NaN)."""
     spread = start[FIT_ARCHS[0]].spread
     out = np.full(len(rows), np.nan)
     for model in dict.fromkeys(rows["model"]):
+        if models and model not in models:
+            continue
         held = (rows["model"] == model).to_numpy()
         archs = fit_constants(priced, rows[~held].reset_index(drop=True), start, spread, iterations, fixed)
         out[held] = estimates(archs, priced, rows[held].reset_index(drop=True))

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .ops import HVX_CLASS, HtpOp
+from .ops import HVX_CLASS, MECHANISMS, HtpOp
 
 # Activations the HTP fuses into the matrix op before them, in every precision (QNN HTP guidelines).
 _FUSABLE = {"Relu", "Clip", "LeakyRelu", "PRelu", "HardSwish"}
 # Element-wise activations that run on HVX after a matrix op and can overlap with it.
+# Clamps that fuse into the vector op before them (the op's output stage applies them).
+_CLAMPS = {"Relu", "Clip"}
 _OVERLAPPING = {"SiLU", "Gelu", "Sigmoid", "Tanh", "HardSigmoid", "Elu", "Add", "Mul"}
 
 
@@ -159,13 +161,30 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
         name, received, _ = op.inputs[0]
         index = producer.get(name)
         src = ops[index] if index is not None else None
+        # A metadata-only reshape between them (MatMul -> Gemm rewrites add them) moves no data: look through it.
+        while (src is not None and src.engine == "none" and len(src.inputs) == 1
+               and len(graph.readers[name]) == 1 and MECHANISMS["layout_look_through"]):
+            name = src.inputs[0][0]
+            index = producer.get(name)
+            src = ops[index] if index is not None else None
+        if (src is not None and src.engine == "hvx" and src.kind == "compute" and op.op_type in _CLAMPS
+                and MECHANISMS["clamp_after_vector"] and len(graph.readers[name]) == 1
+                and received == src.outputs[0][1]):
+            # A clamp after a vector op in the same type (BatchNorm -> Relu) is applied as that op writes.
+            op.engine = "fused"
+            for out, _, _ in op.outputs:
+                producer[out] = index
+            continue
         # A convert between the two (a precision boundary) keeps them apart.
         if src is None or src.engine != "hmx" or len(graph.readers[name]) != 1 or received != src.outputs[0][1]:
             continue
         # A bias, or a scale by a constant, folds into the matrix op's output requantization.
         folds = (op.op_type == "Add" and op.weight_bytes > 0 and src.op_type in ("MatMul", "Gemm")
                  or op.op_type in ("Mul", "Div") and 0 < op.weight_bytes <= 4)
-        if op.op_type in _FUSABLE or folds:
+        # PReLU (a per-channel slope) is a layer of its own on the device, run while the matrix unit works.
+        if op.op_type == "PRelu" and MECHANISMS["prelu_overlaps"] and op.engine == "hvx":
+            op.hidden_by = index
+        elif op.op_type in _FUSABLE or folds:
             op.engine = "fused"
             for out, _, _ in op.outputs:
                 producer[out] = index

@@ -37,6 +37,21 @@ POOL_OPS = {"AveragePool", "MaxPool", "LpPool"}
 OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normalize", "resize", "reduce", "pool",
               "dma", "layout", "convert")
 
+# Mechanisms of the cost formulas that can be switched, to measure what each moves
+# (benchmarks/latency_fit.py --with / --without NAME; docs/latency.md, "Mechanisms"):
+#   layout_look_through: an activation after a metadata-only reshape of a matrix op's output still fuses into or
+#     overlaps with that matrix op;
+#   clamp_after_vector: a Relu/Clip after a vector op in the same type fuses into it (BatchNorm -> Relu);
+#   channels_last_transpose: a 4-D Transpose that only moves channels to or from the last axis is free (the HTP
+#     keeps activations channels-last; but it also frees a transformer's key transpose [B,S,H,D] -> [B,H,D,S],
+#     which moves data: it needs the tensor's axis format, not its rank);
+#   prelu_overlaps: a PReLU after a matrix op runs as an op of its own on HVX, overlapped with that matrix op (the
+#     device's layer counts show one layer per PReLU), instead of fusing into it.
+# All off: each, measured alone or with the others, left more cross-validation misses than without it (the
+# refit moves other architectures' rows); kept to be measured again with the next formula changes.
+MECHANISMS = {"layout_look_through": False, "clamp_after_vector": False, "channels_last_transpose": False,
+              "prelu_overlaps": False}
+
 TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
              "uint4": 4, "int4": 4}
 

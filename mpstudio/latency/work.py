@@ -9,7 +9,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .ops import DEFAULT_CLASS, HVX_CLASS, LAYOUT_OPS, MOVER_OPS, POOL_OPS, REDUCE_OPS, HtpOp
+from .ops import (DEFAULT_CLASS, HVX_CLASS, LAYOUT_OPS, MECHANISMS, MOVER_OPS, POOL_OPS, REDUCE_OPS,
+                  HtpOp)
 
 _HMX_DEPTH = 32  # HTP stores activations in channel blocks of 32; HMX works on whole blocks
 
@@ -31,6 +32,11 @@ def shape_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, weights) -> None:
     out_n = op.outputs[0][2]
     t = node.op_type
     if t in LAYOUT_OPS:
+        op.engine, op.cls = "none", "layout"
+        return
+    if t == "Transpose" and MECHANISMS["channels_last_transpose"] and _channels_last_only(node, shapes):
+        # The HTP keeps 4-D activations channels-last: a permutation that only moves the channel axis to or from
+        # the end is the layout the tensor already has (QNN's converter drops it), metadata only.
         op.engine, op.cls = "none", "layout"
         return
     if t in MOVER_OPS:
@@ -86,3 +92,12 @@ def shape_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, weights) -> None:
     op.cls, op.work = HVX_CLASS.get(t, DEFAULT_CLASS), out_n
     if t in ("Div", "Pow") and len(op.inputs) == 1 and weights:
         op.cls = "arith"  # by a constant: a multiply by its reciprocal, a square
+
+
+_CHANNEL_MOVES = ([0, 2, 3, 1], [0, 3, 1, 2])  # NCHW -> NHWC and back
+
+
+def _channels_last_only(node: onnx.NodeProto, shapes: dict) -> bool:
+    """Whether a Transpose of a 4-D activation only moves channels between axis 1 and the last axis."""
+    shape = shapes.get(node.input[0]) if node.input else None
+    return shape is not None and len(shape) == 4 and list(_attr(node, "perm", [])) in _CHANNEL_MOVES
