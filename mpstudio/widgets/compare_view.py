@@ -1,6 +1,7 @@
 """CompareView: two plans side by side (any two stored plans, the current one by default): the tensors whose
 precision differs, the 8<->16-bit converts each runs and their cost, and each plan's accuracy and latency with
-their sources."""
+their sources, and B minus A in accuracy on the same samples with its paired interval when both plans have
+per-sample terms from one accuracy source."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import panel as pn
 import param
 
 from ..latency import estimate_latency
+from ..loop.comparison import paired_from_store
 from ..loop.plan_compare import DIFF_COLUMNS, compare_plans
 from .base import View, shows_errors
 
@@ -61,6 +63,14 @@ class CompareView(View):
         plan_id = state.plan_id if choice == CURRENT else int(choice.split(":", 1)[0])
         return study.plan(plan_id) if plan_id is not None else state.plan
 
+    def _paired(self, plan_a, plan_b):
+        """(accuracy source, B minus A) from the study's stored per-sample terms, or None."""
+        study = self.state.require_study()
+        ids = [study.plan_id(plan) for plan in (plan_a, plan_b)]
+        if None in ids or ids[0] == ids[1]:
+            return None
+        return paired_from_store(study.store, ids[1], ids[0], study.metric_name, study.higher_is_better)
+
     def compare(self, a: str | None = None, b: str | None = None):
         """Compare the chosen plans (or `a` and `b`: "current plan" or "ID: name") as a quick job."""
         state = self.state
@@ -76,16 +86,19 @@ class CompareView(View):
             arch = study.cost_arch
             estimates = [estimate_latency(study.quantizer.generate(p, progress, cancel), arch) for p in (plan_a, plan_b)]
             return compare_plans(study.graph, plan_a, plan_b, *estimates, row(plan_a), row(plan_b),
-                                 study.metric_name)
+                                 study.metric_name, self._paired(plan_a, plan_b))
 
         def done(result):
+            paired = (f"; <b>B \u2212 A: {html.escape(result.paired.describe())}</b> (paired, "
+                      f"{html.escape(result.paired_source)})" if result.paired is not None else
+                      "; no paired difference: the two plans have no per-sample terms from one accuracy source")
             self._summary.value = result.summary
             self._diff.value = result.tensors
             self._note.object = (f"<span style='font-size:12px'><b>{len(result.tensors)}</b> activation tensor(s) "
                                  f"differ between A ({html.escape(plan_a.name or plan_a.summary())}) and B "
                                  f"({html.escape(plan_b.name or plan_b.summary())}); converts and estimate ms: the "
                                  f"cost model (HTP v{html.escape(str(study.htp_arch))}); "
-                                 f"accuracy and latency: stored evaluations, sources named</span>")
+                                 f"accuracy and latency: stored evaluations, sources named{paired}</span>")
         return state.submit("latency", f"comparing {plan_a.name or plan_a.summary()} with "
                                        f"{plan_b.name or plan_b.summary()}", work, done)
 
