@@ -119,7 +119,12 @@ class Studio(View):
     def template(self, title: str = TITLE):
         """The studio as a page: panels in the sidebar, the views in the main area."""
         return pn.template.FastListTemplate(title=title, sidebar=self.sidebar(), main=[self.main()], sidebar_width=340,
-                                            accent="#0b6e99", main_layout=None)
+                                            accent="#0b6e99", main_layout=None, raw_css=[TOOLTIP_CSS])
+
+
+# A hover's tooltip (BokehJS places it on the side of its point with room, inside the window) is never wider than
+# half the window, so one side always has room: long names and sources wrap instead of running off the page.
+TOOLTIP_CSS = """.bk-Tooltip { max-width: min(560px, calc(50vw - 40px)); white-space: normal; overflow-wrap: anywhere; }"""
 
 
 def served() -> bool:
