@@ -77,3 +77,17 @@ def test_tooltips_stay_inside_the_window(browser, studio):
         assert any(point == "measured" for _, point in shown)  # so was the rightmost button's
     finally:
         context.close()
+
+
+def test_the_tabs_beside_the_ranking_fit_the_window(browser, studio):
+    context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
+    page = context.new_page()
+    page.set_default_timeout(60000)
+    try:
+        open_studio(page, studio)
+        for title in ("Ranking", "Time per node", "Blocks", "Compare plans"):
+            tab = page.get_by_text(title, exact=True).first.evaluate(
+                "(el) => { const r = el.getBoundingClientRect(); return {x: r.left, width: r.width}; }")
+            assert tab["x"] + tab["width"] <= WIDTH + 0.5, f"the tab {title!r} is cut at the right edge: {tab}"
+    finally:
+        context.close()

@@ -100,7 +100,7 @@ class Studio(View):
     def tabs(self):
         """The ranking, and beside it where the time goes, block totals and two plans compared (a tab is rendered
         when shown: a Tabulator updated while hidden fails in the browser)."""
-        return pn.Tabs(("Ranking", self.table), ("Where the time goes", self.latency), ("Blocks", self.blocks),
+        return pn.Tabs(("Ranking", self.table), ("Time per node", self.latency), ("Blocks", self.blocks),
                        ("Compare plans", self.compare), sizing_mode="stretch_both", min_height=TABLE_MIN_HEIGHT + 80,
                        dynamic=True)
 
