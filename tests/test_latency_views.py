@@ -148,3 +148,12 @@ def test_a_kept_profile_is_mapped_to_nodes_and_named_by_its_source(tmp_path):
     assert per_node.to_dict() == pytest.approx({"conv": 1.5, "add": 0.25, "relu": 0.25})  # 2 ms split by cost
     assert label.startswith("emulator host time") and "not device latency" in label
     assert kept_profile(tmp_path, 8) is None
+
+
+def test_plan_b_is_another_plan_than_the_current_one(studio):
+    state, compare = studio.state, studio.compare
+    state.refresh_evaluations()
+    names = {o.split(": ", 1)[-1]: o for o in compare._b.options}
+    compare._b.value = names["a16w8"]
+    state.load_plan(int(names["a16w8"].split(":")[0]))  # the current plan becomes B's: B moves to another
+    assert compare._b.value != names["a16w8"] and compare._b.value.split(":")[0] != str(state.plan_id)

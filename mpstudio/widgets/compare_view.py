@@ -36,7 +36,7 @@ class CompareView(View):
                                           sizing_mode="stretch_both", min_height=160, layout="fit_data_table",
                                           titles={"bits_a": "bits in A", "bits_b": "bits in B"})
         self._note = pn.pane.HTML("", sizing_mode="stretch_width", margin=(2, 8))
-        self.state.param.watch(self._options, ["evaluations", "study"])
+        self.state.param.watch(self._options, ["evaluations", "study", "plan_id"])
         self._options()
 
     def __panel__(self):
@@ -50,8 +50,9 @@ class CompareView(View):
             named = frame.drop_duplicates("plan_id").sort_values("plan_id")
             options += [f"{int(r.plan_id)}: {r.name}" for r in named.itertuples()]
         self._a.options, self._b.options = options, options
-        if self._b.value == CURRENT and len(options) > 1:  # B: the most accurate other stored plan by default
-            others = frame[frame["plan_hash"] != self.state.plan.hash]
+        # B: the most accurate other stored plan by default, again when the current plan becomes B's plan
+        if (self._b.value == CURRENT or self._b.value.split(":", 1)[0] == str(self.state.plan_id)) and len(options) > 1:
+            others = frame[(frame["plan_hash"] != self.state.plan.hash) & (frame["plan_id"] != self.state.plan_id)]
             if len(others) and self.state.study is not None:
                 best = others.sort_values("value", ascending=not self.state.study.higher_is_better).iloc[0]
                 self._b.value = f"{int(best.plan_id)}: {best['name']}"
@@ -91,6 +92,7 @@ class CompareView(View):
         def done(result):
             paired = (f"; <b>B \u2212 A: {html.escape(result.paired.describe())}</b> (paired, "
                       f"{html.escape(result.paired_source)})" if result.paired is not None else
+                      "; A and B are the same plan" if plan_a.hash == plan_b.hash else
                       "; no paired difference: the two plans have no per-sample terms from one accuracy source")
             self._summary.value = result.summary
             self._diff.value = result.tensors
