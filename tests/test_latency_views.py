@@ -8,6 +8,7 @@ import pytest
 
 from gui_support import make_small_study
 from mpstudio.loop.blocks import block_of, default_depth
+from mpstudio.loop.plan_compare import PAIRED_ROW
 from mpstudio.widgets import Studio, StudioState
 
 pytestmark = pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
@@ -83,6 +84,27 @@ def test_two_plans_compared(studio):
     assert set(diff["bits_a"]) == {8} and set(diff["bits_b"]) == {16}
     assert summary.loc["converts (8<->16)", "a"] == 0
     assert float(summary.loc["estimate ms", "b"]) > float(summary.loc["estimate ms", "a"])
+    # Both are stored with per-sample terms from one source: B minus A on the same samples, as Study.compare says.
+    study = state.study
+    plan_a, plan_b = compare._plan("current plan"), compare._plan(names["a16w8"])
+    expected = study.compare(plan_b, plan_a)
+    result = job.result
+    assert result.paired == expected and result.paired_source
+    assert summary.loc[PAIRED_ROW, "b"].startswith(f"{expected.difference:+.4g} [{expected.low:+.4g}")
+    assert expected.verdict in summary.loc["paired verdict", "b"] and "B \u2212 A" in compare._note.object
+
+
+def test_two_plans_without_shared_terms_say_so(studio):
+    state, compare = studio.state, studio.compare
+    state.refresh_evaluations()
+    names = {o.split(": ", 1)[-1]: o for o in compare._a.options}
+    state.select(state.tensors["tensor"].tolist()[2:4])
+    state.promote_selected()  # an edited plan nobody has evaluated
+    job = compare.compare("current plan", names["a16w8"])
+    assert job.wait(120) and job.status == "done", job.error
+    assert job.result.paired is None
+    assert compare._summary.value.loc[PAIRED_ROW, "b"] == "no paired value"
+    assert "no paired difference" in compare._note.object
 
 
 def test_crowded_labels_fit_the_room_before_the_next_node():
@@ -126,3 +148,12 @@ def test_a_kept_profile_is_mapped_to_nodes_and_named_by_its_source(tmp_path):
     assert per_node.to_dict() == pytest.approx({"conv": 1.5, "add": 0.25, "relu": 0.25})  # 2 ms split by cost
     assert label.startswith("emulator host time") and "not device latency" in label
     assert kept_profile(tmp_path, 8) is None
+
+
+def test_plan_b_is_another_plan_than_the_current_one(studio):
+    state, compare = studio.state, studio.compare
+    state.refresh_evaluations()
+    names = {o.split(": ", 1)[-1]: o for o in compare._b.options}
+    compare._b.value = names["a16w8"]
+    state.load_plan(int(names["a16w8"].split(":")[0]))  # the current plan becomes B's: B moves to another
+    assert compare._b.value != names["a16w8"] and compare._b.value.split(":")[0] != str(state.plan_id)

@@ -1,5 +1,6 @@
 """Two plans side by side: the activation tensors whose precision differs, the 8<->16-bit converts each runs and
-their estimated cost, and each plan's stored accuracy and latency with their sources."""
+their estimated cost, each plan's stored accuracy and latency with their sources, and, when both have per-sample
+terms from one accuracy source, B minus A on the same samples with its paired interval."""
 
 from __future__ import annotations
 
@@ -7,23 +8,39 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from .uncertainty import PairedDifference
+
 # Columns of `PlanComparison.tensors`: tensor, namespace, bits_a, bits_b (activation bits in each plan)
 DIFF_COLUMNS = ["tensor", "namespace", "bits_a", "bits_b"]
+PAIRED_ROW = "B \u2212 A accuracy (paired)"
 # Rows of `PlanComparison.summary` (index) for columns "a" and "b"
 SUMMARY_ROWS = ["plan", "sixteen-bit activations", "converts (8<->16)", "converts ms (estimate)", "estimate ms",
-                "accuracy", "accuracy source", "latency ms", "latency source"]
+                "accuracy", "accuracy source", "latency ms", "latency source", PAIRED_ROW, "paired verdict"]
 
 
 @dataclass(frozen=True)
 class PlanComparison:
     tensors: pd.DataFrame
     summary: pd.DataFrame
+    paired: PairedDifference | None = None  # B minus A on the same samples, when both have per-sample terms
+    paired_source: str = ""  # the accuracy source `paired` is from
+
+
+def paired_cells(paired: PairedDifference | None, source: str) -> tuple[str, str]:
+    """The summary's two paired cells for column B: the difference with its interval, and the verdict with the
+    samples and source it rests on (or why there is no paired difference)."""
+    if paired is None:
+        return "no paired value", "needs per-sample terms of both plans from one accuracy source"
+    of = f"{paired.samples} samples" if paired.samples >= paired.total else f"{paired.samples} of {paired.total}"
+    return (f"{paired.difference:+.4g} [{paired.low:+.4g}, {paired.high:+.4g}] ({paired.metric})",
+            f"{paired.verdict} \u00b7 {of} \u00b7 {source}")
 
 
 def compare_plans(graph, plan_a, plan_b, estimate_a, estimate_b, evaluation_a=None, evaluation_b=None,
-                  metric: str = "") -> PlanComparison:
+                  metric: str = "", paired: tuple[str, PairedDifference] | None = None) -> PlanComparison:
     """Compare two `PrecisionPlan`s of one model from their `latency.LatencyEstimate`s and, when stored, their
-    evaluations (rows of `loop.front`'s frame, or None)."""
+    evaluations (rows of `loop.front`'s frame, or None); `paired`: (accuracy source, B minus A there) from
+    `loop.comparison.paired_from_store`, or None."""
     sixteen_a, sixteen_b = set(plan_a.sixteen_bit_activations(graph)), set(plan_b.sixteen_bit_activations(graph))
     rows = [(t, graph.nodes[graph.tensors[t].producer].namespace if graph.tensors[t].producer else "",
              16 if t in sixteen_a else 8, 16 if t in sixteen_b else 8)
@@ -36,6 +53,8 @@ def compare_plans(graph, plan_a, plan_b, estimate_a, estimate_b, evaluation_a=No
                 round(estimate.ms, 4), f"{evaluation['value']:.4g} ({metric})" if measured else "not evaluated",
                 evaluation["accuracy_source"] if measured else "", round(float(evaluation["latency_ms"]), 4)
                 if measured else float("nan"), evaluation["latency_label"] if measured else ""]
-    summary = pd.DataFrame({"a": column(plan_a, sixteen_a, estimate_a, evaluation_a),
-                            "b": column(plan_b, sixteen_b, estimate_b, evaluation_b)}, index=SUMMARY_ROWS)
-    return PlanComparison(diff, summary)
+    source, difference = paired if paired is not None else ("", None)
+    summary = pd.DataFrame({"a": column(plan_a, sixteen_a, estimate_a, evaluation_a) + ["", ""],
+                            "b": column(plan_b, sixteen_b, estimate_b, evaluation_b)
+                            + list(paired_cells(difference, source))}, index=SUMMARY_ROWS)
+    return PlanComparison(diff, summary, difference, source)

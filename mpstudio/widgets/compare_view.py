@@ -1,6 +1,7 @@
 """CompareView: two plans side by side (any two stored plans, the current one by default): the tensors whose
 precision differs, the 8<->16-bit converts each runs and their cost, and each plan's accuracy and latency with
-their sources."""
+their sources, and B minus A in accuracy on the same samples with its paired interval when both plans have
+per-sample terms from one accuracy source."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import panel as pn
 import param
 
 from ..latency import estimate_latency
+from ..loop.comparison import paired_from_store
 from ..loop.plan_compare import DIFF_COLUMNS, compare_plans
 from .base import View, shows_errors
 
@@ -34,7 +36,7 @@ class CompareView(View):
                                           sizing_mode="stretch_both", min_height=160, layout="fit_data_table",
                                           titles={"bits_a": "bits in A", "bits_b": "bits in B"})
         self._note = pn.pane.HTML("", sizing_mode="stretch_width", margin=(2, 8))
-        self.state.param.watch(self._options, ["evaluations", "study"])
+        self.state.param.watch(self._options, ["evaluations", "study", "plan_id"])
         self._options()
 
     def __panel__(self):
@@ -48,8 +50,9 @@ class CompareView(View):
             named = frame.drop_duplicates("plan_id").sort_values("plan_id")
             options += [f"{int(r.plan_id)}: {r.name}" for r in named.itertuples()]
         self._a.options, self._b.options = options, options
-        if self._b.value == CURRENT and len(options) > 1:  # B: the most accurate other stored plan by default
-            others = frame[frame["plan_hash"] != self.state.plan.hash]
+        # B: the most accurate other stored plan by default, again when the current plan becomes B's plan
+        if (self._b.value == CURRENT or self._b.value.split(":", 1)[0] == str(self.state.plan_id)) and len(options) > 1:
+            others = frame[(frame["plan_hash"] != self.state.plan.hash) & (frame["plan_id"] != self.state.plan_id)]
             if len(others) and self.state.study is not None:
                 best = others.sort_values("value", ascending=not self.state.study.higher_is_better).iloc[0]
                 self._b.value = f"{int(best.plan_id)}: {best['name']}"
@@ -60,6 +63,14 @@ class CompareView(View):
         study = state.require_study()
         plan_id = state.plan_id if choice == CURRENT else int(choice.split(":", 1)[0])
         return study.plan(plan_id) if plan_id is not None else state.plan
+
+    def _paired(self, plan_a, plan_b):
+        """(accuracy source, B minus A) from the study's stored per-sample terms, or None."""
+        study = self.state.require_study()
+        ids = [study.plan_id(plan) for plan in (plan_a, plan_b)]
+        if None in ids or ids[0] == ids[1]:
+            return None
+        return paired_from_store(study.store, ids[1], ids[0], study.metric_name, study.higher_is_better)
 
     def compare(self, a: str | None = None, b: str | None = None):
         """Compare the chosen plans (or `a` and `b`: "current plan" or "ID: name") as a quick job."""
@@ -76,16 +87,20 @@ class CompareView(View):
             arch = study.cost_arch
             estimates = [estimate_latency(study.quantizer.generate(p, progress, cancel), arch) for p in (plan_a, plan_b)]
             return compare_plans(study.graph, plan_a, plan_b, *estimates, row(plan_a), row(plan_b),
-                                 study.metric_name)
+                                 study.metric_name, self._paired(plan_a, plan_b))
 
         def done(result):
+            paired = (f"; <b>B \u2212 A: {html.escape(result.paired.describe())}</b> (paired, "
+                      f"{html.escape(result.paired_source)})" if result.paired is not None else
+                      "; A and B are the same plan" if plan_a.hash == plan_b.hash else
+                      "; no paired difference: the two plans have no per-sample terms from one accuracy source")
             self._summary.value = result.summary
             self._diff.value = result.tensors
             self._note.object = (f"<span style='font-size:12px'><b>{len(result.tensors)}</b> activation tensor(s) "
                                  f"differ between A ({html.escape(plan_a.name or plan_a.summary())}) and B "
                                  f"({html.escape(plan_b.name or plan_b.summary())}); converts and estimate ms: the "
                                  f"cost model (HTP v{html.escape(str(study.htp_arch))}); "
-                                 f"accuracy and latency: stored evaluations, sources named</span>")
+                                 f"accuracy and latency: stored evaluations, sources named{paired}</span>")
         return state.submit("latency", f"comparing {plan_a.name or plan_a.summary()} with "
                                        f"{plan_b.name or plan_b.summary()}", work, done)
 

@@ -15,7 +15,8 @@ import math
 import pandas as pd
 import panel as pn
 import param
-from bokeh.models import ColumnDataSource, HoverTool, LabelSet, Legend, LegendItem, TapTool, Whisker
+from bokeh.models import (ColumnDataSource, HoverTool, LabelSet, Legend, LegendItem, TapTool, Tooltip,
+                          Whisker)
 from bokeh.plotting import figure
 
 from .base import View, laid_out_once, shows_errors
@@ -70,8 +71,11 @@ class ParetoPlot(View):
         self.partial = ColumnDataSource(data=_empty(_PROVISIONAL))
         self.figure = self._figure()
         self.points.selected.on_change("indices", self._on_tap)
-        self._source = pn.widgets.RadioButtonGroup.from_param(self.state.param.latency_source, button_type="light",
-                                                              name="latency")
+        # Its tooltip opens to the left: the group ends at the window's right edge, where a tooltip on its right
+        # (a widget's default) is drawn outside the window.
+        self._source = pn.widgets.RadioButtonGroup.from_param(
+            self.state.param.latency_source, button_type="light", name="latency",
+            description=Tooltip(content=self.state.param.latency_source.doc, position="left"))
         self._note = pn.pane.HTML("", margin=(0, 10), sizing_mode="stretch_width", min_height=NOTE_MIN_HEIGHT)
         self.state.param.watch(self._update, ["evaluations"])
         self.state.param.watch(self._update_provisional, ["provisional"])

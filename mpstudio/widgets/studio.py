@@ -100,7 +100,7 @@ class Studio(View):
     def tabs(self):
         """The ranking, and beside it where the time goes, block totals and two plans compared (a tab is rendered
         when shown: a Tabulator updated while hidden fails in the browser)."""
-        return pn.Tabs(("Ranking", self.table), ("Where the time goes", self.latency), ("Blocks", self.blocks),
+        return pn.Tabs(("Ranking", self.table), ("Time per node", self.latency), ("Blocks", self.blocks),
                        ("Compare plans", self.compare), sizing_mode="stretch_both", min_height=TABLE_MIN_HEIGHT + 80,
                        dynamic=True)
 
@@ -119,7 +119,12 @@ class Studio(View):
     def template(self, title: str = TITLE):
         """The studio as a page: panels in the sidebar, the views in the main area."""
         return pn.template.FastListTemplate(title=title, sidebar=self.sidebar(), main=[self.main()], sidebar_width=340,
-                                            accent="#0b6e99", main_layout=None)
+                                            accent="#0b6e99", main_layout=None, raw_css=[TOOLTIP_CSS])
+
+
+# A hover's tooltip (BokehJS places it on the side of its point with room, inside the window) is never wider than
+# half the window, so one side always has room: long names and sources wrap instead of running off the page.
+TOOLTIP_CSS = """.bk-Tooltip { max-width: min(560px, calc(50vw - 40px)); white-space: normal; overflow-wrap: anywhere; }"""
 
 
 def served() -> bool:
