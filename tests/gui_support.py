@@ -123,6 +123,7 @@ def studio_server(study):
 
     server = PanelServer(session)
     server.states = states
+    server.folder = getattr(study, "folder", study)
     try:
         yield server
     finally:
@@ -132,7 +133,13 @@ def studio_server(study):
 
 
 def open_studio(page, studio):
-    """Load the studio of `studio_server` and wait until its graph and ranking are shown; its session's state."""
+    """Load the studio of `studio_server` as a first visitor (the server's shared record of the study, which a
+    reload or a second tab would take over, is dropped first) and wait until its graph and ranking are shown; its
+    session's state."""
+    if getattr(studio, "folder", None) is not None:
+        from mpstudio.widgets.study_session import forget
+
+        forget(studio.folder)
     page.goto(studio.url)
     wait_for_bokeh(page)
     state = wait_until(lambda: studio.states[-1] if studio.states else None)

@@ -73,6 +73,18 @@ def study_session(folder: str | Path) -> StudySession:
         return session
 
 
+def forget(folder: str | Path) -> None:
+    """Drop the server's record of the study in `folder`, cancelling its jobs: the next tab opens it afresh, as a
+    first visitor (a server handing a study to a new user, and tests that each start from a fresh studio)."""
+    with _SESSIONS_LOCK:
+        session = _SESSIONS.pop(Path(folder).resolve(), None)
+    if session is not None:
+        with session.lock:
+            for job in session.jobs:
+                if job.active:
+                    job.cancel()
+
+
 def cancel_all() -> None:
     """Cancel every study's active jobs (the server stops)."""
     with _SESSIONS_LOCK:
