@@ -4,6 +4,7 @@ utilities; one CPU and a small object store per node, no dashboard)."""
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 # Ray reads this when imported: keep every node, and the address a driver joins, on 127.0.0.1.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -32,3 +33,17 @@ def start_cluster(nodes: int = 2):
 def stop_cluster(cluster) -> None:
     ray.shutdown()
     cluster.shutdown()
+
+
+@contextmanager
+def connected_cluster(nodes: int = 2):
+    """A cluster of `nodes` nodes started here and mpstudio connected to it (`distributed.RayCluster`)."""
+    from mpstudio.distributed import connect
+
+    cluster = start_cluster(nodes)
+    connected = connect(cluster.address)
+    try:
+        yield connected
+    finally:
+        connected.close()
+        stop_cluster(cluster)

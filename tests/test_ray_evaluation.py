@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from ray_support import needs_ray, start_cluster, stop_cluster
+from ray_support import connected_cluster, needs_ray
 from conftest import chain_feeds, make_chain_model, qnn_available
 from mpstudio.data import FeedList
 from mpstudio.errors import MpstudioError
@@ -29,13 +29,8 @@ HTP = {"htp_arch": "75"}
 
 @pytest.fixture(scope="module")
 def cluster():
-    from mpstudio.distributed import connect
-
-    nodes = start_cluster(2)
-    connected = connect(nodes.address)
-    yield connected
-    connected.close()
-    stop_cluster(nodes)
+    with connected_cluster(2) as connected:
+        yield connected
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ray_support import needs_ray, start_cluster, stop_cluster
+from ray_support import connected_cluster, needs_ray
 from gui_models import make_residual_model
 from gui_support import small_feeds
 from mpstudio.model import prepare_model
@@ -25,13 +25,8 @@ pytestmark = needs_ray
 
 @pytest.fixture(scope="module")
 def cluster():
-    from mpstudio.distributed import connect
-
-    nodes = start_cluster(2)
-    connected = connect(nodes.address)
-    yield connected
-    connected.close()
-    stop_cluster(nodes)
+    with connected_cluster(2) as connected:
+        yield connected
 
 
 @pytest.fixture(scope="module")
