@@ -134,13 +134,14 @@ class JobBar(View):
         for i, job in enumerate(self._jobs):
             self._render(i)
         extra = len(jobs) - self.SLOTS
+        # The last job to end is said even while others run: a cancel or a failure is seen where it was asked for.
+        last = max((job for job in self.state.jobs if not job.active and job.kind not in QUICK_KINDS),
+                   key=lambda job: job.ended_at, default=None)
+        ended = f"last: {html.escape(last.title)} {last.status} in {last.seconds:.1f} s" if last is not None else ""
         if not jobs:
-            last = next((job for job in self.state.jobs if not job.active and job.kind not in QUICK_KINDS), None)
-            text = "no jobs running"
-            if last is not None:
-                text += f" &middot; last: {html.escape(last.title)} {last.status} in {last.seconds:.1f} s"
+            text = "no jobs running" + (f" &middot; {ended}" if ended else "")
         else:
-            text = f"+{extra} more queued" if extra > 0 else ""
+            text = " &middot; ".join(filter(None, [f"+{extra} more queued" if extra > 0 else "", ended]))
         self._idle.object = f"<span style='font-size:12px;color:#666'>{text}</span>"
 
     def _on_job(self, *events):

@@ -69,6 +69,11 @@ class Job(param.Parameterized):
         """0-100, or -1 (indeterminate) while the total is unknown."""
         return int(100 * self.done / self.total) if self.total else (-1 if self.status == "running" else 0)
 
+    @property
+    def ended_at(self) -> float:
+        """When the job ended (on the `time.perf_counter` clock); meaningful once it is no longer active."""
+        return self._started + self.seconds
+
     def cancel(self) -> None:
         self.cancel_event.set()
 
