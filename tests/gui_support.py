@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,6 +69,15 @@ def accepts_connections(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def stop_process(process, timeout: float = 20.0) -> None:
+    """Stop a served studio (or any child process): terminated, killed if it does not end within `timeout` s."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def wait_until(condition, timeout: float = 30.0, interval: float = 0.05, message: str = ""):

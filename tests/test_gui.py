@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gui_support import (accepts_connections, chromium_path, drag_box, free_port, make_small_study, open_studio,
+from gui_support import (stop_process, accepts_connections, chromium_path, drag_box, free_port, make_small_study, open_studio,
                          screen_points, selected_rows, source_column, studio_server, table_selection, visible_rows,
                          wait_for_bokeh, wait_until)
 
@@ -133,9 +133,5 @@ def test_panel_serve_app_opens_the_demo(page, tmp_path):
         page.get_by_role("button", name="Cancel").first.click()
         page.locator(".job-status", has_text="cancelled").first.wait_for(timeout=120000)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_process(server)
 

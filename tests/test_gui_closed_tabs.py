@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gui_support import accepts_connections, chromium_path, free_port, make_small_study, wait_for_bokeh, wait_until
+from gui_support import stop_process, accepts_connections, chromium_path, free_port, make_small_study, wait_for_bokeh, wait_until
 
 pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
@@ -44,11 +44,7 @@ def test_closing_tabs_while_a_job_posts_leaves_no_traceback(browser, tmp_path):
             context.close()
         time.sleep(8)  # the abandoned sessions' jobs post (and end) after their tabs have gone
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_process(server)
     text = log.read_text()
     found = [marker for marker in CLOSED_STREAM if marker in text]
     assert not found, f"the server logged {found} after tabs closed:\n{text[-4000:]}"

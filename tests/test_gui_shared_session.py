@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gui_support import (accepts_connections, chromium_path, free_port, make_small_study, table_selection,
+from gui_support import (stop_process, accepts_connections, chromium_path, free_port, make_small_study, table_selection,
                          wait_for_bokeh, wait_until)
 
 pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
@@ -94,10 +94,6 @@ def test_a_reload_and_a_second_tab_show_the_plan_target_selection_and_jobs(brows
         wait_until(lambda: table_selection(page) == [picked], 30,
                    message="the first tab did not follow the second tab's selection")
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_process(server)
     log = (tmp_path / "server.log").read_text()
     assert "Traceback" not in log, log[-4000:]
