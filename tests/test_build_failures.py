@@ -23,7 +23,7 @@ from mpstudio.loop.build_failures import BuildFailed, first_failing_node, toolch
 from mpstudio.loop.runners import Target, runner_for
 from mpstudio.plan import PrecisionPlan
 from mpstudio.search import search
-from mpstudio.search.confirmation import walk_front
+from walk_support import front_order
 from mpstudio.store import DB_FILE, StudyStore
 from mpstudio.store_builds import BuildRows
 from mpstudio.study import Study
@@ -96,13 +96,7 @@ def test_the_first_failing_node_is_read_from_qnns_words(text, node):
 def test_walk_front_passes_over_plans_that_cannot_be_built():
     """The confirmation's order over a front of five plans (cheapest first, the pick at 3)."""
     def run(verdicts, at=3, budget=9):
-        seen = []
-
-        def check(i):
-            seen.append(i)
-            return verdicts[i]
-        walk_front(len(verdicts), at, check, lambda: sum(verdicts[i] is not None for i in seen) >= budget)
-        return seen
+        return front_order(verdicts, at, budget)
 
     # The pick cannot be built: the dearer plan reaches, so cheaper ones follow (the pick passed over) until one misses.
     assert run([False, True, True, None, True]) == [3, 4, 2, 1, 0]

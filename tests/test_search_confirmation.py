@@ -18,7 +18,8 @@ from mpstudio.data import FeedList
 from mpstudio.plan import PrecisionPlan
 from mpstudio.search import search
 from mpstudio.search.choice import stored_evaluations
-from mpstudio.search.confirmation import confirmation_order, walk_front
+from mpstudio.search.confirmation import confirmation_order
+from walk_support import front_order
 from mpstudio.search.evidence import WITHIN_NOISE
 from mpstudio.store import AccuracyRecord
 from mpstudio.study import Study
@@ -38,32 +39,22 @@ def _chain_study(tmp_path, sigmoid: bool = False) -> Study:
                         FeedList(chain_feeds(6, size=size, seed=5)))
 
 
-def _order(verdicts, at, budget=9) -> list[int]:
-    seen = []
-
-    def check(i):
-        seen.append(i)
-        return verdicts[i]
-    walk_front(len(verdicts), at, check, lambda: sum(verdicts[i] is not None for i in seen) >= budget)
-    return seen
-
-
 def test_walk_front_stops_at_a_plan_within_noise():
     """Candidates cheapest first, the pick at 2; True reaches, False clearly misses, None cannot be built."""
     N = WITHIN_NOISE
     # The pick within noise: neither a dearer plan (the old jump towards all-16-bit) nor a cheaper one.
-    assert _order([True, True, N, True, True], at=2) == [2]
+    assert front_order([True, True, N, True, True], at=2) == [2]
     # The pick clearly misses: dearer plans until one reaches, or is within noise.
-    assert _order([True, True, False, False, True, True], at=2) == [2, 3, 4]
-    assert _order([True, True, False, N, True], at=2) == [2, 3]
+    assert front_order([True, True, False, False, True, True], at=2) == [2, 3, 4]
+    assert front_order([True, True, False, N, True], at=2) == [2, 3]
     # The pick reaches: cheaper plans while they reach; one within noise is the edge.
-    assert _order([True, N, True, True], at=2) == [2, 1]
+    assert front_order([True, N, True, True], at=2) == [2, 1]
     # The pick cannot be built: the nearest dearer plan that builds sets the direction, within noise included.
-    assert _order([True, True, None, N, True], at=2) == [2, 3]
+    assert front_order([True, True, None, N, True], at=2) == [2, 3]
     # Nothing dearer builds: the cheaper plans follow until one is within noise.
-    assert _order([True, N, False, None, None], at=3) == [3, 4, 2, 1]
+    assert front_order([True, N, False, None, None], at=3) == [3, 4, 2, 1]
     # Nothing misses: the order is what it was (cheaper plans while they reach, the first miss ends it).
-    assert _order([False, True, True, True], at=3) == [3, 2, 1, 0]
+    assert front_order([False, True, True, True], at=3) == [3, 2, 1, 0]
 
 
 class _Stored:

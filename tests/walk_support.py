@@ -1,0 +1,17 @@
+"""The order in which the search's HTP confirmation visits a front (`search.confirmation.walk_front`), for tests."""
+
+from __future__ import annotations
+
+from mpstudio.search.confirmation import walk_front
+
+
+def front_order(verdicts, at, budget=9) -> list[int]:
+    """The candidates `walk_front` checks, in order, over plans whose verdicts are `verdicts` (cheapest first; True
+    reaches, False misses, None cannot be built), starting at the pick `at`, until `budget` plans were built."""
+    seen = []
+
+    def check(i):
+        seen.append(i)
+        return verdicts[i]
+    walk_front(len(verdicts), at, check, lambda: sum(verdicts[i] is not None for i in seen) >= budget)
+    return seen
