@@ -288,11 +288,17 @@ def top_ranked_row(page, state):
 
 
 def wait_centred(page, state, timeout: float = 30.0):
-    """Wait until the graph's window shows the top-ranked tensor's node (it opens on the most sensitive region)."""
-    row, _ = top_ranked_row(page, state)
-    y = source_column(page, "nodes", "y")[row]
+    """Wait until the graph's window shows the top-ranked tensor's node (it opens on the most sensitive region);
+    the ranking is read at each look, since it may change its head while the studio opens."""
+    seen = {}
 
     def shown():
+        row, tensor = top_ranked_row(page, state)
+        y = source_column(page, "nodes", "y")[row]
         span = y_range(page, "graph")
+        seen.update(tensor=tensor, y=y, window=span, focus=state.focus)
         return span is not None and span[0] + 0.5 <= y <= span[1] - 0.5
-    wait_until(shown, timeout, message="the graph did not open on the top-ranked tensor")
+    try:
+        wait_until(shown, timeout)
+    except AssertionError:
+        raise AssertionError(f"the graph did not open on the top-ranked tensor: {seen}") from None

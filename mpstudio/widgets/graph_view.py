@@ -52,6 +52,7 @@ class GraphView(View):
         self.labels = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0), "label": []})
         self._label_band = (0.0, 0.0)
         self._centred = False  # the view was moved to the top-ranked tensor since the last layout
+        self._centred_view: tuple = ()  # (tensor, y start, y end) of that move
         # All edges as one polyline broken by NaNs: one binary array each way instead of thousands of lists.
         self.edges = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0)})
         # Nodes a study runs on ORT's CPU EP (allow_fallback): a red cross over them, "[CPU]" after their label.
@@ -326,20 +327,29 @@ class GraphView(View):
         self._in_document(partial(self._scroll_to, event.new))
 
     def _centre_on_top_ranked(self) -> None:
-        """Once per layout, when the ranking is known: show the most sensitive region, not the model's top."""
-        if self._centred or self.state.focus:
+        """Once per layout, when the ranking is known: show the most sensitive region, not the model's top. A
+        ranking that changes its head before the user has moved the window moves it again."""
+        if self.state.focus:
             return
         tensors = self.state.tensors
         ranked = tensors.dropna(subset=["rank"]) if len(tensors) else tensors
         if not len(ranked):
             return
-        self._centred = True
-        self._scroll_to(ranked.loc[ranked["rank"].idxmin(), "tensor"])
+        top = ranked.loc[ranked["rank"].idxmin(), "tensor"]
+        y_range = self.figure.y_range
+        if self._centred:
+            moved = self._centred_view[1:] != (y_range.start, y_range.end)
+            if moved or self._centred_view[0] == top:
+                return
+        # Centred once it has been drawn: a ranking that arrives before its tensors have rows waits for them.
+        self._centred = self._scroll_to(top)
+        self._centred_view = (top, y_range.start, y_range.end) if self._centred else ()
 
-    def _scroll_to(self, tensor: str) -> None:
+    def _scroll_to(self, tensor: str) -> bool:
+        """Move the window onto `tensor`'s node; False when the graph has no row for it (yet)."""
         row = self._row_of_tensor.get(tensor)
-        if row is None:
-            return
+        if row is None or row >= len(self.nodes.data["y"]):
+            return False
         x, y = self.nodes.data["x"][row], self.nodes.data["y"][row]
         y_range, x_range = self.figure.y_range, self.figure.x_range
         height = y_range.end - y_range.start
@@ -351,6 +361,7 @@ class GraphView(View):
         if not x_range.start < x < x_range.end:
             half_x = (x_range.end - x_range.start) / 2
             x_range.update(start=x - half_x, end=x + half_x)
+        return True
 
     # ---- figure -> state ----
     @shows_errors
