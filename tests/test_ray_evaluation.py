@@ -218,3 +218,25 @@ def test_the_command_line_evaluates_on_the_cluster_and_says_where(cluster, tmp_p
     with Study.open(tmp_path / "ray") as study:
         stored = study.evaluations().iloc[0]
         assert (stored["value"], stored["accuracy_source"]) == (expected.value, expected.accuracy_source)
+
+
+def test_closed_actors_leave_no_folder_and_a_killed_ones_folder_is_swept(cluster, qdq_model):
+    import tempfile
+    from pathlib import Path
+
+    from mpstudio.distributed import OverRay
+
+    OverRay(cluster).outputs(qdq_model, FeedList(chain_feeds(4)), "cpu", None, None, None)
+    pids = cluster.evaluators().pids
+    folders = lambda: [f for pid in pids for f in Path(tempfile.gettempdir()).glob(f"mpstudio-ray-evaluator-{pid}-*")]
+    assert len(folders()) == len(pids), "each actor works in a folder named by its process"
+    cluster.close()
+    assert folders() == []
+    # A killed actor cannot clean up: the next actor started on the node removes its folder.
+    OverRay(cluster).outputs(qdq_model, FeedList(chain_feeds(4)), "cpu", None, None, None)
+    victim = cluster.evaluators().pids[0]
+    os.kill(victim, signal.SIGKILL)
+    left = list(Path(tempfile.gettempdir()).glob(f"mpstudio-ray-evaluator-{victim}-*"))
+    assert left, "a killed actor's folder stays until it is swept"
+    OverRay(cluster).outputs(qdq_model, FeedList(chain_feeds(4)), "cpu", None, None, None)  # restarts the actor
+    assert not any(folder.exists() for folder in left)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import tempfile
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -23,6 +22,7 @@ import numpy as np
 from ..data import Cancelled, DataSource, Feed, Progress
 from ..errors import MpstudioError
 from ..loop.runners import CPU_SOURCE
+from .folders import actor_folder, release, release_all
 
 _KEEP_SESSIONS = 2
 _TASK_RETRIES = 3  # Ray's retries on the same (restarted) actor
@@ -51,8 +51,12 @@ class Evaluator:
 
     def __init__(self):
         # QNN writes trace files into the working directory: each actor its own.
-        os.chdir(tempfile.mkdtemp(prefix="mpstudio-ray-evaluator-"))
+        self.folder = actor_folder("evaluator")
         self.sessions: OrderedDict = OrderedDict()
+
+    def release(self) -> None:
+        self.sessions.clear()
+        release(self.folder)
 
     def where(self) -> tuple[str, str, bool, int]:
         """(node id, host name, whether the HTP is the emulator, process id)."""
@@ -194,8 +198,7 @@ class EvaluatorPool:
             return None
 
     def close(self) -> None:
-        for actor in self.actors:
-            self.ray.kill(actor)
+        release_all(self.ray, self.actors)
         self.actors = []
 
 

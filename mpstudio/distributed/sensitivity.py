@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import threading
-from pathlib import Path
 from typing import Any
 
 from ..errors import MpstudioError
 from .evaluation import ACTOR_CPUS, started
+from .folders import actor_folder, release, release_all
 from ..sensitivity.workers import IsolationSpec, ScoringSpec, SensitivityWorker
 
 _PATHS = {ScoringSpec: ("float_model", "qdq_model", "local_model"),
@@ -29,10 +28,12 @@ class SensitivityActor:
     """One Ray actor running sensitivity tasks; sets itself up from the specs a task names."""
 
     def __init__(self):
-        self.folder = Path(tempfile.mkdtemp(prefix="mpstudio-ray-sensitivity-"))
-        os.chdir(self.folder)
+        self.folder = actor_folder("sensitivity")
         self.worker = SensitivityWorker()
         self.version = -1
+
+    def release(self) -> None:
+        release(self.folder)
 
     def pid(self) -> int:
         return os.getpid()
@@ -145,8 +146,7 @@ class RaySensitivityPool:
         return out
 
     def close(self) -> None:
-        for actor in self.processes:
-            self.ray.kill(actor)
+        release_all(self.ray, self.processes)
         self._owner.clear()
 
     terminate = close
