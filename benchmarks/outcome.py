@@ -28,10 +28,11 @@ second reuses what the first stored, as a user's second search would).
 
 Gates (exit 1 when one fails), judged over the study's stored plans on the source that had the last word (the
 HTP when the search confirmed there, else the CPU):
-- a stored plan reaches a target the search reports missed;
+- a stored plan clearly reaches a target the search reports missed (a value within the metric's resolution of the
+  target, or whose 95 % interval holds it, is within noise: it answers nothing, as in the search);
 - the recommendation is dominated by a stored plan (at least as good a value at no more estimated latency);
 - the search evaluated a plan that a plan stored before it already made pointless: one at no more estimated
-  latency that reaches the target, or the all-16-bit baseline of the same weight form;
+  latency that clearly reaches the target, or the all-16-bit baseline of the same weight form;
 - no target of a case is reached by a mixed plan only (the pick reaches it and no all-8-bit baseline does);
 - the whole run takes longer than `--budget-minutes`.
 Printed per search: evaluations (new ones), the estimated latency premium used (the pick's premium over a8w8 as a
@@ -64,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mpstudio.data import FeedList  # noqa: E402
+from mpstudio.loop.uncertainty import target_verdict  # noqa: E402
 from mpstudio.metrics import metric_spec  # noqa: E402
 from mpstudio.model import prepare_model  # noqa: E402
 from mpstudio.quantize import weight_form  # noqa: E402
@@ -193,15 +195,32 @@ def dominated_by(pick, evaluations, higher: bool):
     return None
 
 
-def pointless_evaluations(study: Study, before: list, path, threshold: float, higher: bool) -> list[str]:
-    """The search's new evaluations that a plan stored before each of them already made pointless."""
+def clearly_reaches(threshold: float, higher: bool) -> Callable:
+    """Whether an evaluation reaches `threshold` by more than its noise: the search's own rule (a value within the
+    metric's resolution of the threshold, or whose 95 % interval holds it, is within noise and answers nothing;
+    the search keeps looking for a plan that clearly reaches, as it should)."""
+    def reaches(e) -> bool:
+        return target_verdict(e.value, threshold, higher, _known(e.low), _known(e.high), _known(e.resolution)) == \
+            "reaches"
+    return reaches
+
+
+def _known(value):
+    return None if value is None or value != value else value  # NaN: a result stored without its interval
+
+
+def pointless_evaluations(study: Study, before: list, path, threshold: float, higher: bool,
+                          reaches: Callable | None = None) -> list[str]:
+    """The search's new evaluations that a plan stored before each of them already made pointless. `reaches(e)`:
+    whether a stored plan answers the target (default: its value meets the threshold)."""
+    reaches = reaches or (lambda e: meets(e.value, threshold, higher))
     known, found = list(before), []
     ceilings = {weight_form(study.plan(e.plan_id)): e for e in before if e.name.startswith("a16w8")}
     for e in path:
         if not e.cached:
             form = weight_form(study.plan(e.plan_id))
             for other in known:
-                reason = ("reaches the target" if meets(other.value, threshold, higher) else
+                reason = ("reaches the target" if reaches(other) else
                           "is the all-16-bit plan of its weights" if ceilings.get(form) is other else None)
                 if reason and other.plan_id != e.plan_id and estimate_ms(other) <= estimate_ms(e):
                     found.append(f"{e.name} ({estimate_ms(e):.3f} ms) after {other.name} ({estimate_ms(other):.3f} "
@@ -227,7 +246,8 @@ def judge(study: Study, result, before: list, baselines: dict) -> tuple[list[str
     higher, threshold, pick = study.higher_is_better, result.threshold, result.recommended
     final = stored(study, pick.accuracy_source)
     failures = []
-    reaching = [e for e in final if meets(e.value, threshold, higher)]
+    clearly = clearly_reaches(threshold, higher)
+    reaching = [e for e in final if clearly(e)]
     if not result.reached and reaching:
         best = min(reaching, key=estimate_ms)
         failures.append(f"reported missed while stored {best.name} reaches it ({best.value:.4f} on "
@@ -238,7 +258,7 @@ def judge(study: Study, result, before: list, baselines: dict) -> tuple[list[str
                         f"{other.name} ({other.value:.4f}, {estimate_ms(other):.3f} ms)")
     cpu_before = [e for e in before if e.accuracy_source == result.baselines["a8w8"].accuracy_source]
     failures += [f"evaluated {text}" for text in pointless_evaluations(study, cpu_before, result.path, threshold,
-                                                                       higher)]
+                                                                       higher, clearly)]
     eight_bit_reaches = any(meets(e.value, threshold, higher) for name, e in baselines.items()
                             if name.startswith("a8w8"))
     is_mixed = bool(study.plan(pick.plan_id).overrides)  # a baseline promotes nothing one by one
