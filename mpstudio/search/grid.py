@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..store import Evaluation
+from .evidence import WITHIN_NOISE
 
 # Coarse grid points at most, and how many of the best values' neighbourhoods refinement settles.
 GRID_POINTS = 5
@@ -77,7 +78,7 @@ class PrefixGrid:
             top = min(reaching)
             low = max(k for k in seen if k < top) if any(k < top for k in seen) else 0
             if top - low <= 1:
-                return [], f"target reached with {top} promoted; {low} {'is the base' if low == 0 else 'misses'}"
+                return [], f"target reached with {top} promoted; {low} {self._says(low)}"
             return _sections(low, top, self._width()), ""
         sign = 1.0 if self.walk.hib else -1.0
         ranked = sorted(self.known, key=lambda k: -sign * self.known[k].value)
@@ -90,6 +91,20 @@ class PrefixGrid:
         best = ranked[0]
         return [], (f"no promotion reaches the target: the best, {best} promoted, and the neighbours of the "
                     f"{min(BEST_REGIONS, len(ranked))} best are evaluated")
+
+
+    def _says(self, k: int) -> str:
+        """What plan k, just below the smallest k that clearly reaches the target, says of it (the stop reason)."""
+        if k == 0:
+            return "is the base"
+        if k in self.skipped:
+            return "was not worth evaluating"
+        if k in self.unbuilt:
+            return "cannot be built"
+        evidence = getattr(self.walk, "evidence", None)
+        if evidence is not None and evidence.verdict(self.known[k]) == WITHIN_NOISE:
+            return "is within noise of it"
+        return "misses"
 
 
 def _chunks(items: list, size: int):
