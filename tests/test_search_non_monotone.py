@@ -63,3 +63,68 @@ def test_the_search_finds_a_middle_promotion_where_every_helpful_tensor_misses(t
         assert result.recommended.latency("estimate").ms < result.baselines["a16w8"].latency("estimate").ms
     finally:
         study.close()
+
+
+class _Walk:
+    """The walk's side of a PrefixGrid with fixed values per k (the grid's own logic is what is under test)."""
+
+    workers, hib, budget = [None], True, 16
+
+    def __init__(self, value, threshold):
+        self.value, self.threshold, self.evaluated = value, threshold, []
+
+    def left(self):
+        return self.budget - len(self.evaluated)
+
+    def reaches(self, e):
+        return e.value >= self.threshold
+
+    def pointless(self, plan):
+        return None
+
+    def evaluate(self, plans, pass_over=False):
+        from mpstudio.store import Evaluation
+
+        self.evaluated += plans
+        return [Evaluation(k, "h", f"+{k}", "cpu", "CPU", "m", self.value(k), True, None, None, 1, 0.0) for k in plans]
+
+
+def _walk_in_time(walk, cap, known, seconds=20.0):
+    """PrefixGrid(walk, ...).run() in a thread: its reason, or None when it has not stopped within `seconds`."""
+    import threading
+
+    from mpstudio.search.grid import PrefixGrid
+
+    out = []
+    thread = threading.Thread(target=lambda: out.append(PrefixGrid(walk, lambda k: k, cap, known).run(None)),
+                              daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return out[0] if out else None
+
+
+def test_the_walk_stops_when_only_all_16_bit_beyond_its_range_reaches_the_target():
+    """As on the outcome benchmark's encoder: a second target that only all-16-bit (known at k = every tensor, far
+    beyond the range the stored plans leave worth evaluating) reaches. The walk evaluates its range and stops,
+    where it once asked for the k between its range and all-16-bit forever."""
+    from mpstudio.store import Evaluation
+
+    walk = _Walk(lambda k: 0.96 + 0.001 * k, 0.99)
+    known = {0: Evaluation(0, "h", "base", "cpu", "CPU", "m", 0.96, True, None, None, 1, 0.0),
+             199: Evaluation(199, "h", "a16w8", "cpu", "CPU", "m", 0.9995, True, None, None, 1, 0.0)}
+    reason = _walk_in_time(walk, 7, known)
+    assert reason is not None, "the walk did not stop"
+    assert "no promotion reaches the target" in reason and 7 in known
+    assert all(0 < k <= 7 for k in walk.evaluated)
+
+
+def test_the_walk_stops_when_its_best_value_lies_beyond_its_range():
+    """No k reaches the target and the best value is all-16-bit's, beyond the range: its neighbours are not asked."""
+    from mpstudio.store import Evaluation
+
+    walk = _Walk(lambda k: 0.96 + 0.001 * k, 0.9999)
+    known = {0: Evaluation(0, "h", "base", "cpu", "CPU", "m", 0.96, True, None, None, 1, 0.0),
+             199: Evaluation(199, "h", "a16w8", "cpu", "CPU", "m", 0.9995, True, None, None, 1, 0.0)}
+    reason = _walk_in_time(walk, 7, known)
+    assert reason is not None, "the walk did not stop"
+    assert all(0 < k <= 7 for k in walk.evaluated) and len(walk.evaluated) <= 7

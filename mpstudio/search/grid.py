@@ -35,7 +35,10 @@ class PrefixGrid:
             candidates, reason = self._next()
             if not candidates:
                 return reason
+            before = len(self.known) + len(self.skipped) + len(self.unbuilt)
             self._try(candidates)
+            if len(self.known) + len(self.skipped) + len(self.unbuilt) == before:  # never ask the same again
+                return f"no promotion left to evaluate in the walk's range (1 to {self.cap} promoted)"
         return "evaluation budget"
 
     def grid(self, prior: int | None) -> list[int]:
@@ -73,7 +76,9 @@ class PrefixGrid:
     def _next(self) -> tuple[list[int], str]:
         """The next k to evaluate, or none and why the walk may stop."""
         seen = sorted(set(self.known) | set(self.skipped) | self.unbuilt)
-        reaching = [k for k in self.known if self.walk.reaches(self.known[k])]
+        # Only the walk's range counts: a k known beyond it (all-16-bit, k = every tensor) has no k above it to
+        # evaluate, and the range ends where stored plans make dearer ones pointless.
+        reaching = [k for k in self.known if k <= self.cap and self.walk.reaches(self.known[k])]
         if reaching:
             top = min(reaching)
             low = max(k for k in seen if k < top) if any(k < top for k in seen) else 0
@@ -81,16 +86,18 @@ class PrefixGrid:
                 return [], f"target reached with {top} promoted; {low} {self._says(low)}"
             return _sections(low, top, self._width()), ""
         sign = 1.0 if self.walk.hib else -1.0
-        ranked = sorted(self.known, key=lambda k: -sign * self.known[k].value)
+        ranked = sorted((k for k in self.known if k <= self.cap), key=lambda k: -sign * self.known[k].value)
         for k in ranked[:BEST_REGIONS]:
             below = max((j for j in seen if j < k), default=None)
             above = min((j for j in seen if j > k), default=self.cap + 1)
-            gaps = [(a, b) for a, b in ((below, k), (k, above)) if a is not None and b - a > 1]
+            gaps = [(a, min(b, self.cap + 1)) for a, b in ((below, k), (k, above))
+                    if a is not None and min(b, self.cap + 1) - a > 1]
             if gaps:
                 return [p for a, b in gaps for p in _sections(a, b, max(1, self._width() // len(gaps)))], ""
         best = ranked[0]
         return [], (f"no promotion reaches the target: the best, {best} promoted, and the neighbours of the "
-                    f"{min(BEST_REGIONS, len(ranked))} best are evaluated")
+                    f"{min(BEST_REGIONS, len(ranked))} best are evaluated (1 to {self.cap} promoted: dearer ones "
+                    "are not worth evaluating)")
 
 
     def _says(self, k: int) -> str:
