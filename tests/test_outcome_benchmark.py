@@ -78,3 +78,23 @@ def test_targets_lie_between_the_best_all_8_bit_and_all_16_bit_values(outcome):
     assert outcome.targets_of(base, True) == [pytest.approx(0.89), pytest.approx(0.91)]
     errors = {"a8w8": E(0.16), "a8w8-pc": E(0.12), "a16w8": E(0.15), "a16w8-pc": E(0.04)}
     assert outcome.targets_of(errors, False) == [pytest.approx(0.10), pytest.approx(0.06)]
+
+
+def test_a_plan_within_noise_of_the_target_makes_no_dearer_evaluation_pointless(study, outcome):
+    """The search keeps looking past a plan within noise of the target (it answers nothing), so the gate does not
+    count the plans it evaluates next as wasted; a plan that clearly reaches the target still makes them so."""
+    from dataclasses import replace
+
+    a16 = study.evaluate(PrecisionPlan.a16w8())
+    partial = study.evaluate(PrecisionPlan.a8w8().promote(["y", "block5_out"], name="partial"))
+    assert _ms(a16) <= _ms(partial)  # the premise, as measured
+    cheap = replace(a16, name="cheap", low=a16.value - 1.0, high=a16.value + 1.0)  # an interval of +-1 dB
+    clearly = outcome.clearly_reaches(a16.value - 0.5, True)  # inside that interval: within noise
+    assert not clearly(cheap)
+    assert outcome.pointless_evaluations(study, [cheap], [partial], a16.value - 0.5, True, clearly) == []
+    # Judged on its value alone (the gate's rule before), the same plan made the next evaluation look wasted.
+    assert len(outcome.pointless_evaluations(study, [cheap], [partial], a16.value - 0.5, True)) == 1
+    clearly = outcome.clearly_reaches(a16.value - 2.0, True)  # below the interval: clearly reached
+    assert clearly(cheap)
+    found = outcome.pointless_evaluations(study, [cheap], [partial], a16.value - 2.0, True, clearly)
+    assert len(found) == 1 and "reaches the target" in found[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..store import Evaluation
+from .evidence import WITHIN_NOISE
 
 # Coarse grid points at most, and how many of the best values' neighbourhoods refinement settles.
 GRID_POINTS = 5
@@ -34,7 +35,10 @@ class PrefixGrid:
             candidates, reason = self._next()
             if not candidates:
                 return reason
+            before = len(self.known) + len(self.skipped) + len(self.unbuilt)
             self._try(candidates)
+            if len(self.known) + len(self.skipped) + len(self.unbuilt) == before:  # never ask the same again
+                return f"no promotion left to evaluate in the walk's range (1 to {self.cap} promoted)"
         return "evaluation budget"
 
     def grid(self, prior: int | None) -> list[int]:
@@ -72,24 +76,42 @@ class PrefixGrid:
     def _next(self) -> tuple[list[int], str]:
         """The next k to evaluate, or none and why the walk may stop."""
         seen = sorted(set(self.known) | set(self.skipped) | self.unbuilt)
-        reaching = [k for k in self.known if self.walk.reaches(self.known[k])]
+        # Only the walk's range counts: a k known beyond it (all-16-bit, k = every tensor) has no k above it to
+        # evaluate, and the range ends where stored plans make dearer ones pointless.
+        reaching = [k for k in self.known if k <= self.cap and self.walk.reaches(self.known[k])]
         if reaching:
             top = min(reaching)
             low = max(k for k in seen if k < top) if any(k < top for k in seen) else 0
             if top - low <= 1:
-                return [], f"target reached with {top} promoted; {low} {'is the base' if low == 0 else 'misses'}"
+                return [], f"target reached with {top} promoted; {low} {self._says(low)}"
             return _sections(low, top, self._width()), ""
         sign = 1.0 if self.walk.hib else -1.0
-        ranked = sorted(self.known, key=lambda k: -sign * self.known[k].value)
+        ranked = sorted((k for k in self.known if k <= self.cap), key=lambda k: -sign * self.known[k].value)
         for k in ranked[:BEST_REGIONS]:
             below = max((j for j in seen if j < k), default=None)
             above = min((j for j in seen if j > k), default=self.cap + 1)
-            gaps = [(a, b) for a, b in ((below, k), (k, above)) if a is not None and b - a > 1]
+            gaps = [(a, min(b, self.cap + 1)) for a, b in ((below, k), (k, above))
+                    if a is not None and min(b, self.cap + 1) - a > 1]
             if gaps:
                 return [p for a, b in gaps for p in _sections(a, b, max(1, self._width() // len(gaps)))], ""
         best = ranked[0]
         return [], (f"no promotion reaches the target: the best, {best} promoted, and the neighbours of the "
-                    f"{min(BEST_REGIONS, len(ranked))} best are evaluated")
+                    f"{min(BEST_REGIONS, len(ranked))} best are evaluated (1 to {self.cap} promoted: dearer ones "
+                    "are not worth evaluating)")
+
+
+    def _says(self, k: int) -> str:
+        """What plan k, just below the smallest k that clearly reaches the target, says of it (the stop reason)."""
+        if k == 0:
+            return "is the base"
+        if k in self.skipped:
+            return "was not worth evaluating"
+        if k in self.unbuilt:
+            return "cannot be built"
+        evidence = getattr(self.walk, "evidence", None)
+        if evidence is not None and evidence.verdict(self.known[k]) == WITHIN_NOISE:
+            return "is within noise of it"
+        return "misses"
 
 
 def _chunks(items: list, size: int):
