@@ -1,7 +1,8 @@
 """mpstudio's mixed-precision search against AIMET's (aimet-onnx), on one model, one target, one evaluator.
 
-    python benchmarks/search.py [--target 0.02] [--study DIR] [--no-aimet] [--sweep-samples 2]
-                                [--budget-minutes 15] [--keep DIR] [--weights mixed] [--ray auto|ADDRESS]
+    MPSTUDIO_AIMET_PYTHON=<python with aimet-onnx> python benchmarks/search.py [--target 0.02] [--study DIR]
+        [--no-aimet] [--no-amp] [--sweep-samples 2] [--htp] [--budget-minutes 15] [--keep DIR] [--weights mixed]
+        [--ray auto|ADDRESS]
 
 Model and data: the built-in demo (PP-OCRv4 text-line recognizer, 100 calibration and 100 evaluation lines,
 scored by CER), or with `--study DIR` the model, data and metric of an existing study. Every method starts
@@ -36,16 +37,23 @@ Rows (wall time from the float model to the scored result, calibration included)
 "sweeps" counts AIMET's sensitivity runs on `--sweep-samples` samples each; "16-bit" counts the tensors
 quantized to 16 bits in the final QDQ model.
 
+AIMET runs in its own interpreter, `$MPSTUDIO_AIMET_PYTHON` (benchmarks/aimet_mixed_side.py, which answers
+over a pipe; AMP's acceptance calls come back here to the one evaluator); mpstudio never imports AIMET.
+
 mpstudio's search runs without its HTP confirmation (`confirm=None`) unless `--confirm`: this benchmark
-compares methods on the one CPU evaluator.
+compares methods on the one CPU evaluator. `--htp` judges every row on HTP numerics as well: its final model,
+with each QuantizeLinear of a constant replaced by its integer codes (the form QNN takes weights in; the same
+numbers), run on the HTP emulator (QNN EP, the study's htp_arch) over the same samples; the HTP value then
+decides "met" and the gates. Where QNN refuses part of a model, the row says so and its HTP value has those
+nodes on ORT's CPU EP.
 
 Gates (exit 1 when one fails): mpstudio's pick reaches the target; no AIMET result that reaches the target
 has a lower estimated latency than mpstudio's pick; the whole run takes at most `--budget-minutes`; with
 `--max-premium S` (default 1/3 with `--weights mixed`), the pick costs at most S of a16w8's estimated premium
 over a8w8. The demo's figure: `--target float+100% --max-premium 0.33` (within 2x of the float model's CER at
 no more than a third of a16w8's premium).
-Without aimet-onnx (`pip install 'mpstudio[aimet]'`) its rows print as skipped and only the first and last
-gates apply.
+Without `$MPSTUDIO_AIMET_PYTHON` (a Python with `pip install 'mpstudio[aimet]'`) AIMET's rows print as
+skipped and only the first and last gates apply.
 """
 
 from __future__ import annotations
