@@ -382,7 +382,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="judge every row on HTP numerics: its final model scored again on the HTP emulator, "
                              "whose value decides 'met' and the gates")
     parser.add_argument("--no-amp", action="store_true", help="AIMET's a8w8 and Lite-MP rows only")
+    parser.add_argument("--aimet-only", action="store_true",
+                        help="AIMET's rows only (the target must be a number), e.g. beside a run that has mpstudio's")
     args = parser.parse_args(argv)
+    if args.aimet_only:
+        try:
+            float(args.target)
+        except ValueError:
+            parser.error(f"--aimet-only needs a numeric --target (a baseline-relative one needs mpstudio's search "
+                         f"to resolve it), not {args.target!r}")
     if args.max_premium is None and args.weights == "mixed":
         args.max_premium = 1 / 3
     return args
@@ -407,27 +415,33 @@ def main(argv=None) -> int:
 
             runner = OverRay(connect(args.ray))
             print(runner.cluster.describe(), flush=True)
-        ours, result = run_mpstudio(study, args.target, evaluator, args.weights, args.confirm, runner)
-        print("mpstudio: " + result.describe().replace("\n", "\n  "), flush=True)
-        against = premium(study, evaluator, result, ours)
-        rows = [ours]
+        if args.aimet_only:
+            threshold, rows = float(args.target), []
+        else:
+            ours, result = run_mpstudio(study, args.target, evaluator, args.weights, args.confirm, runner)
+            print("mpstudio: " + result.describe().replace("\n", "\n  "), flush=True)
+            against = premium(study, evaluator, result, ours)
+            threshold, rows = result.threshold, [ours]
         if args.no_aimet:
             rows.append(Row("AIMET", None, None, 0.0, None, None, None, None, "skipped: --no-aimet"))
         elif not aimet_python():
             rows.append(Row("AIMET", None, None, 0.0, None, None, None, None,
                             f"skipped: set {AIMET_PYTHON} to a Python with the [aimet] extra (aimet-onnx)"))
         else:
-            aimet_rows, errors = run_aimet(study, evaluator, result.threshold, root / "aimet", args.sweep_samples,
+            aimet_rows, errors = run_aimet(study, evaluator, threshold, root / "aimet", args.sweep_samples,
                                            amp=not args.no_amp)
             rows += aimet_rows + [Row("AIMET", None, None, 0.0, None, None, None, None, f"failed: {e}")
                                   for e in errors]
         if args.htp:
-            rows = judged_on_htp(rows, evaluator, result.threshold)
+            rows = judged_on_htp(rows, evaluator, threshold)
         elapsed = time.perf_counter() - started
-        print_table(rows, study.metric_name, result.threshold, study.higher_is_better)
-        print("mpstudio's pick: " + against.describe(study.metric_name))
-        failed = gates([r for r in rows if r.value is not None], elapsed, args.budget_minutes)
-        if args.max_premium is not None and not against.share <= args.max_premium + 1e-9:
+        print_table(rows, study.metric_name, threshold, study.higher_is_better)
+        if args.aimet_only:  # no pick to judge: only the time gate
+            failed = gates([Row("-", None, None, 0.0, None, None, None, True)], elapsed, args.budget_minutes)
+        else:
+            print("mpstudio's pick: " + against.describe(study.metric_name))
+            failed = gates([r for r in rows if r.value is not None], elapsed, args.budget_minutes)
+        if not args.aimet_only and args.max_premium is not None and not against.share <= args.max_premium + 1e-9:
             failed.append(f"the pick costs {against.share:.2f} of a16w8's estimated premium (wanted <= "
                           f"{args.max_premium:.2f})")
     finally:
