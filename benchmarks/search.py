@@ -1,7 +1,8 @@
 """mpstudio's mixed-precision search against AIMET's (aimet-onnx), on one model, one target, one evaluator.
 
-    python benchmarks/search.py [--target 0.02] [--study DIR] [--no-aimet] [--sweep-samples 2]
-                                [--budget-minutes 15] [--keep DIR] [--weights mixed] [--ray auto|ADDRESS]
+    MPSTUDIO_AIMET_PYTHON=<python with aimet-onnx> python benchmarks/search.py [--target 0.02] [--study DIR]
+        [--no-aimet] [--no-amp] [--sweep-samples 2] [--htp] [--budget-minutes 15] [--keep DIR] [--weights mixed]
+        [--ray auto|ADDRESS]
 
 Model and data: the built-in demo (PP-OCRv4 text-line recognizer, 100 calibration and 100 evaluation lines,
 scored by CER), or with `--study DIR` the model, data and metric of an existing study. Every method starts
@@ -36,30 +37,38 @@ Rows (wall time from the float model to the scored result, calibration included)
 "sweeps" counts AIMET's sensitivity runs on `--sweep-samples` samples each; "16-bit" counts the tensors
 quantized to 16 bits in the final QDQ model.
 
+AIMET runs in its own interpreter, `$MPSTUDIO_AIMET_PYTHON` (benchmarks/aimet_mixed_side.py, which answers
+over a pipe; AMP's acceptance calls come back here to the one evaluator); mpstudio never imports AIMET.
+
 mpstudio's search runs without its HTP confirmation (`confirm=None`) unless `--confirm`: this benchmark
-compares methods on the one CPU evaluator.
+compares methods on the one CPU evaluator. `--htp` judges every row on HTP numerics as well: its final model,
+with each QuantizeLinear of a constant replaced by its integer codes (the form QNN takes weights in; the same
+numbers), run on the HTP emulator (QNN EP, the study's htp_arch) over the same samples; the HTP value then
+decides "met" and the gates. Where QNN refuses part of a model, the row says so and its HTP value has those
+nodes on ORT's CPU EP.
 
 Gates (exit 1 when one fails): mpstudio's pick reaches the target; no AIMET result that reaches the target
 has a lower estimated latency than mpstudio's pick; the whole run takes at most `--budget-minutes`; with
 `--max-premium S` (default 1/3 with `--weights mixed`), the pick costs at most S of a16w8's estimated premium
 over a8w8. The demo's figure: `--target float+100% --max-premium 0.33` (within 2x of the float model's CER at
 no more than a third of a16w8's premium).
-Without aimet-onnx (`pip install 'mpstudio[aimet]'`) its rows print as skipped and only the first and last
-gates apply.
+Without `$MPSTUDIO_AIMET_PYTHON` (a Python with `pip install 'mpstudio[aimet]'`) AIMET's rows print as
+skipped and only the first and last gates apply.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import logging
+import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
@@ -73,7 +82,8 @@ from mpstudio.sensitivity import OutputScorer  # noqa: E402
 from mpstudio.sensitivity.isolation import float_references  # noqa: E402
 from mpstudio.study import Study  # noqa: E402
 
-LITE_MP_PERCENTS = (10, 20)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from aimet_mixed_side import PROTOCOL  # noqa: E402  (the protocol only: AIMET runs in its own interpreter)
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,9 @@ class Row:
     sixteen_bit: int | None
     reached: bool | None
     note: str = ""
+    path: Path | None = None  # the QDQ model the method ends with
+    htp_value: float | None = None  # that model's score on the HTP emulator (`--htp`)
+    htp_note: str = ""
 
 
 class Evaluator:
@@ -113,6 +126,13 @@ class Evaluator:
             runs = run_outputs(path, self.study.evaluation_data, "cpu")
             self._cache[key] = self.scorer.score([[r[n] for n in self.scorer.output_names] for r in runs])
         return self._cache[key]
+
+    def score_htp(self, path: Path, allow_cpu_fallback: bool = False) -> float:
+        """The same score on the HTP emulator's numerics (QNN EP, HTP backend, the study's htp_arch); raises
+        when QNN refuses part of the model, unless `allow_cpu_fallback` leaves that part to ORT's CPU EP."""
+        runs = run_outputs(constants_quantized(path), self.study.evaluation_data, "htp",
+                           {"htp_arch": self.study.htp_arch}, allow_cpu_fallback=allow_cpu_fallback)
+        return self.scorer.score([[r[n] for n in self.scorer.output_names] for r in runs])
 
     def estimate_ms(self, path: Path) -> float:
         return estimate_latency(path, htp_arch=self.study.htp_arch).ms
@@ -149,7 +169,7 @@ def run_mpstudio(study: Study, target: str, evaluator: Evaluator, weights: str =
     if not math.isclose(value, result.recommended.value, rel_tol=1e-6, abs_tol=1e-9):
         note += f"; the study stored {result.recommended.value:.4f}"
     row = Row("mpstudio search", result.evaluations, None, seconds, value, evaluator.estimate_ms(path),
-              sixteen_bit_tensors(path), meets(value, result.threshold, evaluator.higher_is_better), note)
+              sixteen_bit_tensors(path), meets(value, result.threshold, evaluator.higher_is_better), note, path)
     return row, result
 
 
@@ -183,127 +203,143 @@ def premium(study: Study, evaluator: Evaluator, result, row: Row) -> Premium:
 
 
 # ---- AIMET -------------------------------------------------------------------------------------------------------
-def aimet_available() -> bool:
-    try:
-        import aimet_onnx  # noqa: F401
-    except ImportError:
-        return False
-    return True
+AIMET_PYTHON = "MPSTUDIO_AIMET_PYTHON"
+MIXED_SIDE = Path(__file__).resolve().parent / "aimet_mixed_side.py"
 
 
-class _AimetRun:
-    """AIMET's sims on the study's float model and calibration data, exported and scored by the one evaluator."""
+def aimet_python() -> str | None:
+    """The interpreter with aimet-onnx (`$MPSTUDIO_AIMET_PYTHON`); mpstudio's own never imports AIMET."""
+    return os.environ.get(AIMET_PYTHON) or None
 
-    def __init__(self, study: Study, evaluator: Evaluator, threshold: float, folder: Path, sweep_samples: int):
-        import onnxruntime as ort
-        from aimet_onnx.common.utils import AimetLogger
-        from aimet_onnx.utils import make_psnr_eval_fn
 
-        for area in AimetLogger.LogAreas:  # AIMET logs every quantizer at INFO
-            AimetLogger.set_area_logger_level(area, logging.WARNING)
-        self.study, self.evaluator, self.threshold, self.folder = study, evaluator, threshold, folder
-        folder.mkdir(parents=True, exist_ok=True)
-        self.float_model = onnx.load(study.quantizer.float_path)
-        self.calibration = [study.calibration.sample(i) for i in range(len(study.calibration))]
-        float_session = ort.InferenceSession(str(study.quantizer.float_path), providers=["CPUExecutionProvider"])
-        psnr = make_psnr_eval_fn(float_session, self.calibration[:sweep_samples], output_indices=None)
-        self.sweeps = 0
+def run_aimet(study: Study, evaluator: Evaluator, threshold: float, folder: Path, sweep_samples: int,
+              amp: bool = True) -> tuple[list[Row], list[str]]:
+    """AIMET's a8w8, Lite-MP and AMP rows (benchmarks/aimet_mixed_side.py in AIMET's interpreter), each row's
+    model scored here by the one evaluator; AMP's acceptance calls are answered by that evaluator too."""
+    import numpy as np
 
-        def counted_psnr(session) -> float:
-            self.sweeps += 1
-            return psnr(session)
+    folder.mkdir(parents=True, exist_ok=True)
+    samples = [study.calibration.sample(i) for i in range(len(study.calibration))]
+    calibration = folder / "calibration.npz"
+    np.savez(calibration, **{name: np.stack([s[name] for s in samples]) for name in samples[0]})
+    command = [aimet_python(), str(MIXED_SIDE), str(study.quantizer.float_path), "--calibration", str(calibration),
+               "--out", str(folder), "--sweep-samples", str(sweep_samples), "--htp-arch", study.htp_arch]
+    rows, errors = [], []
+    with open(folder / "aimet.log", "w") as log, subprocess.Popen(
+            command + ([] if amp else ["--no-amp"]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            text=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}) as side:
+        for line in side.stdout:
+            if not line.startswith(PROTOCOL):
+                continue
+            message = json.loads(line[len(PROTOCOL):])
+            if "accept" in message:
+                value = evaluator.score(Path(message["accept"]))
+                side.stdin.write("1\n" if meets(value, threshold, evaluator.higher_is_better) else "0\n")
+                side.stdin.flush()
+            elif "row" in message:
+                r = message["row"]
+                path = Path(r["path"])
+                seconds = r["seconds"] + _scoring(evaluator, path)
+                value = evaluator.score(path)
+                rows.append(Row(r["method"], r["evaluations"], r["sweeps"], seconds, value,
+                                evaluator.estimate_ms(path), sixteen_bit_tensors(path),
+                                meets(value, threshold, evaluator.higher_is_better), r["note"], path))
+                print(f"{r['method']} done: {study.metric_name} {value:.4f}", flush=True)
+            elif "error" in message:
+                errors.append(message["error"])
+                print(f"AIMET failed: {message['error']} (traceback in {folder / 'aimet.log'})", flush=True)
+    if side.returncode:
+        errors.append(f"AIMET's interpreter exited {side.returncode} (see {folder / 'aimet.log'})")
+    return rows, errors
 
-        self.sensitivity_metric = counted_psnr
-        self.exports = 0
 
-    def sim(self, name: str):
-        from aimet_onnx import QuantizationSimModel, int8
+def _scoring(evaluator: Evaluator, path: Path) -> float:
+    """Seconds the evaluator takes to score `path` (the result is cached, so the row's scoring is free)."""
+    started = time.perf_counter()
+    evaluator.score(path)
+    return time.perf_counter() - started
 
-        return QuantizationSimModel(self.float_model, param_type=int8, activation_type=int8,
-                                    config_file=f"htp_v{self.study.htp_arch}", path=str(self.folder / name))
 
-    def export(self, sim, name: str) -> Path:
-        self.exports += 1
-        path = self.folder / f"{name}.onnx"
-        onnx.save(sim.to_onnx_qdq(), path)
+# ---- HTP numerics ----------------------------------------------------------------------------------------------
+def constants_quantized(path: Path) -> Path:
+    """`path` with each QuantizeLinear of a constant (weights, biases) replaced by its integer codes, the form
+    QNN takes weights in (it leaves a QuantizeLinear of an initializer to the CPU): the same numbers, computed
+    once. AIMET's `to_onnx_qdq` keeps such nodes after Lite-MP's flips. Returns `path` when there is none."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    model = onnx.load(path)
+    inits = {i.name: i for i in model.graph.initializer}
+    folded = []
+    for node in model.graph.node:
+        if node.op_type != "QuantizeLinear" or not all(x in inits for x in node.input[:3]) or len(node.input) < 3:
+            continue
+        w, scale, zero = (numpy_helper.to_array(inits[x]) for x in node.input[:3])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        if scale.size > 1:
+            shape = [1] * w.ndim
+            shape[axis] = -1
+            scale, zero = scale.reshape(shape), zero.reshape(shape)
+        info = np.iinfo(zero.dtype)
+        codes = np.clip(np.rint(w.astype(np.float64) / scale) + zero.astype(np.int64), info.min, info.max)
+        model.graph.initializer.append(numpy_helper.from_array(codes.astype(zero.dtype), node.output[0]))
+        folded.append(node)
+    if not folded:
         return path
+    for node in folded:
+        model.graph.node.remove(node)
+    out = path.with_name(path.stem + ".constants-quantized.onnx")
+    onnx.save(model, out)
+    return out
 
-    def row(self, method: str, path: Path, evaluations: int | None, sweeps: int, seconds: float,
-            note: str = "") -> Row:
-        value = self.evaluator.score(path)
-        return Row(method, evaluations, sweeps, seconds, value, self.evaluator.estimate_ms(path),
-                   sixteen_bit_tensors(path), meets(value, self.threshold, self.evaluator.higher_is_better), note)
 
-    def lite_mp(self) -> list[Row]:
-        from aimet_onnx import analyze_per_layer_sensitivity, int8, int16
-        from aimet_onnx.lite_mp import flip_layers_to_higher_precision
-
-        started = time.perf_counter()
-        sim = self.sim("lite-mp")
-        sim.compute_encodings(self.calibration)
-        base = self.export(sim, "aimet-a8w8")
-        base_seconds = time.perf_counter() - started
-        rows = [self.row("AIMET a8w8 (no search)", base, 1, 0, base_seconds + self._scoring(base),
-                         "HTP config, per-channel int8 weights")]
-        layers = analyze_per_layer_sensitivity(sim, self.sensitivity_metric)
-        shared = time.perf_counter() - started
-        for percent in LITE_MP_PERCENTS:
-            # Flipping the top 20% after the top 10% flips the same set as flipping 20% at once.
-            step = time.perf_counter()
-            flip_layers_to_higher_precision(sim, layers, percent, override_precision=(int8, int16))
-            sim.compute_encodings(self.calibration)
-            path = self.export(sim, f"aimet-lite-mp-{percent}")
-            seconds = shared + time.perf_counter() - step + self._scoring(path)
-            flipped = math.ceil(len(layers) * percent / 100)
-            rows.append(self.row(f"AIMET Lite-MP {percent}%", path, 1, len(layers), seconds,
-                                 f"{flipped} of {len(layers)} ops flipped to W8A16"))
-        return rows
-
-    def amp(self) -> Row:
-        from aimet_onnx.mixed_precision import analyze_mixed_precision_sensitivity, apply_amp, w8a8, w8a16
-
-        started = time.perf_counter()
-        before = self.sweeps
-        sim = self.sim("amp")
-        sensitivity = analyze_mixed_precision_sensitivity(sim, [w8a8, w8a16], self.sensitivity_metric,
-                                                          self.calibration)
-        sweeps = self.sweeps - before
-        calls = []
-
-        def acceptance(_session) -> bool:
-            path = self.export(sim, f"aimet-amp-{len(calls)}")
-            value = self.evaluator.score(path)
-            calls.append(value)
-            return meets(value, self.threshold, self.evaluator.higher_is_better)
-
-        apply_amp(sim, sensitivity, acceptance)
-        path = self.export(sim, "aimet-amp")
-        seconds = time.perf_counter() - started + self._scoring(path)
-        return self.row("AIMET AMP", path, len(calls), sweeps, seconds, "W8A8/W8A16 candidates, binary search")
-
-    def _scoring(self, path: Path) -> float:
-        """Seconds the evaluator takes to score `path` (the result is cached, so the row's scoring is free)."""
-        started = time.perf_counter()
-        self.evaluator.score(path)
-        return time.perf_counter() - started
+def judged_on_htp(rows: list[Row], evaluator: Evaluator, threshold: float) -> list[Row]:
+    """Each row's final model scored again on the HTP emulator; "reached" is then the HTP's verdict (None, with
+    QNN's error in `htp_note`, when QNN refuses the model)."""
+    judged = []
+    for r in rows:
+        if r.path is None:
+            judged.append(r)
+            continue
+        try:
+            value, note = evaluator.score_htp(r.path), ""
+        except Exception:  # QNN refusing part of a model is a result of the comparison, not a crash
+            try:
+                value = evaluator.score_htp(r.path, allow_cpu_fallback=True)
+            except Exception as error:
+                text = str(error).strip().splitlines()
+                judged.append(replace(r, reached=None, htp_note="HTP refused the model: " + (
+                    text[-1] if text else type(error).__name__)))
+                continue
+            note = "QNN EP refused part of the model (ONNX Runtime's log lists the nodes): HTP value with " \
+                   "those nodes on ORT's CPU EP"
+        judged.append(replace(r, htp_value=value, reached=meets(value, threshold, evaluator.higher_is_better),
+                              htp_note=note))
+        print(f"{r.method} on the HTP: {value:.4f}", flush=True)
+    return judged
 
 
 # ---- report ------------------------------------------------------------------------------------------------------
 def print_table(rows: list[Row], metric: str, threshold: float, higher_is_better: bool) -> None:
     sign = ">=" if higher_is_better else "<="
+    htp = any(r.htp_value is not None or r.htp_note for r in rows)
     print(f"\ntarget: {metric} {sign} {threshold:.4f}; one evaluator (QDQ model on ORT CPU, all evaluation "
-          "samples); est. ms = HTP cost model estimate")
-    header = f"{'method':<24} {'evals':>5} {'sweeps':>6} {'wall s':>7} {'value':>8} {'target':>6} " \
-             f"{'est. ms':>7} {'16-bit':>6}  note"
+          "samples)" + ("; HTP = the same model and samples on the HTP emulator (QNN EP), which the target column "
+                        "judges" if htp else "") + "; est. ms = HTP cost model estimate")
+    header = f"{'method':<24} {'evals':>5} {'sweeps':>6} {'wall s':>7} {'value':>8} " + \
+             (f"{'HTP':>8} " if htp else "") + f"{'target':>6} {'est. ms':>7} {'16-bit':>6}  note"
     print(header)
     print("-" * len(header))
     for r in rows:
         if r.value is None:
             print(f"{r.method:<24} {r.note}")
             continue
+        on_htp = (f"{r.htp_value:>8.4f} " if r.htp_value is not None else f"{'-':>8} ") if htp else ""
+        verdict = "-" if r.reached is None else "met" if r.reached else "MISSED"
+        note = "; ".join(n for n in (r.note, r.htp_note) if n)
         print(f"{r.method:<24} {r.evaluations if r.evaluations is not None else '-':>5} "
-              f"{r.sweeps if r.sweeps is not None else '-':>6} {r.seconds:>7.1f} {r.value:>8.4f} "
-              f"{'met' if r.reached else 'MISSED':>6} {r.estimate_ms:>7.3f} {r.sixteen_bit:>6}  {r.note}")
+              f"{r.sweeps if r.sweeps is not None else '-':>6} {r.seconds:>7.1f} {r.value:>8.4f} {on_htp}"
+              f"{verdict:>6} {r.estimate_ms:>7.3f} {r.sixteen_bit:>6}  {note}")
 
 
 def gates(rows: list[Row], elapsed: float, budget_minutes: float) -> list[str]:
@@ -342,7 +378,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ray", metavar="auto|ADDRESS",
                         help="run mpstudio's evaluations and analysis on this Ray cluster (the table's evaluator "
                              "stays in this process)")
+    parser.add_argument("--htp", action="store_true",
+                        help="judge every row on HTP numerics: its final model scored again on the HTP emulator, "
+                             "whose value decides 'met' and the gates")
+    parser.add_argument("--no-amp", action="store_true", help="AIMET's a8w8 and Lite-MP rows only")
+    parser.add_argument("--aimet-only", action="store_true",
+                        help="AIMET's rows only (the target must be a number), e.g. beside a run that has mpstudio's")
     args = parser.parse_args(argv)
+    if args.aimet_only:
+        try:
+            float(args.target)
+        except ValueError:
+            parser.error(f"--aimet-only needs a numeric --target (a baseline-relative one needs mpstudio's search "
+                         f"to resolve it), not {args.target!r}")
     if args.max_premium is None and args.weights == "mixed":
         args.max_premium = 1 / 3
     return args
@@ -367,25 +415,33 @@ def main(argv=None) -> int:
 
             runner = OverRay(connect(args.ray))
             print(runner.cluster.describe(), flush=True)
-        ours, result = run_mpstudio(study, args.target, evaluator, args.weights, args.confirm, runner)
-        print("mpstudio: " + result.describe().replace("\n", "\n  "), flush=True)
-        against = premium(study, evaluator, result, ours)
-        rows = [ours]
+        if args.aimet_only:
+            threshold, rows = float(args.target), []
+        else:
+            ours, result = run_mpstudio(study, args.target, evaluator, args.weights, args.confirm, runner)
+            print("mpstudio: " + result.describe().replace("\n", "\n  "), flush=True)
+            against = premium(study, evaluator, result, ours)
+            threshold, rows = result.threshold, [ours]
         if args.no_aimet:
             rows.append(Row("AIMET", None, None, 0.0, None, None, None, None, "skipped: --no-aimet"))
-        elif not aimet_available():
+        elif not aimet_python():
             rows.append(Row("AIMET", None, None, 0.0, None, None, None, None,
-                            "skipped: install the [aimet] extra (pip install 'mpstudio[aimet]')"))
+                            f"skipped: set {AIMET_PYTHON} to a Python with the [aimet] extra (aimet-onnx)"))
         else:
-            aimet = _AimetRun(study, evaluator, result.threshold, root / "aimet", args.sweep_samples)
-            rows += aimet.lite_mp()
-            print(f"AIMET Lite-MP done, {time.perf_counter() - started:.0f} s into the run", flush=True)
-            rows.append(aimet.amp())
+            aimet_rows, errors = run_aimet(study, evaluator, threshold, root / "aimet", args.sweep_samples,
+                                           amp=not args.no_amp)
+            rows += aimet_rows + [Row("AIMET", None, None, 0.0, None, None, None, None, f"failed: {e}")
+                                  for e in errors]
+        if args.htp:
+            rows = judged_on_htp(rows, evaluator, threshold)
         elapsed = time.perf_counter() - started
-        print_table(rows, study.metric_name, result.threshold, study.higher_is_better)
-        print("mpstudio's pick: " + against.describe(study.metric_name))
-        failed = gates([r for r in rows if r.value is not None], elapsed, args.budget_minutes)
-        if args.max_premium is not None and not against.share <= args.max_premium + 1e-9:
+        print_table(rows, study.metric_name, threshold, study.higher_is_better)
+        if args.aimet_only:  # no pick to judge: only the time gate
+            failed = gates([Row("-", None, None, 0.0, None, None, None, True)], elapsed, args.budget_minutes)
+        else:
+            print("mpstudio's pick: " + against.describe(study.metric_name))
+            failed = gates([r for r in rows if r.value is not None], elapsed, args.budget_minutes)
+        if not args.aimet_only and args.max_premium is not None and not against.share <= args.max_premium + 1e-9:
             failed.append(f"the pick costs {against.share:.2f} of a16w8's estimated premium (wanted <= "
                           f"{args.max_premium:.2f})")
     finally:
