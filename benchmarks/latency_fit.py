@@ -7,8 +7,8 @@
 Numpy alone (mpstudio.latency.fitting): no scipy needed for any of it.
 
 The published architectures (both files of the shared data) are rebuilt with random weights at the input sizes
-AI Hub profiled (benchmarks/latency_models.py), quantized by mpstudio's Quantizer (a8w8 and a16w8 plans, two
-random calibration samples) and estimated HTP-only (AI Hub's figures exclude the CPU's graph I/O); the models and
+AI Hub profiled (benchmarks/latency_models.py, latency_models_more.py, latency_models_added.py), quantized by
+mpstudio's Quantizer (a8w8 and a16w8 plans, two random calibration samples) and estimated HTP-only (AI Hub's figures exclude the CPU's graph I/O); the models and
 their features are cached under the benchmark's cache folder. Rows: the S24 (v75), S25 (v79), QCS8550 and
 X Elite (v73) figures of the runtimes that matter, `qnn_dlc` first, an `onnx` row only where a model has no
 `qnn_dlc` row for that precision and device, never a row with layers on the CPU, and one zoo commit per model
@@ -43,6 +43,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency_models import ARCHITECTURES, build
+from latency_models_added import ADDED_ARCHITECTURES
 from latency_models_more import MORE_ARCHITECTURES
 
 from mpstudio import latency
@@ -57,7 +58,7 @@ DEVICE_ARCH = {"Samsung Galaxy S24": "75", "Samsung Galaxy S25": "79", "QCS8550 
                "Snapdragon X Elite CRD": "Snapdragon X Elite CRD"}  # the X Elite: v73 with its own rates
 RUNTIMES = ("qnn_dlc", "onnx")
 # Every architecture rebuilt, by the name its published figures carry.
-BUILT = {a.name: a for a in ARCHITECTURES + MORE_ARCHITECTURES if a.published}
+BUILT = {a.name: a for a in ARCHITECTURES + MORE_ARCHITECTURES + ADDED_ARCHITECTURES if a.published}
 
 
 # ---- data ------------------------------------------------------------------------------------------------------
