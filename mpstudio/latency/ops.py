@@ -47,10 +47,14 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 #     which moves data: it needs the tensor's axis format, not its rank);
 #   prelu_overlaps: a PReLU after a matrix op runs as an op of its own on HVX, overlapped with that matrix op (the
 #     device's layer counts show one layer per PReLU), instead of fusing into it.
+#   concat_in_place: a float (fp16) Concat moves no data: its producers write into the joined buffer (no
+#     requantization to a common scale, as a quantized Concat of inputs with their own scales needs);
+#   silu_after_depthwise: a SiLU/Sigmoid/GELU reading a depthwise convolution's sole output in the same type
+#     overlaps with it, as it does with a matrix op.
 # All off: each, measured alone or with the others, left more cross-validation misses than without it (the
 # refit moves other architectures' rows); kept to be measured again with the next formula changes.
 MECHANISMS = {"layout_look_through": False, "clamp_after_vector": False, "channels_last_transpose": False,
-              "prelu_overlaps": False}
+              "prelu_overlaps": False, "concat_in_place": False, "silu_after_depthwise": False}
 
 TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
              "uint4": 4, "int4": 4}
