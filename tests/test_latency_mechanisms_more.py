@@ -86,3 +86,24 @@ def test_silu_after_depthwise_overlaps_with_it(monkeypatch):
 def test_new_mechanisms_are_off_by_default():
     assert estimate_latency(_depthwise_silu(through_relu=False)).ops.set_index("node").loc["silu", "hidden_ms"] == 0
     assert estimate_latency(_concat(quantized=False)).ops.set_index("node").loc["concat", "engine"] == "dma"
+    assert not MECHANISMS["depthwise_tap_groups"]
+
+
+def _depthwise(k: int):
+    c = 96
+    consts = {"w": np.random.default_rng(0).normal(0, 0.1, (c, 1, k, k)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], group=c, pads=[k // 2] * 4, name="dw")]
+    return _model(nodes, consts, [("x", [1, c, 80, 80])], [1, c, 80, 80])
+
+
+def _dw_compute(k: int) -> float:
+    return float(estimate_latency(_depthwise(k)).ops.set_index("node").loc["dw", "compute_ms"])
+
+
+def test_depthwise_work_grows_with_tap_groups(monkeypatch):
+    monkeypatch.setitem(MECHANISMS, "depthwise_tap_groups", False)
+    assert _dw_compute(5) / _dw_compute(3) == pytest.approx(25 / 9)
+    monkeypatch.setitem(MECHANISMS, "depthwise_tap_groups", True)
+    # ceil(25 / 4) + 1 = 8 steps against ceil(9 / 4) + 1 = 4; 7x7: 14 against 4.
+    assert _dw_compute(5) / _dw_compute(3) == pytest.approx(2.0)
+    assert _dw_compute(7) / _dw_compute(3) == pytest.approx(3.5)
