@@ -166,6 +166,22 @@ def table(rows: pd.DataFrame, cv_ms: np.ndarray, fit_ms: np.ndarray) -> pd.DataF
     return cv.drop(columns=["log_err"])
 
 
+def print_moved(before: pd.DataFrame, after: pd.DataFrame, points: float = 0.05) -> None:
+    """The rows whose cross-validated error moved by more than `points` or crossed its tolerance, before -> after;
+    rows only one run has (architectures added) are counted apart."""
+    key = ["model", "device", "quantity"]
+    both = before[key + ["cv_err", "outside"]].merge(after[key + ["cv_err", "outside"]], on=key,
+                                                     suffixes=("_before", "_after"))
+    moved = both[((both["cv_err_after"] - both["cv_err_before"]).abs() > points)
+                 | (both["outside_before"] != both["outside_after"])]
+    print(f"\nrows moved against {len(both)} rows of the earlier run (more than {points:.0%} or across the "
+          f"tolerance): {len(moved)}; outside before {int(both['outside_before'].sum())}, after "
+          f"{int(both['outside_after'].sum())} on the same rows; {len(after) - len(both)} rows new in this run "
+          f"({int(after['outside'].sum()) - int(both['outside_after'].sum())} outside)")
+    if len(moved):
+        print(moved.sort_values(key).to_string(index=False, float_format=lambda v: f"{v:+.3f}"))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write", action="store_true",
@@ -189,6 +205,11 @@ def main(argv=None) -> int:
                         help="cross-validate leaving out only these architectures (the fits still use every other "
                              "row): a quicker look at the rows a change moves; the gate needs the full run")
     parser.add_argument("--iterations", type=int, default=40, help="Levenberg-Marquardt iterations per fit")
+    parser.add_argument("--table", type=Path, default=None,
+                        help="write the cross-validated table (CSV), to compare a later run --against it")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="a table written by an earlier run's --table: print the rows this run moved "
+                             "(before -> after)")
     args = parser.parse_args(argv)
     paths = args.data or DATA
     for name in args.without:
@@ -249,6 +270,10 @@ def main(argv=None) -> int:
         print(f"  {q:6s} x/÷{math.exp(s):.3f}  coverage {spread_fit.coverage[q]:.1%} of the cross-validated rows, "
               f"{spread_fit.held_out_coverage[q]:.1%} with each architecture left out of its own width")
     outside = result[result["outside"]]
+    if args.table:
+        result.to_csv(args.table, index=False)
+    if args.against:
+        print_moved(pd.read_csv(args.against), result)
     print(f"\nrows outside tolerance: {len(outside)} of {len(result)}")
     if len(outside):
         print(outside[["model", "device", "quantity", "cv_err", "tolerance"]].to_string(
