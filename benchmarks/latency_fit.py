@@ -3,13 +3,16 @@
     python benchmarks/latency_fit.py            # cross-validate (the gate) beside the stored constants' fit
     python benchmarks/latency_fit.py --write    # ... and write the refit constants and the cross-validated
                                                 #     intervals into mpstudio/latency/arch.py
+    python benchmarks/latency_fit.py --with concat_in_place --table after.csv --against before.csv
+                                                # a mechanism switched on: the rows it moves against a table
+                                                #     an earlier run wrote (--table before.csv)
 
 Numpy alone (mpstudio.latency.fitting): no scipy needed for any of it.
 
 The published architectures (both files of the shared data) are rebuilt with random weights at the input sizes
 AI Hub profiled (benchmarks/latency_models.py, latency_models_more.py, latency_models_added.py), quantized by
-mpstudio's Quantizer (a8w8 and a16w8 plans, two random calibration samples) and estimated HTP-only (AI Hub's figures exclude the CPU's graph I/O); the models and
-their features are cached under the benchmark's cache folder. Rows: the S24 (v75), S25 (v79), QCS8550 and
+mpstudio's Quantizer (a8w8 and a16w8 plans, two random calibration samples) and estimated HTP-only (AI Hub's
+figures exclude the CPU's graph I/O); the models and their features are cached under the benchmark's cache folder. Rows: the S24 (v75), S25 (v79), QCS8550 and
 X Elite (v73) figures of the runtimes that matter, `qnn_dlc` first, an `onnx` row only where a model has no
 `qnn_dlc` row for that precision and device, never a row with layers on the CPU, and one zoo commit per model
 (the one of its w8a8 figures) so that ratios stay within one release. tflite rows are not used.
