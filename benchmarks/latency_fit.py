@@ -12,10 +12,11 @@ Numpy alone (mpstudio.latency.fitting): no scipy needed for any of it.
 The published architectures (both files of the shared data) are rebuilt with random weights at the input sizes
 AI Hub profiled (benchmarks/latency_models.py, latency_models_more.py, latency_models_added.py), quantized by
 mpstudio's Quantizer (a8w8 and a16w8 plans, two random calibration samples) and estimated HTP-only (AI Hub's
-figures exclude the CPU's graph I/O); the models and their features are cached under the benchmark's cache folder. Rows: the S24 (v75), S25 (v79), QCS8550 and
-X Elite (v73) figures of the runtimes that matter, `qnn_dlc` first, an `onnx` row only where a model has no
-`qnn_dlc` row for that precision and device, never a row with layers on the CPU, and one zoo commit per model
-(the one of its w8a8 figures) so that ratios stay within one release. tflite rows are not used.
+figures exclude the CPU's graph I/O); the models and their features are cached under the benchmark's cache folder.
+Rows: the S24 (v75), S25 (v79), QCS8550 and X Elite (v73) figures of the runtimes that matter, `qnn_dlc` first,
+an `onnx` row only where a model has no `qnn_dlc` row for that precision and device, never a row with layers on
+the CPU, and one zoo commit per model (the one of its w8a8 figures) so that ratios stay within one release. tflite
+rows are not used.
 
 The fit (mpstudio.latency.fitting): least squares on log(estimate / published) of every figure (w8a8, w8a16,
 float) and of the ratios w8a16/w8a8 and float/w8a8 (float/w8a16 without w8a8), each in units of its tolerance
