@@ -209,6 +209,10 @@ def main(argv=None) -> int:
                         help="cross-validate leaving out only these architectures (the fits still use every other "
                              "row): a quicker look at the rows a change moves; the gate needs the full run")
     parser.add_argument("--iterations", type=int, default=40, help="Levenberg-Marquardt iterations per fit")
+    parser.add_argument("--power", type=float, default=fitting.POWER,
+                        help="the power each residual (in tolerance units) is raised to before squaring: 2 weighs "
+                             "the worst rows most (near minimax), 1 is plain least squares, below 1 robust to "
+                             f"rows no constant can reach (default {fitting.POWER:g})")
     parser.add_argument("--table", type=Path, default=None,
                         help="write the cross-validated table (CSV), to compare a later run --against it")
     parser.add_argument("--against", type=Path, default=None,
@@ -216,6 +220,7 @@ def main(argv=None) -> int:
                              "(before -> after)")
     args = parser.parse_args(argv)
     paths = args.data or DATA
+    fitting.POWER = args.power
     for name in args.without:
         MECHANISMS[name] = False
     for name in args.with_:
