@@ -88,8 +88,15 @@ def published(paths, device_constants: bool = True) -> pd.DataFrame:
     return frame[["model", "device", "precision", "runtime", "commit", "latency_ms", "arch"]].reset_index(drop=True)
 
 
-def features(cache: Path, names) -> dict[tuple[str, str], latency.OpFeatures]:
-    """{(model, precision): OpFeatures} of every buildable architecture in `names`, read once per model file."""
+def features(cache: Path, names, reuse: bool = False) -> dict[tuple[str, str], latency.OpFeatures]:
+    """{(model, precision): OpFeatures} of every buildable architecture in `names`, read once per model file.
+    Each run keeps what it read under its formulas' key; `reuse` takes that instead of rebuilding the models."""
+    last = cache / "features" / f"run-{_formulas_key()}.pkl"
+    if reuse and last.exists():
+        kept = pickle.loads(last.read_bytes())
+        if set(names) <= {name for name, _ in kept}:
+            print(f"  the features of the last run with these formulas ({last.name}), not rebuilt", flush=True)
+            return {k: v for k, v in kept.items() if k[0] in names}
     out = {}
     for arch in BUILT.values():
         if arch.name not in names:
@@ -106,6 +113,8 @@ def features(cache: Path, names) -> dict[tuple[str, str], latency.OpFeatures]:
             stored.write_bytes(pickle.dumps(feats))
             out[arch.name, precision] = feats
         print(f"  {arch.name}: {time.perf_counter() - started:.1f} s", flush=True)
+    last.parent.mkdir(parents=True, exist_ok=True)
+    last.write_bytes(pickle.dumps(out))
     return out
 
 
@@ -213,6 +222,9 @@ def main(argv=None) -> int:
                         help="the power each residual (in tolerance units) is raised to before squaring: 2 weighs "
                              "the worst rows most (near minimax), 1 is plain least squares, below 1 robust to "
                              f"rows no constant can reach (default {fitting.POWER:g})")
+    parser.add_argument("--reuse-features", action="store_true",
+                        help="take the features the last run with the same formulas read, without rebuilding the "
+                             "models (a quicker look after a change to the fit alone)")
     parser.add_argument("--table", type=Path, default=None,
                         help="write the cross-validated table (CSV), to compare a later run --against it")
     parser.add_argument("--against", type=Path, default=None,
@@ -234,7 +246,7 @@ def main(argv=None) -> int:
           f"({', '.join(f'{k} {v}' for k, v in data['runtime'].value_counts().items())}) from "
           f"{', '.join(p.name for p in paths)}; not built (left out): {', '.join(missing) or 'none'}", flush=True)
     print("building and reading the models (cached):", flush=True)
-    priced = fitting.Priced(features(cache, set(data["model"])))
+    priced = fitting.Priced(features(cache, set(data["model"]), reuse=args.reuse_features))
     start = {**latency.HTP_ARCHS, **latency.arch.DEVICE_ARCHS}
     for device, generation in fitting.FIT_DEVICES.items():  # stored constants without a device's own: its generation's
         start.setdefault(device, latency.arch.device_variant(start[generation], device, 1.0, 1.0))
