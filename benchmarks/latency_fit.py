@@ -114,7 +114,8 @@ def features(cache: Path, names, reuse: bool = False) -> dict[tuple[str, str], l
             out[arch.name, precision] = feats
         print(f"  {arch.name}: {time.perf_counter() - started:.1f} s", flush=True)
     last.parent.mkdir(parents=True, exist_ok=True)
-    last.write_bytes(pickle.dumps(out))
+    kept = pickle.loads(last.read_bytes()) if last.exists() else {}
+    last.write_bytes(pickle.dumps({**kept, **out}))
     return out
 
 
