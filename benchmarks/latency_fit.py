@@ -20,8 +20,8 @@ rows are not used.
 
 The fit (mpstudio.latency.fitting): least squares on log(estimate / published) of every figure (w8a8, w8a16,
 float) and of the ratios w8a16/w8a8 and float/w8a8 (float/w8a16 without w8a8), each in units of its tolerance
-to the power 0.5 (least absolute deviations, robust to an architecture no constant reaches; --power 2 is the
-near-minimax fit of before), with a weak pull of each constant toward its nominal value.
+to the power 0.25 (robust to an architecture no constant reaches; --power 2 is the near-minimax fit of before),
+with a weak pull of each constant toward its nominal value.
 
 The gate is leave one architecture out: each architecture's rows are predicted by constants fitted without it.
 Exit status 1 unless every cross-validated ratio row is within +-15 % and every absolute row within +-30 %.
