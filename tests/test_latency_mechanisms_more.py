@@ -1,6 +1,7 @@
-"""Two more switchable mechanisms of the cost formulas (docs/latency.md, "Mechanisms"): a float Concat is written
+"""Three more switchable mechanisms of the cost formulas (docs/latency.md, "Mechanisms"): a float Concat is written
 in place by its producers (`concat_in_place`), and a SiLU after a depthwise convolution overlaps with it
-(`silu_after_depthwise`). Each is compared with the same model where it is off or cannot apply."""
+(`silu_after_depthwise`, on by default), and a depthwise convolution's work grows with groups of four taps
+(`depthwise_tap_groups`). Each is compared with the same model where it is off or cannot apply."""
 
 from __future__ import annotations
 
@@ -83,8 +84,13 @@ def test_silu_after_depthwise_overlaps_with_it(monkeypatch):
     assert apart.loc["silu", "hidden_ms"] == 0
 
 
-def test_new_mechanisms_are_off_by_default():
+def test_silu_after_depthwise_is_on_by_default_and_can_be_switched_off(monkeypatch):
+    assert estimate_latency(_depthwise_silu(through_relu=False)).ops.set_index("node").loc["silu", "hidden_ms"] > 0
+    monkeypatch.setitem(MECHANISMS, "silu_after_depthwise", False)
     assert estimate_latency(_depthwise_silu(through_relu=False)).ops.set_index("node").loc["silu", "hidden_ms"] == 0
+
+
+def test_rejected_new_mechanisms_are_off_by_default():
     assert estimate_latency(_concat(quantized=False)).ops.set_index("node").loc["concat", "engine"] == "dma"
     assert not MECHANISMS["depthwise_tap_groups"]
 
