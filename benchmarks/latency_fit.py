@@ -3,20 +3,25 @@
     python benchmarks/latency_fit.py            # cross-validate (the gate) beside the stored constants' fit
     python benchmarks/latency_fit.py --write    # ... and write the refit constants and the cross-validated
                                                 #     intervals into mpstudio/latency/arch.py
+    python benchmarks/latency_fit.py --with concat_in_place --table after.csv --against before.csv
+                                                # a mechanism switched on: the rows it moves against a table
+                                                #     an earlier run wrote (--table before.csv)
 
 Numpy alone (mpstudio.latency.fitting): no scipy needed for any of it.
 
 The published architectures (both files of the shared data) are rebuilt with random weights at the input sizes
-AI Hub profiled (benchmarks/latency_models.py), quantized by mpstudio's Quantizer (a8w8 and a16w8 plans, two
-random calibration samples) and estimated HTP-only (AI Hub's figures exclude the CPU's graph I/O); the models and
-their features are cached under the benchmark's cache folder. Rows: the S24 (v75), S25 (v79), QCS8550 and
-X Elite (v73) figures of the runtimes that matter, `qnn_dlc` first, an `onnx` row only where a model has no
-`qnn_dlc` row for that precision and device, never a row with layers on the CPU, and one zoo commit per model
-(the one of its w8a8 figures) so that ratios stay within one release. tflite rows are not used.
+AI Hub profiled (benchmarks/latency_models.py, latency_models_more.py, latency_models_added.py), quantized by
+mpstudio's Quantizer (a8w8 and a16w8 plans, two random calibration samples) and estimated HTP-only (AI Hub's
+figures exclude the CPU's graph I/O); the models and their features are cached under the benchmark's cache folder.
+Rows: the S24 (v75), S25 (v79), QCS8550 and X Elite (v73) figures of the runtimes that matter, `qnn_dlc` first,
+an `onnx` row only where a model has no `qnn_dlc` row for that precision and device, never a row with layers on
+the CPU, and one zoo commit per model (the one of its w8a8 figures) so that ratios stay within one release. tflite
+rows are not used.
 
 The fit (mpstudio.latency.fitting): least squares on log(estimate / published) of every figure (w8a8, w8a16,
 float) and of the ratios w8a16/w8a8 and float/w8a8 (float/w8a16 without w8a8), each in units of its tolerance
-and squared again (near minimax), with a weak pull of each constant toward its nominal value.
+to the power 0.25 (robust to an architecture no constant reaches; --power 2 is the near-minimax fit of before),
+with a weak pull of each constant toward its nominal value.
 
 The gate is leave one architecture out: each architecture's rows are predicted by constants fitted without it.
 Exit status 1 unless every cross-validated ratio row is within +-15 % and every absolute row within +-30 %.
@@ -43,6 +48,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latency_models import ARCHITECTURES, build
+from latency_models_added import ADDED_ARCHITECTURES
 from latency_models_more import MORE_ARCHITECTURES
 
 from mpstudio import latency
@@ -57,7 +63,7 @@ DEVICE_ARCH = {"Samsung Galaxy S24": "75", "Samsung Galaxy S25": "79", "QCS8550 
                "Snapdragon X Elite CRD": "Snapdragon X Elite CRD"}  # the X Elite: v73 with its own rates
 RUNTIMES = ("qnn_dlc", "onnx")
 # Every architecture rebuilt, by the name its published figures carry.
-BUILT = {a.name: a for a in ARCHITECTURES + MORE_ARCHITECTURES if a.published}
+BUILT = {a.name: a for a in ARCHITECTURES + MORE_ARCHITECTURES + ADDED_ARCHITECTURES if a.published}
 
 
 # ---- data ------------------------------------------------------------------------------------------------------
@@ -83,8 +89,15 @@ def published(paths, device_constants: bool = True) -> pd.DataFrame:
     return frame[["model", "device", "precision", "runtime", "commit", "latency_ms", "arch"]].reset_index(drop=True)
 
 
-def features(cache: Path, names) -> dict[tuple[str, str], latency.OpFeatures]:
-    """{(model, precision): OpFeatures} of every buildable architecture in `names`, read once per model file."""
+def features(cache: Path, names, reuse: bool = False) -> dict[tuple[str, str], latency.OpFeatures]:
+    """{(model, precision): OpFeatures} of every buildable architecture in `names`, read once per model file.
+    Each run keeps what it read under its formulas' key; `reuse` takes that instead of rebuilding the models."""
+    last = cache / "features" / f"run-{_formulas_key()}.pkl"
+    if reuse and last.exists():
+        kept = pickle.loads(last.read_bytes())
+        if set(names) <= {name for name, _ in kept}:
+            print(f"  the features of the last run with these formulas ({last.name}), not rebuilt", flush=True)
+            return {k: v for k, v in kept.items() if k[0] in names}
     out = {}
     for arch in BUILT.values():
         if arch.name not in names:
@@ -101,13 +114,17 @@ def features(cache: Path, names) -> dict[tuple[str, str], latency.OpFeatures]:
             stored.write_bytes(pickle.dumps(feats))
             out[arch.name, precision] = feats
         print(f"  {arch.name}: {time.perf_counter() - started:.1f} s", flush=True)
+    last.parent.mkdir(parents=True, exist_ok=True)
+    kept = pickle.loads(last.read_bytes()) if last.exists() else {}
+    last.write_bytes(pickle.dumps({**kept, **out}))
     return out
 
 
 @functools.lru_cache(maxsize=1)
 def _formulas_key() -> str:
     """What the features depend on besides the model: the cost model's reading code and its switched mechanisms."""
-    code = b"".join(p.read_bytes() for p in sorted(Path(latency.__file__).parent.glob("*.py")) if p.name != "arch.py")
+    code = b"".join(p.read_bytes() for p in sorted(Path(latency.__file__).parent.glob("*.py"))
+                    if p.name not in ("arch.py", "fitting.py"))  # the constants and the fit do not change features
     switches = ",".join(f"{k}={v}" for k, v in sorted(MECHANISMS.items()))
     return hashlib.sha256(code + switches.encode()).hexdigest()[:16]
 
@@ -165,6 +182,22 @@ def table(rows: pd.DataFrame, cv_ms: np.ndarray, fit_ms: np.ndarray) -> pd.DataF
     return cv.drop(columns=["log_err"])
 
 
+def print_moved(before: pd.DataFrame, after: pd.DataFrame, points: float = 0.05) -> None:
+    """The rows whose cross-validated error moved by more than `points` or crossed its tolerance, before -> after;
+    rows only one run has (architectures added) are counted apart."""
+    key = ["model", "device", "quantity"]
+    both = before[key + ["cv_err", "outside"]].merge(after[key + ["cv_err", "outside"]], on=key,
+                                                     suffixes=("_before", "_after"))
+    moved = both[((both["cv_err_after"] - both["cv_err_before"]).abs() > points)
+                 | (both["outside_before"] != both["outside_after"])]
+    print(f"\nrows moved against {len(both)} rows of the earlier run (more than {points:.0%} or across the "
+          f"tolerance): {len(moved)}; outside before {int(both['outside_before'].sum())}, after "
+          f"{int(both['outside_after'].sum())} on the same rows; {len(after) - len(both)} rows new in this run "
+          f"({int(after['outside'].sum()) - int(both['outside_after'].sum())} outside)")
+    if len(moved):
+        print(moved.sort_values(key).to_string(index=False, float_format=lambda v: f"{v:+.3f}"))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write", action="store_true",
@@ -188,8 +221,21 @@ def main(argv=None) -> int:
                         help="cross-validate leaving out only these architectures (the fits still use every other "
                              "row): a quicker look at the rows a change moves; the gate needs the full run")
     parser.add_argument("--iterations", type=int, default=40, help="Levenberg-Marquardt iterations per fit")
+    parser.add_argument("--power", type=float, default=fitting.POWER,
+                        help="the power each residual (in tolerance units) is raised to before squaring: 2 weighs "
+                             "the worst rows most (near minimax), 1 is plain least squares, below 1 robust to "
+                             f"rows no constant can reach (default {fitting.POWER:g})")
+    parser.add_argument("--reuse-features", action="store_true",
+                        help="take the features the last run with the same formulas read, without rebuilding the "
+                             "models (a quicker look after a change to the fit alone)")
+    parser.add_argument("--table", type=Path, default=None,
+                        help="write the cross-validated table (CSV), to compare a later run --against it")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="a table written by an earlier run's --table: print the rows this run moved "
+                             "(before -> after)")
     args = parser.parse_args(argv)
     paths = args.data or DATA
+    fitting.POWER = args.power
     for name in args.without:
         MECHANISMS[name] = False
     for name in args.with_:
@@ -203,7 +249,7 @@ def main(argv=None) -> int:
           f"({', '.join(f'{k} {v}' for k, v in data['runtime'].value_counts().items())}) from "
           f"{', '.join(p.name for p in paths)}; not built (left out): {', '.join(missing) or 'none'}", flush=True)
     print("building and reading the models (cached):", flush=True)
-    priced = fitting.Priced(features(cache, set(data["model"])))
+    priced = fitting.Priced(features(cache, set(data["model"]), reuse=args.reuse_features))
     start = {**latency.HTP_ARCHS, **latency.arch.DEVICE_ARCHS}
     for device, generation in fitting.FIT_DEVICES.items():  # stored constants without a device's own: its generation's
         start.setdefault(device, latency.arch.device_variant(start[generation], device, 1.0, 1.0))
@@ -248,6 +294,10 @@ def main(argv=None) -> int:
         print(f"  {q:6s} x/÷{math.exp(s):.3f}  coverage {spread_fit.coverage[q]:.1%} of the cross-validated rows, "
               f"{spread_fit.held_out_coverage[q]:.1%} with each architecture left out of its own width")
     outside = result[result["outside"]]
+    if args.table:
+        result.to_csv(args.table, index=False)
+    if args.against:
+        print_moved(pd.read_csv(args.against), result)
     print(f"\nrows outside tolerance: {len(outside)} of {len(result)}")
     if len(outside):
         print(outside[["model", "device", "quantity", "cv_err", "tolerance"]].to_string(

@@ -11,7 +11,7 @@ from typing import Iterable
 import numpy as np
 
 from .arch import HtpArch
-from .ops import TYPE_BITS, HtpOp, type_bytes
+from .ops import MECHANISMS, TYPE_BITS, HtpOp, type_bytes
 from .reading import float_io_ops, parsed_model
 
 # HVX instructions per 128-byte vector of the cost classes whose count is not a fitted constant.
@@ -129,7 +129,10 @@ def features_of(ops: list[HtpOp], in_types=None, out_types=None) -> OpFeatures:
                 wide_weights = TYPE_BITS.get(ins[1][1], 8) > 8
             else:
                 wide_weights = TYPE_BITS.get(op.weight_type or "uint8", 8) > 8
-        rows.append((_KINDS.index(op.kind), op.engine, op.cls if op.engine != "fused" else "", act, wide_weights,
+        engine = op.engine
+        if op.op_type == "Concat" and engine == "dma" and act == "float16" and MECHANISMS["concat_in_place"]:
+            engine = "none"  # its producers write into the joined buffer: no scale to unify, no data moved
+        rows.append((_KINDS.index(op.kind), engine, op.cls if op.engine != "fused" else "", act, wide_weights,
                      float(op.hmx_macs), float(op.work), float(moved), float(op.weight_bytes), op.hidden_by))
     cols = list(zip(*rows)) if rows else [()] * 10
     return OpFeatures(

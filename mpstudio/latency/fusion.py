@@ -14,6 +14,8 @@ _FUSABLE = {"Relu", "Clip", "LeakyRelu", "PRelu", "HardSwish"}
 # Clamps that fuse into the vector op before them (the op's output stage applies them).
 _CLAMPS = {"Relu", "Clip"}
 _OVERLAPPING = {"SiLU", "Gelu", "Sigmoid", "Tanh", "HardSigmoid", "Elu", "Add", "Mul"}
+# Activations that overlap with the depthwise convolution before them (mechanism `silu_after_depthwise`).
+_AFTER_DEPTHWISE = {"SiLU", "Gelu", "Sigmoid", "HardSwish"}
 
 
 def fuse(ops: list[HtpOp]) -> None:
@@ -174,6 +176,11 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
             op.engine = "fused"
             for out, _, _ in op.outputs:
                 producer[out] = index
+            continue
+        if (src is not None and src.cls == "depthwise" and src.engine == "hvx" and op.op_type in _AFTER_DEPTHWISE
+                and op.engine == "hvx" and MECHANISMS["silu_after_depthwise"] and len(graph.readers[name]) == 1
+                and received == src.outputs[0][1]):
+            op.hidden_by = index  # applied to the depthwise convolution's output vectors as they are made
             continue
         # A convert between the two (a precision boundary) keeps them apart.
         if src is None or src.engine != "hmx" or len(graph.readers[name]) != 1 or received != src.outputs[0][1]:

@@ -58,6 +58,10 @@ def shape_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, weights) -> None:
             if group > 1 and cin_g == 1:
                 # depthwise (or channel-multiplier) convolution: HVX multiply-accumulate
                 op.engine, op.cls, op.work = "hvx", "depthwise", op.macs
+                if MECHANISMS["depthwise_tap_groups"]:
+                    # One HVX multiply-reduce takes four taps per lane, plus one load/store step per output
+                    # vector: work grows with ceil(taps / 4) + 1, not with the taps (in units of 4 MACs).
+                    op.work = op.macs // max(kernel, 1) * 4 * (math.ceil(kernel / 4) + 1)
                 return
             op.engine, op.cls = "hmx", "hmx"
             op.hmx_macs = batch * group * _pad(cout_g) * spatial * _pad(cin_g) * kernel
