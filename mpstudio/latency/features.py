@@ -95,11 +95,10 @@ class OpFeatures:
         if has.any():
             partner = busy[self.hidden_by[has]]
             hidden_s[has] = c.overlap * np.minimum(busy[has], partner)
-        ms = (busy + overhead_s - hidden_s) * 1e3
-        if arch.scales:
-            ms = ms * np.array([arch.scales.get(k, 1.0) for k in self._scale_keys()])
+        scale = np.array([arch.scales.get(k, 1.0) for k in self._scale_keys()]) if arch.scales else np.ones_like(busy)
+        ms = (busy + overhead_s - hidden_s) * 1e3 * scale
         return {"compute_ms": compute_s * 1e3, "memory_ms": memory_s * 1e3, "overhead_ms": overhead_s * 1e3,
-                "hidden_ms": hidden_s * 1e3, "ms": ms}
+                "hidden_ms": hidden_s * 1e3, "ms": ms, "busy_ms": busy * 1e3, "scale": scale}
 
     def htp_ms(self, arch: HtpArch) -> float:
         """Total ms of the ops the HTP runs (the graph-input quantize and output dequantize left out)."""

@@ -82,12 +82,23 @@ class _PromotionAnalysis:
         self.arch = arch
         compute_ops = [i for i, op in enumerate(parsed.ops) if op.kind == "compute"]
         self.ops = parsed.ops
-        actual = features_of(parsed.ops).act_type
-        ms8 = features_of(parsed.ops, "uint8", "uint8").costs(arch)["ms"]
-        ms16 = features_of(parsed.ops, "uint16", "uint16").costs(arch)["ms"]
+        features = features_of(parsed.ops)
+        actual = features.act_type
+        # Per op at 8 and 16 bits: the busy time and the fixed overhead. An op hidden behind a partner (a fused
+        # activation overlapping the op before it) hides min(own, partner's) busy time, so its cost depends on
+        # its partner's width as well as its own: both are read from the plan being priced.
+        self._hidden_by = features.hidden_by
+        self._overlap = arch.costs.overlap
+        self._busy_actual = features.costs(arch)["busy_ms"]
+        self._busy, self._fixed, self._scale = {}, {}, {}
+        for bits, dtype in ((8, "uint8"), (16, "uint16")):
+            c = features_of(parsed.ops, dtype, dtype).costs(arch)
+            self._busy[bits], self._fixed[bits], self._scale[bits] = c["busy_ms"], c["overhead_ms"], c["scale"]
+        self._partners: dict[int, list[int]] = defaultdict(list)  # op -> the ops hidden behind it
+        for i, partner in enumerate(self._hidden_by):
+            if partner >= 0:
+                self._partners[int(partner)].append(i)
         self.bits: dict[int, int] = {}
-        self.cost8: dict[int, float] = {}
-        self.cost16: dict[int, float] = {}
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, set[int]] = defaultdict(set)
         self.elements: dict[str, int] = {}
@@ -97,7 +108,6 @@ class _PromotionAnalysis:
             if actual[i] == "float16":
                 continue  # a float op is already wide; promotion does not concern it
             self.bits[i] = TYPE_BITS[actual[i]]
-            self.cost8[i], self.cost16[i] = float(ms8[i]), float(ms16[i])
             for name, _, n in op.inputs:
                 self.consumers[name].add(i)
                 self.elements[name] = n
@@ -134,6 +144,19 @@ class _PromotionAnalysis:
         op_bits = state[0]
         received = {op_bits[c] for c in self.consumers.get(tensor, ()) if c in op_bits}
         return len(received - {produced})
+
+    def _busy_of(self, i: int, op_bits) -> float:
+        if i not in self.bits:
+            return float(self._busy_actual[i])
+        return float(self._busy[16 if op_bits[i] > 8 else 8][i])
+
+    def _op_cost(self, i: int, op_bits) -> float:
+        """Op `i`'s ms with every op at its width in `op_bits` (a compute op at 8 or 16 bits)."""
+        bits = 16 if op_bits[i] > 8 else 8
+        busy = float(self._busy[bits][i])
+        partner = int(self._hidden_by[i])
+        hidden = self._overlap * min(busy, self._busy_of(partner, op_bits)) if partner >= 0 else 0.0
+        return (busy + float(self._fixed[bits][i]) - hidden) * float(self._scale[bits][i])
 
     def _convert_cost(self, tensor: str) -> float:
         n = self.elements.get(tensor, 1)
@@ -182,7 +205,8 @@ class _PromotionAnalysis:
         old = (self.bits, self.input_bits, {})
         new = (_Overlay(self.bits, {i: 16 for i in group}),
                _Overlay(self.input_bits, {tensor: 16} if tensor in self.input_bits else {}), produced)
-        delta = sum(self.cost16[i] - self.cost8[i] for i in group if self.bits[i] <= 8)
+        affected = group | {k for i in group for k in self._partners.get(i, ())}
+        delta = sum(self._op_cost(k, new[0]) - self._op_cost(k, old[0]) for k in affected if k in self.bits)
         touched = {tensor}
         for i in group:
             touched.update(name for name, _, _ in self.ops[i].inputs)
