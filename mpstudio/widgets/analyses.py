@@ -28,6 +28,7 @@ def analyze(state, choose=None) -> Job:
         if now - shown[0] >= 1.0 or stage != shown[1]:
             shown[:] = [now, stage]
             state.post(lambda: state.show_report(report) if state.study is study else None)
+            state._membership.share_partial(report)  # the study's other tabs (a tab that came back) see it too
 
     def work(progress, cancel):
         if choose is not None:

@@ -132,10 +132,14 @@ class Lanes:
         self._workers: dict[str, threading.Thread] = {}
         self._posted: list[Callable[[], None]] = []  # updates waiting for the session's event loop, in order
         self._draining = False
+        self._closed = False
 
     def submit(self, job: Job, work: Callable, on_done: Callable | None = None) -> None:
         """Queue `work(progress, cancel_event)` in the lane of `job.kind`; `on_done(result)` is posted."""
         lane = LANE_OF.get(job.kind, "long")
+        if self._closed:  # work a closed session's late callbacks ask for (an opening that ended after its tab)
+            self.post(lambda: self._finish(job, "cancelled", "cancelled: its tab has gone"))
+            return
         with self.lock:
             worker = self._workers.get(lane)
             if worker is None or not worker.is_alive():
@@ -147,7 +151,8 @@ class Lanes:
         self._queues[lane].put((job, work, on_done))
 
     def close(self) -> None:
-        """Stop every lane's worker once its current job ends."""
+        """Stop every lane's worker once its current job ends; later jobs are cancelled."""
+        self._closed = True
         for lane in self._queues.values():
             lane.put(None)
 
