@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gui_support import (stop_process, accepts_connections, chromium_path, free_port, make_small_study, table_selection,
-                         wait_for_bokeh, wait_until)
+from gui_support import (accepts_connections, chromium_path, free_port, make_small_study, stop_process, studio_server,
+                         table_selection, wait_for_bokeh, wait_until)
 
 pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
@@ -97,3 +97,66 @@ def test_a_reload_and_a_second_tab_show_the_plan_target_selection_and_jobs(brows
         stop_process(server)
     log = (tmp_path / "server.log").read_text()
     assert "Traceback" not in log, log[-4000:]
+
+
+def _analyses(states) -> list:
+    """Every analysis job the sessions' states started themselves (a mirror of another tab's job is not one)."""
+    return [job for state in states for job in state.jobs
+            if job.kind == "analyze" and getattr(job, "owner", None) is state]
+
+
+def _stacks():
+    import sys, threading, traceback
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(f"--- {names.get(i)}\n" + "".join(traceback.format_stack(f)[-40:])
+                     for i, f in sys._current_frames().items() if "studio-long" in str(names.get(i)))
+
+
+def _ranked(page) -> None:
+    page.locator(".tabulator-cell[tabulator-field='rank']", has_text="1").first.wait_for(timeout=180000)
+
+
+def test_a_tab_that_comes_back_after_every_tab_closed_shows_the_running_analysis_and_its_result(browser, tmp_path):
+    """Every tab closes while the study's analysis runs: the analysis runs on, and the next tab shows that job (not
+    one started afresh), then its ranking; a tab that comes back after it ended shows the ranking at once."""
+    study = make_small_study(tmp_path / "study", analyzed=False, baselines=False, nodes=150)  # ~15 s to analyse, alone
+    # A closed tab's session ends within seconds (a new tab's session must outlive its page's load, under load).
+    quick_end = {"unused_session_lifetime_milliseconds": 5000, "check_unused_sessions_milliseconds": 1000}
+    with studio_server(study, closes_states=True, **quick_end) as studio:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.set_default_timeout(60000)
+        page.goto(studio.url)
+        wait_for_bokeh(page)
+        first = wait_until(lambda: studio.states[0] if studio.states else None)
+        job = wait_until(lambda: next(iter(_analyses([first])), None), 60, message="no analysis started")
+        wait_until(lambda: job.status == "running", 60, message=f"the analysis did not start: {job.status}")
+        context.close()  # every tab of the study has gone
+        wait_until(lambda: first._membership.closed, 30, message="the closed tab's session did not end")
+        assert job.active, "the analysis ended before the test could come back to it; make it longer"
+
+        page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+        page.set_default_timeout(60000)
+        page.goto(studio.url)
+        second = wait_until(lambda: studio.states[1] if len(studio.states) > 1 else None)
+        wait_until(lambda: any(getattr(j, "source", None) is job for j in second.jobs), 60,
+                   message=f"the new tab does not show the analysis: {[j.title for j in second.jobs]}")
+        wait_for_bokeh(page)
+        # In its job bar: running, with its progress, or the last job to end.
+        page.locator(".mpstudio-job-bar").get_by_text("sensitivity analysis").first.wait_for()
+        _ranked(page)  # its partial rankings reach the new tab too, then its result
+        wait_until(lambda: job.status == "done" and second.report is job.result, 480,
+                   message=f"the analysis's result did not reach the new tab: {job.status} {job.done}/{job.total} "
+                           f"{job.message} {job.finished.is_set()} {_stacks()}")
+        assert _analyses(studio.states) == [job], "an analysis was started again"
+
+        page.context.close()  # and once more, after the analysis ended: its ranking is shown, nothing re-run
+        wait_until(lambda: second._membership.closed, 30, message="the second tab's session did not end")
+        page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+        page.goto(studio.url)
+        wait_for_bokeh(page)
+        third = wait_until(lambda: studio.states[2] if len(studio.states) > 2 else None)
+        _ranked(page)
+        assert third.report is job.result and third.plan.hash == first.plan.hash
+        assert _analyses(studio.states) == [job], "an analysis was started again"
+        page.context.close()

@@ -27,8 +27,11 @@ def analyze(state, choose=None) -> Job:
         now, stage = time.perf_counter(), report.meta.get("stage", "")
         if now - shown[0] >= 1.0 or stage != shown[1]:
             shown[:] = [now, stage]
-            state.post(lambda: state.show_report(report) if state.study is study else None)
-            state._membership.share_partial(report)  # the study's other tabs (a tab that came back) see it too
+            # A tab that has gone is shown none (its views would slow the analysis that runs on for the tabs to
+            # come); the study's other tabs, and a tab that came back, are.
+            if not state._lanes.gone:
+                state.post(lambda: state.show_report(report) if state.study is study else None)
+            state._membership.share_partial(report)
 
     def work(progress, cancel):
         if choose is not None:

@@ -51,11 +51,11 @@ class StudySession:
         return None
 
     def add(self, job: Job) -> list:
-        """Record `job`: the study's jobs are the active ones, the failed ones and the last search (its outcome is
-        what a tab that comes back wants to see), newest first."""
+        """Record `job`: the study's jobs are the active ones, the failed ones and the last search and analysis
+        (their outcomes are what a tab that comes back wants to see), newest first."""
         with self.lock:
-            last_search = next((j for j in self.jobs if j.kind == "search"), None)
-            kept = [j for j in self.jobs if j.active or j.status == "failed" or j is last_search]
+            last = [next((j for j in self.jobs if j.kind == kind), None) for kind in EXCLUSIVE_KINDS]
+            kept = [j for j in self.jobs if j.active or j.status == "failed" or any(j is k for k in last)]
             self.jobs = [job, *kept[:KEPT_JOBS - 1]]
             return list(self.jobs)
 
@@ -214,7 +214,7 @@ class StudyMembership:
         jobs = session.add(job)
         self._each_other(lambda member: member._membership._show_jobs(jobs))
         with param.edit_constant(self.state):
-            self.state.jobs = jobs
+            self.state.jobs = self._shown(jobs)
         return True
 
     def finished(self, job: Job) -> None:
