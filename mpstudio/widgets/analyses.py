@@ -124,7 +124,7 @@ def estimate_latency(state) -> Job:
             state.param.update(latency_ops=estimate.ops,
                                message=f"estimated latency {estimate.ms:.3f} ms ({estimate.latency.label})")
         state.refresh_tensors()
-    return state.submit("latency", f"estimating the latency of {plan.name or plan.summary()}", work, done)
+    return state.submit("latency", f"estimating the latency of {plan.short_name}", work, done)
 
 
 def find_divergence(state, samples: int) -> Job:
@@ -154,4 +154,4 @@ def find_divergence(state, samples: int) -> Job:
         if first:
             with param.edit_constant(state):
                 state.focus = first[0]
-    return state.submit("diverge", f"comparing {plan.name or plan.summary()} on HTP and CPU", work, done)
+    return state.submit("diverge", f"comparing {plan.short_name} on HTP and CPU", work, done)
