@@ -105,11 +105,15 @@ def _analyses(states) -> list:
             if job.kind == "analyze" and getattr(job, "owner", None) is state]
 
 
-def _stacks():
-    import sys, threading, traceback
-    names = {t.ident: t.name for t in threading.enumerate()}
-    return "\n".join(f"--- {names.get(i)}\n" + "".join(traceback.format_stack(f)[-40:])
-                     for i, f in sys._current_frames().items() if "studio-long" in str(names.get(i)))
+def _stacks() -> str:
+    """Where the studio's analysis lanes are now (for a result that does not arrive: busy, or stuck)."""
+    import sys
+    import threading
+    import traceback
+
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return "\n".join(f"--- {names.get(ident)}\n" + "".join(traceback.format_stack(frame)[-40:])
+                     for ident, frame in sys._current_frames().items() if "studio-long" in str(names.get(ident)))
 
 
 def _ranked(page) -> None:
