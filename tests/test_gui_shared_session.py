@@ -146,7 +146,7 @@ def test_a_tab_that_comes_back_after_every_tab_closed_shows_the_running_analysis
                    message=f"the new tab does not show the analysis: {[j.title for j in second.jobs]}")
         wait_for_bokeh(page)
         # In its job bar: running, with its progress, or the last job to end.
-        page.locator(".mpstudio-job-bar").get_by_text("sensitivity analysis").first.wait_for()
+        page.locator(".mpstudio-job-bar >> text=sensitivity analysis >> visible=true").first.wait_for()
         _ranked(page)  # its partial rankings reach the new tab too, then its result
         wait_until(lambda: job.status == "done" and second.report is job.result, 480,
                    message=f"the analysis's result did not reach the new tab: {job.status} {job.done}/{job.total} "
