@@ -267,6 +267,7 @@ class StudyMembership:
             return mirror
         mirror = Job(kind=job.kind, title=job.title)
         mirror.cancel_event, mirror.finished, mirror.edit = job.cancel_event, job.finished, job.edit
+        mirror._started = job._started  # it ended when its job ended (the job bar names the last job to end)
         mirror.owner, mirror.source = job.owner if hasattr(job, "owner") else None, job
         names = ["status", "done", "total", "message", "error", "seconds", "eta"]
 
