@@ -273,6 +273,18 @@ class PrecisionPlan:
         """The default types in short: "a8w8", "a16w8", "a8w16" ..."""
         return f"a{self.activation_type[-2:].lstrip('t')}w{self.weight_type[-2:].lstrip('t')}"
 
+    @property
+    def short_name(self) -> str:
+        """The plan's name, else a readable one from its types ("a8w8-pc+3x16", "a8w8+2x16+1x4"), as a study
+        names the plans it stores: never its hash."""
+        if self.name:
+            return self.name
+        n16 = sum(1 for o in self.overrides.values() if o.type in _SIXTEEN_BIT)
+        n4 = sum(1 for o in self.overrides.values() if o.type in FOUR_BIT)
+        rest = len(self.overrides) - n16 - n4
+        base = self.base_name + ("-pc" if self.per_channel else "")
+        return base + (f"+{n16}x16" if n16 else "") + (f"+{n4}x4" if n4 else "") + (f"+{rest}ov" if rest else "")
+
     def summary(self) -> str:
         n16 = sum(1 for o in self.overrides.values() if o.type in _SIXTEEN_BIT)
         n4 = sum(1 for o in self.overrides.values() if o.type in FOUR_BIT)
@@ -280,7 +292,7 @@ class PrecisionPlan:
         pc = " per-channel" if self.per_channel else ""
         four = f", {n4} int4" if n4 else ""
         more = f" + {len(self.overrides)} overrides ({n16} to 16-bit{four})" if self.overrides else ""
-        return f"{self.name or self.hash}: {base}{pc}{more}"
+        return f"{self.short_name}: {base}{pc}{more}"
 
 
 def _op_activations(graph: ModelGraph, node) -> list[str]:

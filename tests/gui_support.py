@@ -40,14 +40,15 @@ def small_feeds(n: int = 12, seed: int = 0):
                     name="random")
 
 
-def make_small_study(folder: Path, analyzed: bool = True, baselines: bool = True):
-    """A study of a 60-node residual model on 12 random samples (output SNR metric): seconds to analyse."""
+def make_small_study(folder: Path, analyzed: bool = True, baselines: bool = True, nodes: int = SMALL_NODES):
+    """A study of a 60-node (or `nodes`) residual model on 12 random samples (output SNR metric): seconds to
+    analyse."""
     from mpstudio.study import Study
 
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     model = folder.parent / f"{folder.name}.onnx"
-    onnx.save(make_residual_model(SMALL_NODES, size=SMALL_SIZE), model)
+    onnx.save(make_residual_model(nodes, size=SMALL_SIZE), model)
     study = Study.create(folder, model, small_feeds(), name="small residual net")
     if analyzed:
         study.sensitivity()
@@ -95,13 +96,14 @@ def wait_until(condition, timeout: float = 30.0, interval: float = 0.05, message
 class PanelServer:
     """`pn.serve` of `factory` (called once per session) in a thread, on a free port of 127.0.0.1."""
 
-    def __init__(self, factory, path: str = "studio"):
+    def __init__(self, factory, path: str = "studio", **server_options):
         import panel as pn
 
         self.port = free_port()
         self.path = path
         self.thread = pn.serve({path: factory}, port=self.port, address="127.0.0.1", threaded=True, show=False,
-                               verbose=False, websocket_origin=[f"127.0.0.1:{self.port}", f"localhost:{self.port}"])
+                               verbose=False, websocket_origin=[f"127.0.0.1:{self.port}", f"localhost:{self.port}"],
+                               **server_options)
         wait_until(self._alive, 30, message="the Panel server did not start")
 
     @property
@@ -120,8 +122,13 @@ class PanelServer:
 
 
 @contextmanager
-def studio_server(study):
-    """A Panel server whose every session is a studio on `study`; its `.states` holds the sessions' states."""
+def studio_server(study, closes_states: bool = False, **server_options):
+    """A Panel server whose every session is a studio on `study`; its `.states` holds the sessions' states.
+    `closes_states`: a session that ends closes its state, as `panel serve app.py` does (else they are closed when
+    the server stops); `server_options`: Bokeh's, such as unused_session_lifetime_milliseconds (how soon the
+    session of a closed tab ends)."""
+    import panel as pn
+
     from mpstudio.widgets import Studio, StudioState
 
     states = []
@@ -129,9 +136,11 @@ def studio_server(study):
     def session():
         state = StudioState(study)
         states.append(state)
+        if closes_states:
+            pn.state.on_session_destroyed(lambda context: state.close())
         return Studio(state).template()
 
-    server = PanelServer(session)
+    server = PanelServer(session, **server_options)
     server.states = states
     server.folder = getattr(study, "folder", study)
     try:

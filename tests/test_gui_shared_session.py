@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gui_support import (stop_process, accepts_connections, chromium_path, free_port, make_small_study, table_selection,
-                         wait_for_bokeh, wait_until)
+from gui_support import (accepts_connections, chromium_path, free_port, make_small_study, stop_process, studio_server,
+                         table_selection, wait_for_bokeh, wait_until)
 
 pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
@@ -45,7 +45,9 @@ def shown(page) -> dict:
             "target": page.get_by_placeholder("a16w8+10% or a metric value").input_value(),
             "selected": page.get_by_text("tensor(s) selected").first.inner_text()
             if page.get_by_text("tensor(s) selected").count() else "",
-            "search job": page.get_by_text(f"searching for {TARGET}").count() > 0}
+            # The search as a job (running, or the last to end) or, once other jobs have ended after it, its card.
+            "search job": page.get_by_text(f"searching for {TARGET}").count() > 0
+            or page.locator(".mpstudio-search-card").count() > 0}
 
 
 def test_a_reload_and_a_second_tab_show_the_plan_target_selection_and_jobs(browser, tmp_path):
@@ -97,3 +99,71 @@ def test_a_reload_and_a_second_tab_show_the_plan_target_selection_and_jobs(brows
         stop_process(server)
     log = (tmp_path / "server.log").read_text()
     assert "Traceback" not in log, log[-4000:]
+
+
+def _analyses(states) -> list:
+    """Every analysis job the sessions' states started themselves (a mirror of another tab's job is not one)."""
+    return [job for state in states for job in state.jobs
+            if job.kind == "analyze" and getattr(job, "owner", None) is state]
+
+
+def _stacks() -> str:
+    """Where the studio's analysis lanes are now (for a result that does not arrive: busy, or stuck)."""
+    import sys
+    import threading
+    import traceback
+
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return "\n".join(f"--- {names.get(ident)}\n" + "".join(traceback.format_stack(frame)[-40:])
+                     for ident, frame in sys._current_frames().items() if "studio-long" in str(names.get(ident)))
+
+
+def _ranked(page) -> None:
+    page.locator(".tabulator-cell[tabulator-field='rank']", has_text="1").first.wait_for(timeout=180000)
+
+
+def test_a_tab_that_comes_back_after_every_tab_closed_shows_the_running_analysis_and_its_result(browser, tmp_path):
+    """Every tab closes while the study's analysis runs: the analysis runs on, and the next tab shows that job (not
+    one started afresh), then its ranking; a tab that comes back after it ended shows the ranking at once."""
+    study = make_small_study(tmp_path / "study", analyzed=False, baselines=False, nodes=200)  # ~20 s to analyse on an idle machine
+    # A closed tab's session ends within seconds (a new tab's session must outlive its page's load, under load).
+    quick_end = {"unused_session_lifetime_milliseconds": 5000, "check_unused_sessions_milliseconds": 1000}
+    with studio_server(study, closes_states=True, **quick_end) as studio:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.set_default_timeout(60000)
+        page.goto(studio.url)
+        first = wait_until(lambda: studio.states[0] if studio.states else None)
+        job = wait_until(lambda: next(iter(_analyses([first])), None), 120, message="no analysis started")
+        wait_until(lambda: job.status != "queued", 120, message="the analysis did not start")
+        context.close()  # every tab of the study has gone
+        wait_until(lambda: first._membership.closed, 60, message="the closed tab's session did not end")
+        assert job.active, "the analysis ended before the test could come back to it; make it longer"
+
+        page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+        page.set_default_timeout(60000)
+        page.goto(studio.url)
+        second = wait_until(lambda: studio.states[1] if len(studio.states) > 1 else None)
+        wait_until(lambda: any(getattr(j, "source", None) is job for j in second.jobs), 60,
+                   message=f"the new tab does not show the analysis: {[j.title for j in second.jobs]}")
+        wait_for_bokeh(page)
+        # In its job bar while it runs, with its progress.
+        shown_in_bar = page.locator(".mpstudio-job-bar >> text=sensitivity analysis >> visible=true")
+        wait_until(lambda: shown_in_bar.count() > 0 or not job.active, 60,
+                   message="the running analysis is not in the new tab's job bar")
+        _ranked(page)  # its partial rankings reach the new tab too, then its result
+        wait_until(lambda: job.status == "done" and second.report is job.result, 480,
+                   message=f"the analysis's result did not reach the new tab: {job.status} {job.done}/{job.total} "
+                           f"{job.message} {job.finished.is_set()} {_stacks()}")
+        assert _analyses(studio.states) == [job], "an analysis was started again"
+
+        page.context.close()  # and once more, after the analysis ended: its ranking is shown, nothing re-run
+        wait_until(lambda: second._membership.closed, 30, message="the second tab's session did not end")
+        page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+        page.goto(studio.url)
+        wait_for_bokeh(page)
+        third = wait_until(lambda: studio.states[2] if len(studio.states) > 2 else None)
+        _ranked(page)
+        assert third.report is job.result and third.plan.hash == first.plan.hash
+        assert _analyses(studio.states) == [job], "an analysis was started again"
+        page.context.close()

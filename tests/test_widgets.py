@@ -440,3 +440,27 @@ def test_a_dynamic_input_is_fixed_in_the_input_shapes_field(tmp_path, monkeypatc
     assert job.wait(60) and job.status == "failed"
     assert "Input shapes" in state.error and "--shape" not in state.error, state.error
     state.close()
+
+
+def test_baseline_labels_on_the_pareto_plot_do_not_cover_each_other():
+    """Baselines of one latency and nearly one accuracy (a8w8 and a8w8-pc on an encoder) get their names on
+    different sides; the highest point's name goes below it, clear of the legend over the frame."""
+    import pandas as pd
+
+    from mpstudio.widgets.pareto import _FRAME_PX, _baseline_labels, _label_box, _overlap
+
+    frame = pd.DataFrame({"origin": ["baseline"] * 4 + ["search"], "latency_ms": [1.6, 1.6, 2.95, 2.95, 2.0],
+                          "value": [0.700, 0.701, 0.684, 0.684, 0.69],
+                          "name": ["a8w8", "a8w8-pc", "a16w8", "a16w8-pc", "plan 7"]})
+    labels = _baseline_labels(frame)
+    assert labels["text"] == ["a8w8", "a8w8-pc", "a16w8", "a16w8-pc"]
+    # The boxes as placed, in the same pixel frame the placement assumes.
+    xs, ys = labels["x"], labels["y"]
+    px = [(x - min(xs)) / (max(xs) - min(xs)) for x in xs]
+    py = [(y - min(ys)) / (max(ys) - min(ys)) for y in ys]
+    boxes = [_label_box((p * 2 / 3 + 1 / 6) * _FRAME_PX[0], (q * 2 / 3 + 1 / 6) * _FRAME_PX[1], 6.5 * len(text),
+                        (dx, dy, align))
+             for p, q, text, dx, dy, align in zip(px, py, labels["text"], labels["dx"], labels["dy"], labels["align"])]
+    assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), boxes
+    top = ys.index(max(ys))
+    assert labels["dy"][top] < 0, "the highest baseline's name runs under the legend"

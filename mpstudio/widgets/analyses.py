@@ -27,7 +27,11 @@ def analyze(state, choose=None) -> Job:
         now, stage = time.perf_counter(), report.meta.get("stage", "")
         if now - shown[0] >= 1.0 or stage != shown[1]:
             shown[:] = [now, stage]
-            state.post(lambda: state.show_report(report) if state.study is study else None)
+            # A tab that has gone is shown none (its views would slow the analysis that runs on for the tabs to
+            # come); the study's other tabs, and a tab that came back, are.
+            if not state._lanes.gone:
+                state.post(lambda: state.show_report(report) if state.study is study else None)
+            state._membership.share_partial(report)
 
     def work(progress, cancel):
         if choose is not None:
@@ -120,7 +124,7 @@ def estimate_latency(state) -> Job:
             state.param.update(latency_ops=estimate.ops,
                                message=f"estimated latency {estimate.ms:.3f} ms ({estimate.latency.label})")
         state.refresh_tensors()
-    return state.submit("latency", f"estimating the latency of {plan.name or plan.summary()}", work, done)
+    return state.submit("latency", f"estimating the latency of {plan.short_name}", work, done)
 
 
 def find_divergence(state, samples: int) -> Job:
@@ -150,4 +154,4 @@ def find_divergence(state, samples: int) -> Job:
         if first:
             with param.edit_constant(state):
                 state.focus = first[0]
-    return state.submit("diverge", f"comparing {plan.name or plan.summary()} on HTP and CPU", work, done)
+    return state.submit("diverge", f"comparing {plan.short_name} on HTP and CPU", work, done)

@@ -97,12 +97,12 @@ class CompareView(View):
             self._summary.value = result.summary
             self._diff.value = result.tensors
             self._note.object = (f"<span style='font-size:12px'><b>{len(result.tensors)}</b> activation tensor(s) "
-                                 f"differ between A ({html.escape(plan_a.name or plan_a.summary())}) and B "
-                                 f"({html.escape(plan_b.name or plan_b.summary())}); converts and estimate ms: the "
+                                 f"differ between A ({html.escape(plan_a.short_name)}) and B "
+                                 f"({html.escape(plan_b.short_name)}); converts and estimate ms: the "
                                  f"cost model (HTP v{html.escape(str(study.htp_arch))}); "
                                  f"accuracy and latency: stored evaluations, sources named{paired}</span>")
-        return state.submit("latency", f"comparing {plan_a.name or plan_a.summary()} with "
-                                       f"{plan_b.name or plan_b.summary()}", work, done)
+        return state.submit("latency", f"comparing {plan_a.short_name} with "
+                                       f"{plan_b.short_name}", work, done)
 
     @shows_errors
     def _on_compare(self, event):

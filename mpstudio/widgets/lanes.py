@@ -132,10 +132,16 @@ class Lanes:
         self._workers: dict[str, threading.Thread] = {}
         self._posted: list[Callable[[], None]] = []  # updates waiting for the session's event loop, in order
         self._draining = False
+        self._late: list[Callable[[], None]] = []  # updates posted after the tab has gone, run in the posting thread
+        self._late_running = False
+        self._closed = False
 
     def submit(self, job: Job, work: Callable, on_done: Callable | None = None) -> None:
         """Queue `work(progress, cancel_event)` in the lane of `job.kind`; `on_done(result)` is posted."""
         lane = LANE_OF.get(job.kind, "long")
+        if self._closed:  # work a closed session's late callbacks ask for (an opening that ended after its tab)
+            self.post(lambda: self._finish(job, "cancelled", "cancelled: its tab has gone"))
+            return
         with self.lock:
             worker = self._workers.get(lane)
             if worker is None or not worker.is_alive():
@@ -147,7 +153,8 @@ class Lanes:
         self._queues[lane].put((job, work, on_done))
 
     def close(self) -> None:
-        """Stop every lane's worker once its current job ends."""
+        """Stop every lane's worker once its current job ends; later jobs are cancelled."""
+        self._closed = True
         for lane in self._queues.values():
             lane.put(None)
 
@@ -223,6 +230,12 @@ class Lanes:
             self._draining = True
         doc.add_next_tick_callback(lambda: self._drain(doc))
 
+    @property
+    def gone(self) -> bool:
+        """The session has closed, or its tab has gone: nobody reads its views any more."""
+        doc = self._doc
+        return self._closed or (doc is not None and (doc.session_context is None or self._tab_gone(doc)))
+
     def _tab_gone(self, doc) -> bool:
         """True once the session's tab has connected and every connection has closed: Panel would write the
         update to a closed websocket. (Before its first connection a new tab's updates are kept for it.)"""
@@ -233,12 +246,26 @@ class Lanes:
 
     def _after_session(self, fn: Callable[[], None]) -> None:
         """An update posted after the session ended: jobs still finish (a waiter wakes), but a view's update of
-        a destroyed document fails harmlessly, and is no traceback and no failure of the job that posted it."""
+        a destroyed document fails harmlessly, and is no traceback and no failure of the job that posted it.
+
+        Run in order, one caller at a time, but without holding the lock: an update may post to another tab of
+        the study, whose own late updates may post back here (two tabs' locks taken in turn would deadlock)."""
         with self.lock:
-            try:
-                fn()
-            except Exception:
-                log.debug("an update after the session ended failed", exc_info=True)
+            self._late.append(fn)
+            if self._late_running:
+                return  # the caller running the late updates runs this one after those before it
+            self._late_running = True
+        while True:
+            with self.lock:
+                if not self._late:
+                    self._late_running = False
+                    return
+                batch, self._late = self._late, []
+            for late_fn in batch:
+                try:
+                    late_fn()
+                except Exception:
+                    log.debug("an update after the session ended failed", exc_info=True)
 
     def _drain(self, doc) -> None:
         from panel.io.state import set_curdoc

@@ -87,7 +87,7 @@ class NodeLatencyView(View):
             with param.edit_constant(state):  # the ranking's latency-share column and the graph's colouring
                 state.latency_ops = estimate.ops
             state.refresh_tensors()
-        return state.submit("latency", f"where the time goes in {plan.name or plan.summary()}",
+        return state.submit("latency", f"where the time goes in {plan.short_name}",
                             lambda progress, cancel: plan_times(study, plan, plan_id, progress, cancel), done)
 
     def _on_plan(self, *events):

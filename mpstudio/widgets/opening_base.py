@@ -26,10 +26,10 @@ class BaseOpening:
 
     def start(self, adopted: bool):
         """The analysis's job: the current plan's base analysed, after choosing the base (unless another tab's plan
-        was adopted)."""
+        was adopted: then its analysis, running or finished, is shown, and None returned when it has finished)."""
         state = self.state
         if adopted:
-            return state.analyze()
+            return state.analyze() if state.report is None else None
         study = state.require_study()
         frame = state.evaluations
         source = frame["accuracy_source"].iloc[0] if len(frame) else study.accuracy_source(state.backend)

@@ -39,7 +39,7 @@ _UNBUILT_TOOLTIP = """<div style="max-width: 420px; white-space: normal; font-si
 <span style="color: #b00020">@reason</span><br>
 latency: @latency_ms{0.000} ms (estimate by the HTP cost model)<br>accuracy: @shown</div>"""
 _XY = ["x", "y"]
-_LABELS = ["x", "y", "text"]
+_LABELS = ["x", "y", "text", "dx", "dy", "align"]
 # The plot never gets less height than this (toolbar, legend, axes and a readable frame): a short window scrolls
 # the page instead of squeezing the axis into the ranking below.
 PLOT_MIN_HEIGHT = 300
@@ -115,8 +115,8 @@ class ParetoPlot(View):
                               line_width=3, name="unbuilt")
         fig.scatter("x", "y", source=self.current, marker="circle", size=24, fill_color=None, line_color="#d6008f",
                     line_width=2.5)
-        fig.add_layout(LabelSet(x="x", y="y", text="text", source=self.labels, y_offset=9, text_align="center",
-                                text_font_size="11px", text_color="#333"))
+        fig.add_layout(LabelSet(x="x", y="y", text="text", source=self.labels, x_offset="dx", y_offset="dy",
+                                text_align="align", text_font_size="11px", text_color="#333", name="baseline_labels"))
         fig.add_tools(HoverTool(renderers=[points], tooltips=[
             ("plan", "@plan_id: @name (@origin)"), ("accuracy", "@value{0.0000}"),
             ("latency", "@latency_ms{0.000} ms"), ("interval", "@interval"), ("16-bit tensors", "@sixteen_bit"),
@@ -309,12 +309,48 @@ def _front(frame: pd.DataFrame) -> dict[str, list]:
     return {"x": pts["latency_ms"].astype(float).tolist(), "y": pts["value"].astype(float).tolist()}
 
 
+# Where a baseline's name may go, in order of preference: (x_offset, y_offset, text_align) in pixels (up is +y).
+_LABEL_PLACES = ((0, 9, "center"), (0, -22, "center"), (9, -6, "left"), (-9, -6, "right"))
+# The plot's frame, roughly, in pixels, and how much of it the points' span takes (range_padding 0.25 each side).
+_FRAME_PX, _SPAN_SHARE, _CHAR_PX, _LINE_PX = (430.0, 180.0), 1 / 1.5, 6.5, 14.0
+
+
 def _baseline_labels(frame: pd.DataFrame) -> dict[str, list]:
-    """The baselines' names, above their points."""
-    baseline = frame["origin"] == "baseline"
-    return {"x": frame.loc[baseline, "latency_ms"].astype(float).tolist(),
-            "y": frame.loc[baseline, "value"].astype(float).tolist(),
-            "text": frame.loc[baseline, "name"].tolist()}
+    """The baselines' names beside their points: above, unless that would cover a name already placed (baselines
+    of one latency, or of one accuracy) or run past the top of the frame (under the legend); then below, right or
+    left."""
+    rows = frame[frame["origin"] == "baseline"]
+    xs, ys = rows["latency_ms"].astype(float).tolist(), rows["value"].astype(float).tolist()
+    names = rows["name"].astype(str).tolist()
+    out = {"x": xs, "y": ys, "text": names, "dx": [], "dy": [], "align": []}
+    if not xs:
+        return out
+    # Points in pixels of the frame, as the plot draws them (the axis ranges span the points plus padding).
+    spans = [(max(v) - min(v)) or 1.0 for v in (xs, ys)]
+    px = [((x - min(xs)) / spans[0] * _SPAN_SHARE + (1 - _SPAN_SHARE) / 2) * _FRAME_PX[0] for x in xs]
+    py = [((y - min(ys)) / spans[1] * _SPAN_SHARE + (1 - _SPAN_SHARE) / 2) * _FRAME_PX[1] for y in ys]
+    placed: list[tuple[float, float, float, float]] = []
+    chosen: dict[int, tuple] = {}
+    for i in sorted(range(len(xs)), key=lambda i: -py[i]):  # the highest first: it has the fewest places
+        width = _CHAR_PX * len(names[i])
+        boxes = [(place, _label_box(px[i], py[i], width, place)) for place in _LABEL_PLACES]
+        place, box = next(((place, box) for place, box in boxes if box[3] <= _FRAME_PX[1] * 0.85
+                           and not any(_overlap(box, other) for other in placed)), boxes[0])
+        placed.append(box)
+        chosen[i] = place
+    out["dx"], out["dy"], out["align"] = ([chosen[i][k] for i in range(len(xs))] for k in range(3))
+    return out
+
+
+def _label_box(x: float, y: float, width: float, place) -> tuple[float, float, float, float]:
+    """The pixels a name of `width` takes beside the point (x, y), placed as `place` (one of _LABEL_PLACES)."""
+    dx, dy, align = place
+    left = x + dx - (width / 2 if align == "center" else width if align == "right" else 0)
+    return left, y + dy, left + width, y + dy + _LINE_PX
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def _clip_limits(values) -> tuple[float, float]:

@@ -102,7 +102,7 @@ class PlanEvaluations:
             state.refresh_evaluations()
             with param.edit_constant(state):
                 state.message = evaluation.describe() + (f"; {final[0].describe()}" if final and final[0] else "")
-        plan_name = plan.name or plan.summary()
+        plan_name = plan.short_name
         points.track(plan.hash)
         job = state.submit("evaluate", f"evaluating {plan_name} on {backend}", work, done)
         job.edit = plan.hash if edit else ""
@@ -117,7 +117,7 @@ class PlanEvaluations:
         # A promotion's first values are compared with the plan it was made from, on the same samples.
         versus = state.plan if state.plan.hash != plan.hash else None
         accuracy_source = frame["accuracy_source"].iloc[0] if len(frame) else None
-        plan_name = plan.name or plan.summary()
+        plan_name = plan.short_name
 
         # The plotted estimate-axis front has every column a prediction reads: no need to read the store.
         evaluated = frame if state.latency_source == "estimate" and len(frame) else None

@@ -23,8 +23,10 @@ class RunPanel(View):
     def __init__(self, **params):
         super().__init__(**params)
         state = self.state
+        # One runner a line: four side by side are cut in the sidebar at any window size.
         self._runner = pn.widgets.RadioButtonGroup.from_param(state.param.runner, button_type="light",
-                                                              sizing_mode="stretch_width")
+                                                              orientation="vertical", sizing_mode="stretch_width",
+                                                              css_classes=["mpstudio-runner"])
         agents = state.policy.agents
         if agents is None:  # a notebook: any agent, by URL and token
             self._agent = [pn.widgets.TextInput.from_param(state.param.agent_url, name="Agent URL",

@@ -280,7 +280,7 @@ class StudioState(param.Parameterized):
     def close(self) -> None:
         """The session ended: a served tab's study jobs run on for the tabs to come (then the local agent stops);
         elsewhere the jobs are cancelled and the local agent stopped."""
-        running = self._membership.leave()
+        running = self._membership.close()
         if not self._membership.shared:  # a shared tab's jobs, and the mirrors of other tabs', run on
             self.cancel_jobs()
         self._lanes.close()

@@ -5,7 +5,8 @@ study open.
 A reload, or a second tab on the same study, shows the same plan, target, selection and jobs; a job another tab
 started is visible (and cancellable) in each tab, and a tab cannot start a second search or analysis on a study
 that already runs one: it is shown the running one. Closing every tab leaves the study's jobs running; a tab that
-comes back shows them, with their progress, and their results (README, "Sessions belong to the study").
+comes back opens on the plan the study's tabs left, and shows its jobs, with their progress, and their results (the
+analysis it was shown, rather than one started afresh; README, "Sessions belong to the study").
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import param
 
 from ..plan import PrecisionPlan
+from ..search.opening import analysis_base
 from .lanes import Job, session_document
 
 # Kinds of which one job at a time may run on one study, whatever its title: a second would repeat or fight it.
@@ -35,6 +37,7 @@ class StudySession:
     selection: list = field(default_factory=list)
     target: str | None = None
     search_result: object = None
+    report: object = None  # the last finished analysis's SensitivityReport, for the tabs to come
     jobs: list = field(default_factory=list)
     members: list = field(default_factory=list)  # the StudioStates of the open tabs
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -48,11 +51,11 @@ class StudySession:
         return None
 
     def add(self, job: Job) -> list:
-        """Record `job`: the study's jobs are the active ones, the failed ones and the last search (its outcome is
-        what a tab that comes back wants to see), newest first."""
+        """Record `job`: the study's jobs are the active ones, the failed ones and the last search and analysis
+        (their outcomes are what a tab that comes back wants to see), newest first."""
         with self.lock:
-            last_search = next((j for j in self.jobs if j.kind == "search"), None)
-            kept = [j for j in self.jobs if j.active or j.status == "failed" or j is last_search]
+            last = [next((j for j in self.jobs if j.kind == kind), None) for kind in EXCLUSIVE_KINDS]
+            kept = [j for j in self.jobs if j.active or j.status == "failed" or any(j is k for k in last)]
             self.jobs = [job, *kept[:KEPT_JOBS - 1]]
             return list(self.jobs)
 
@@ -120,6 +123,7 @@ class StudyMembership:
         self.state = state
         self.shared = session_document() is not None if shared is None else shared
         self.session: StudySession | None = None  # kept after the tab leaves: its jobs' results still count
+        self.closed = False  # the tab has gone: the state joins no study any more
         self._adopting = False
         # Another tab's jobs are shown through mirrors updated through this tab's own posting, which stops once the
         # tab has gone: the views of a closed tab are never updated from another tab's thread.
@@ -132,7 +136,7 @@ class StudyMembership:
         """Leave the previous study's session and join `study`'s; None when this state does not share."""
         self.leave()
         self.session = None
-        if not self.shared:
+        if not self.shared or self.closed:
             return None
         session = study_session(study.folder)
         with session.lock:
@@ -141,14 +145,17 @@ class StudyMembership:
         return session
 
     def adopt(self) -> bool:
-        """Show what the session holds (plan, selection, target, jobs, search answer); False when it holds no plan
-        yet (this is the study's first tab)."""
+        """Show what the session holds (plan, selection, target, jobs, search answer, the analysis of the plan's
+        base); False when it holds no plan yet: this is the study's first tab, whose opening plan the session keeps
+        from now on (a tab that comes back after every tab has closed opens on it, not on a base chosen afresh)."""
         session, state = self.session, self.state
         if session is None:
             return False
         with session.lock:
             plan, selection, target = session.plan, list(session.selection), session.target
-            jobs, answer = list(session.jobs), session.search_result
+            jobs, answer, report = list(session.jobs), session.search_result, session.report
+            if plan is None:
+                session.plan = state.plan
         self._adopting = True
         try:
             with param.edit_constant(state):
@@ -159,10 +166,18 @@ class StudyMembership:
                 return False
             if plan.hash != state.plan.hash:
                 state.set_plan(plan)
+            if wants_report(state) and report is not None and report.meta.get("plan_hash") == analysis_base(
+                    state.plan).hash:
+                state.show_report(report)
             state.select(selection)
         finally:
             self._adopting = False
         return True
+
+    def close(self) -> list[Job]:
+        """The tab has gone: leave for good; the active jobs it started (they run on for the tabs to come)."""
+        self.closed = True
+        return self.leave()
 
     def leave(self) -> list[Job]:
         """Leave the session; the active jobs this state started (they keep running for the tabs to come)."""
@@ -199,7 +214,7 @@ class StudyMembership:
         jobs = session.add(job)
         self._each_other(lambda member: member._membership._show_jobs(jobs))
         with param.edit_constant(self.state):
-            self.state.jobs = jobs
+            self.state.jobs = self._shown(jobs)
         return True
 
     def finished(self, job: Job) -> None:
@@ -210,6 +225,8 @@ class StudyMembership:
         with session.lock:
             if job.kind == "search" and job.status == "done":
                 session.search_result = job.result
+            if job.kind == "analyze" and job.status == "done":
+                session.report = job.result
             members = [m for m in session.members if m is not self.state]
         for member in members:
             member.post(lambda member=member: member._membership._shared_finished(job))
@@ -223,11 +240,16 @@ class StudyMembership:
         if job.status != "done":
             return
         state.refresh_evaluations()
-        if job.kind == "analyze" and state.report is None:
+        if job.kind == "analyze" and wants_report(state):
             state.show_report(job.result)
         elif job.kind == "search":
             with param.edit_constant(state):
                 state.search_result = job.result
+
+    def share_partial(self, report) -> None:
+        """A partial ranking of this tab's analysis: shown in the other tabs that have no full one."""
+        self._each_other(lambda member: member.post(
+            lambda: member.show_report(report) if wants_report(member) else None))
 
     def _show_jobs(self, jobs: list) -> None:
         def show():
@@ -245,6 +267,7 @@ class StudyMembership:
             return mirror
         mirror = Job(kind=job.kind, title=job.title)
         mirror.cancel_event, mirror.finished, mirror.edit = job.cancel_event, job.finished, job.edit
+        mirror._started = job._started  # it ended when its job ended (the job bar names the last job to end)
         mirror.owner, mirror.source = job.owner if hasattr(job, "owner") else None, job
         names = ["status", "done", "total", "message", "error", "seconds", "eta"]
 
@@ -285,6 +308,11 @@ class StudyMembership:
             members = [m for m in session.members if m is not self.state]
         for member in members:
             fn(member)
+
+
+def wants_report(state) -> bool:
+    """Whether `state` shows no ranking yet, or a partial one (an analysis's final report replaces it)."""
+    return state.report is None or bool(state.report.meta.get("partial"))
 
 
 def after_jobs(jobs: list[Job], fn) -> None:
