@@ -125,7 +125,7 @@ def _ranked(page) -> None:
 def test_a_tab_that_comes_back_after_every_tab_closed_shows_the_running_analysis_and_its_result(browser, tmp_path):
     """Every tab closes while the study's analysis runs: the analysis runs on, and the next tab shows that job (not
     one started afresh), then its ranking; a tab that comes back after it ended shows the ranking at once."""
-    study = make_small_study(tmp_path / "study", analyzed=False, baselines=False, nodes=200)  # ~20 s to analyse on an idle machine
+    study = make_small_study(tmp_path / "study", analyzed=False, baselines=False, nodes=800)  # ~40 s to analyse on an idle machine
     # A closed tab's session ends within seconds (a new tab's session must outlive its page's load, under load).
     quick_end = {"unused_session_lifetime_milliseconds": 5000, "check_unused_sessions_milliseconds": 1000}
     with studio_server(study, closes_states=True, **quick_end) as studio:
