@@ -226,6 +226,7 @@ def test_closed_actors_leave_no_folder_and_a_killed_ones_folder_is_swept(cluster
 
     from mpstudio.distributed import OverRay
 
+    cluster.close()  # fresh actors: an earlier test's killed actor was restarted under another process id
     OverRay(cluster).outputs(qdq_model, FeedList(chain_feeds(4)), "cpu", None, None, None)
     pids = cluster.evaluators().pids
     folders = lambda: [f for pid in pids for f in Path(tempfile.gettempdir()).glob(f"mpstudio-ray-evaluator-{pid}-*")]
