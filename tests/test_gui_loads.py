@@ -107,3 +107,22 @@ def test_updates_after_the_session_ended_fail_no_job(caplog):
     lanes.close()
     assert job.status == "done" and job.result == 42 and finished == [job]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_a_view_that_fails_to_show_a_result_fails_its_job_and_the_lane_runs_on(caplog):
+    """A bug in a live view's handling of a result (a refresh that raised TypeError) is said on the job; the
+    lane's worker survives, so the jobs queued behind it still run (a comparison stayed queued for ever)."""
+    from mpstudio.widgets.lanes import Job, Lanes
+
+    lanes = Lanes(lambda job: None)
+
+    def broken_view(result):
+        raise TypeError("Constant parameter 'tensors' cannot be modified")
+
+    first, second = Job(kind="latency", title="where the time goes"), Job(kind="latency", title="comparing")
+    lanes.submit(first, lambda progress, cancel: 1, broken_view)
+    lanes.submit(second, lambda progress, cancel: 2)
+    assert first.wait(30) and second.wait(30)
+    lanes.close()
+    assert first.status == "failed" and "TypeError" in first.error and "where the time goes" in first.error
+    assert second.status == "done" and second.result == 2

@@ -78,6 +78,12 @@ def with_quantized_weights(float_model: onnx.ModelProto, qdq_path: str | Path) -
     return out
 
 
+def scratch_lock(model_path: Path):
+    """The lock of ORT's scratch files beside `model_path` ("<model>-inferred.onnx", which both its calibrator and
+    `quantize_static` write and delete there): one process and one thread on a model file at a time."""
+    return exclusive(Path(f"{model_path}.calibrate.lock"))
+
+
 def collect_ranges(model_path: Path, calibration: DataSource, inputs, method: str, progress: Progress | None,
                    cancel: threading.Event | None, message: str):
     """ORT's ranges of every float tensor of the model at `model_path` over `calibration` (calibration method
@@ -87,7 +93,7 @@ def collect_ranges(model_path: Path, calibration: DataSource, inputs, method: st
     reader = CalibrationReader(calibration, progress, cancel, message, inputs)
     # ORT's calibrator writes and deletes "<model>-inferred.onnx" beside the model: one process at a time. Its
     # augmented model goes beside it too, not to the system's temporary folder, where a killed run would leave it.
-    with exclusive(Path(f"{model_path}.calibrate.lock")), \
+    with scratch_lock(model_path), \
             tempfile.TemporaryDirectory(prefix=".calibrating-", dir=Path(model_path).parent) as tmp:
         calibrator = create_calibrator(
             model_path,

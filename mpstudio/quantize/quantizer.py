@@ -23,6 +23,7 @@ from ..model import PreparedModel
 from ..plan import PrecisionPlan
 from ..qdq import Encoding
 from .calibrate import (CALIBRATION_METHODS, FLOAT_RANGES, CalibrationCache, cached_ranges, collect_ranges,
+                        scratch_lock,
                         store_ranges, weight_form, weight_form_plan, with_quantized_weights)
 from .config import qnn_config, quantize_kwargs
 from .fusion import fuse_activations
@@ -139,7 +140,8 @@ class Quantizer:
         config = qnn_config(self.prepared.model, self.graph, plan, CALIBRATION_METHODS[self.method], pinned=pinned)
         # ORT's quantizer writes scratch files beside the float model: one process quantizes at a time (and,
         # patched process-wide, one thread: `fast_ort_quantizer` holds the turn).
-        with exclusive(self.cache_dir / ".quantize.lock"), fast_ort_quantizer(), quiet_ort_logging():
+        with exclusive(self.cache_dir / ".quantize.lock"), scratch_lock(self.float_path), fast_ort_quantizer(), \
+                quiet_ort_logging():
             quantize_static(self.float_path, out, None, calibration_cache_path=cache.path, **quantize_kwargs(config))
         fuse_activations(out)
         if pinned:

@@ -197,6 +197,12 @@ class Lanes:
                         on_done(result)
                 except MpstudioError as exc:
                     status, text = "failed", str(exc)
+                except Exception as exc:  # a live view's bug: said on the job and logged; the lane runs on
+                    doc = self._doc
+                    if doc is not None and (doc.session_context is None or self._tab_gone(doc)):
+                        raise  # views of a tab that has gone: the job is done, nobody reads them
+                    log.exception("showing the result of %s failed", job.title)
+                    status, text = "failed", f"showing {job.title} failed: {type(exc).__name__}: {brief(exc)}"
                 finally:  # a view failing to show the result (a bug, a closed tab) still ends the job
                     self._finish(job, status, text)
             self.post(apply)
