@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import time
 
-import param
 
 from ..plan import PrecisionPlan
 from ..search.opening import analysis_base
 from ..sensitivity import SensitivityReport
 from .lanes import Job
+from .constants import writable
 
 
 def analyze(state, choose=None) -> Job:
@@ -78,7 +78,7 @@ def start_search(state, target: str | None, max_evaluations: int) -> Job:
         state.set_plan(study.plan(result.recommended.plan_id))
         r = result.recommended
         verdict = "within noise of" if result.within_noise else "reaches" if result.reached else "misses"
-        with param.edit_constant(state):  # the whole answer is in the search card
+        with writable(state):  # the whole answer is in the search card
             state.param.update(search_result=result, message=f"search: plan {r.plan_id} {r.name} recommended "
                                                              f"({verdict} {target}); see the search result card")
     return state.submit("search", search_title(target, backend, confirm_on, weights), work, done)
@@ -120,7 +120,7 @@ def estimate_latency(state) -> Job:
     def done(estimate):
         if plan.hash != state.plan.hash:
             return  # the plan changed meanwhile; its own estimate is on its way
-        with param.edit_constant(state):
+        with writable(state):
             state.param.update(latency_ops=estimate.ops,
                                message=f"estimated latency {estimate.ms:.3f} ms ({estimate.latency.label})")
         state.refresh_tensors()
@@ -146,12 +146,12 @@ def find_divergence(state, samples: int) -> Job:
         if plan.hash != state.plan.hash:
             return
         first = frame.loc[frame["first"].astype(bool), "tensor"].tolist()
-        with param.edit_constant(state):
+        with writable(state):
             state.param.update(divergence=frame, plan_id=study.plan_id(plan),
                                message=f"first HTP/CPU divergence: {', '.join(first[:5])}" if first else
                                "HTP and CPU agree within quantization noise on every tensor")
         state.refresh_tensors()
         if first:
-            with param.edit_constant(state):
+            with writable(state):
                 state.focus = first[0]
     return state.submit("diverge", f"comparing {plan.short_name} on HTP and CPU", work, done)

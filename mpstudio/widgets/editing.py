@@ -6,9 +6,9 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 
 import pandas as pd
-import param
 
 from ..plan import PrecisionPlan
+from .constants import writable
 
 
 def edit_plan(state, tensors, to: str) -> PrecisionPlan:
@@ -33,7 +33,7 @@ def edit_plan(state, tensors, to: str) -> PrecisionPlan:
 
     def show():
         state.set_plan(plan)
-        with param.edit_constant(state):
+        with writable(state):
             state.param.update(message=f"{verb} {len(chosen)} tensor(s); plan {plan.summary()}", error="")
     # Served, the predicted point goes to the browser with this event's reply, and the graph's and table's
     # larger update in the next one (at once here otherwise).
@@ -76,7 +76,7 @@ def find_tensors(state, text: str) -> list[str]:
         return []
     hits = matching_tensors(state.tensors, text)
     state.select(hits)
-    with param.edit_constant(state):
+    with writable(state):
         state.param.update(focus=hits[0] if hits else "", message=find_message(text, hits))
     return hits
 

@@ -15,6 +15,7 @@ import param
 from ..data import Cancelled
 from ..errors import MpstudioError, brief
 from .closed_tabs import open_connections, quiet_closed_streams
+from .constants import writable
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class Job(param.Parameterized):
         return self.finished.wait(timeout)
 
     def _set(self, **values) -> None:
-        with param.edit_constant(self):
+        with writable(self):
             self.param.update(**values)
 
 

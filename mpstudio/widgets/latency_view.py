@@ -16,6 +16,7 @@ from ..latency.promotion import promotion_costs
 from ..loop.node_latency import kept_profile, node_latency
 from ..search.opening import analysis_base
 from .base import View, shows_errors
+from .constants import writable
 
 # The table's columns, in order: what a reader sorts by first, then where the node is.
 SHOWN = ["node", "op_type", "estimate_ms", "share", "added_ms", "measured_ms", "base_ms", "bits", "kind",
@@ -84,7 +85,7 @@ class NodeLatencyView(View):
             if plan.hash != state.plan.hash:
                 return
             self.param.update(result=times, promotion=promotion)
-            with param.edit_constant(state):  # the ranking's latency-share column and the graph's colouring
+            with writable(state):  # the ranking's latency-share column and the graph's colouring
                 state.latency_ops = estimate.ops
             state.refresh_tensors()
         return state.submit("latency", f"where the time goes in {plan.short_name}",

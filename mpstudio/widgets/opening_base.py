@@ -15,6 +15,7 @@ from ..search.opening import BaseChoice, analysis_base, beating_bases, opening_b
 from ..search.targets import named_baselines
 from .analyses import analyze
 from .base import View, shows_errors
+from .constants import writable
 
 
 class BaseOpening:
@@ -48,7 +49,7 @@ class BaseOpening:
         self.choice = choice
         if choice.plan.hash != state.plan.hash and state.plan.hash == PrecisionPlan.a8w8().hash:
             state.set_plan(choice.plan)
-        with param.edit_constant(state):
+        with writable(state):
             state.message = (f"opened on {choice.plan.name}: {choice.reason}; promotions are ranked against "
                              f"{analysis_base(state.plan).name}")
         # Served, the per-channel baselines are measured in the background (they settle the choice and feed the

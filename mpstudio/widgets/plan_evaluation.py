@@ -4,7 +4,6 @@ evaluation streams, its stored result at the end; and the baselines, in the back
 from __future__ import annotations
 
 import numpy as np
-import param
 
 from ..loop.build_failures import BuildFailed
 from ..errors import MpstudioError
@@ -13,6 +12,7 @@ from ..preview import basis_ready
 from ..study import Study
 from .lanes import Job
 from .provisional import ProvisionalPoints
+from .constants import writable
 
 
 def has_baselines(study: Study, backend: str, runner) -> bool:
@@ -97,10 +97,10 @@ class PlanEvaluations:
         def done(evaluation):
             points.drop(plan.hash)
             if evaluation.plan_hash == state.plan.hash:
-                with param.edit_constant(state):
+                with writable(state):
                     state.plan_id = evaluation.plan_id
             state.refresh_evaluations()
-            with param.edit_constant(state):
+            with writable(state):
                 state.message = evaluation.describe() + (f"; {final[0].describe()}" if final and final[0] else "")
         plan_name = plan.short_name
         points.track(plan.hash)
@@ -127,7 +127,7 @@ class PlanEvaluations:
 
         def done(prediction):
             if not prediction.placed:
-                with param.edit_constant(state):
+                with writable(state):
                     state.message = prediction.describe()
                 return
             known = state.provisional

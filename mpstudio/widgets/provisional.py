@@ -6,6 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import param
 
+from .constants import writable
+
 # Columns of StudioState.provisional (points drawn before a plan's full evaluation is stored):
 #   plan_hash, name, kind ("predicted": isolation scores and the cost model; "partial": measured on some of the
 #   evaluation samples), value, low, high (the interval of a partial value; NaN for a prediction), latency_ms
@@ -42,7 +44,7 @@ class ProvisionalPoints:
                              int(samples), int(total), accuracy_source, detail, words, verdict]],
                            columns=PROVISIONAL_COLUMNS)
         kept = frame[frame["plan_hash"] != plan_hash]
-        with param.edit_constant(state):
+        with writable(state):
             state.provisional = pd.concat([kept, row], ignore_index=True) if len(kept) else row
 
     def drop(self, plan_hash: str) -> None:
@@ -51,5 +53,5 @@ class ProvisionalPoints:
         state = self._state
         frame = state.provisional
         if (frame["plan_hash"] == plan_hash).any():
-            with param.edit_constant(state):
+            with writable(state):
                 state.provisional = frame[frame["plan_hash"] != plan_hash].reset_index(drop=True)

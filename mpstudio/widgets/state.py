@@ -29,6 +29,7 @@ from .policy import ServerPolicy
 from .opening_base import BaseOpening
 from .study_session import StudyMembership, after_jobs
 from .tensor_frame import SCORE_ATTENTION, SCORES, TENSOR_COLUMNS, tensor_frame
+from .constants import writable
 
 __all__ = ["Job", "PROVISIONAL_COLUMNS", "RUNNERS", "SCORES", "SCORE_ATTENTION", "StudioState", "TENSOR_COLUMNS",
            "session_document"]
@@ -129,7 +130,7 @@ class StudioState(param.Parameterized):
         graph = study.graph
         layout = layout_graph(graph, [], model_sha256=study.prepared.sha256)
         self.param.collapsed.objects = collapsible_namespaces(graph)
-        with param.edit_constant(self):
+        with writable(self):
             self.param.update(study=study, layout=layout, plan=PrecisionPlan.a8w8(), plan_id=study.plan_id(
                 PrecisionPlan.a8w8()), report=None, latency_ops=None, focus="", error="",
                 message=f"opened {study.name}")
@@ -191,7 +192,7 @@ class StudioState(param.Parameterized):
         if self.study is not None:
             plan.validate(self.study.graph, self.study.htp_arch)
         plan_id = self.study.plan_id(plan) if self.study is not None else None
-        with param.edit_constant(self):
+        with writable(self):
             self.param.update(plan=plan, plan_id=plan_id, latency_ops=None, divergence=None)  # the old plan's
         self.refresh_tensors()
         if self.color_by == "latency_share" and self.study is not None:
@@ -203,7 +204,7 @@ class StudioState(param.Parameterized):
         """Make a stored plan the current one (a click on the Pareto plot)."""
         plan = self.require_study().plan(int(plan_id))
         self.set_plan(plan)
-        with param.edit_constant(self):
+        with writable(self):
             self.param.update(message=f"loaded plan {plan_id}: {plan.summary()}", error="")
         return plan
 
@@ -270,7 +271,7 @@ class StudioState(param.Parameterized):
         study = self.study
         frame = study.front(self.latency_source) if study is not None else pd.DataFrame()
         checks = study.cross_checks(self.latency_source, frame) if study is not None else pd.DataFrame()
-        with param.edit_constant(self):
+        with writable(self):
             self.param.update(cross_checks=checks, evaluations=frame)  # the plot redraws on evaluations
 
     def export(self, formats: tuple[str, ...], out_dir: str | Path | None = None):
@@ -288,11 +289,11 @@ class StudioState(param.Parameterized):
 
     def show_error(self, message: str) -> None:
         """Show a readable error message (and no traceback)."""
-        with param.edit_constant(self):
+        with writable(self):
             self.param.update(error=message, message="")
 
     def dismiss_error(self) -> None:
-        with param.edit_constant(self):
+        with writable(self):
             self.error = ""
 
     # ---- for the verbs' helpers (analyses, plan_evaluation) ---------------------------------------------
@@ -318,7 +319,7 @@ class StudioState(param.Parameterized):
                 if self.study is study:
                     apply(result)
         if not self._membership.add(job):
-            with param.edit_constant(self):
+            with writable(self):
                 self.jobs = [job, *[j for j in self.jobs if j.active or j.status == "failed"][:7]]
         self._lanes.submit(job, work, on_done)
         return job
@@ -337,12 +338,12 @@ class StudioState(param.Parameterized):
     def refresh_tensors(self) -> None:
         """Rebuild `tensors` for the current plan, report, latency estimate and divergence."""
         if self.study is not None:
-            with param.edit_constant(self):
+            with writable(self):
                 self.tensors = tensor_frame(self.study.graph, self.plan, self.report, self.latency_ops,
                                             self.divergence)
 
     def show_report(self, report: SensitivityReport) -> None:
-        with param.edit_constant(self):
+        with writable(self):
             self.report = report
         self.refresh_tensors()
 
@@ -358,7 +359,7 @@ class StudioState(param.Parameterized):
         except MpstudioError as exc:
             self.show_error(str(exc))
             return
-        with param.edit_constant(self):
+        with writable(self):
             self.layout = layout
 
     def _on_color_by(self, event) -> None:
@@ -376,7 +377,7 @@ class StudioState(param.Parameterized):
 
     def _on_job_finished(self, job: Job) -> None:
         self._membership.finished(job)
-        with param.edit_constant(self):
+        with writable(self):
             if job.status == "failed":
                 self.param.update(error=job.error, jobs=list(self.jobs))
             else:

@@ -15,11 +15,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import param
 
 from ..plan import PrecisionPlan
 from ..search.opening import analysis_base
 from .lanes import Job, session_document
+from .constants import writable
 
 # Kinds of which one job at a time may run on one study, whatever its title: a second would repeat or fight it.
 EXCLUSIVE_KINDS = ("search", "analyze")
@@ -158,7 +158,7 @@ class StudyMembership:
                 session.plan = state.plan
         self._adopting = True
         try:
-            with param.edit_constant(state):
+            with writable(state):
                 state.param.update(jobs=self._shown(jobs), search_result=answer)
             if target is not None and target != state.target:
                 state.target = target
@@ -200,7 +200,7 @@ class StudyMembership:
             return None
         job = session.running(kind, title)
         if job is not None:
-            with param.edit_constant(self.state):
+            with writable(self.state):
                 self.state.message = (f"already running on this study: {job.title} (its progress is in the job "
                                       f"bar of every tab on the study)")
         return job
@@ -213,7 +213,7 @@ class StudyMembership:
             return False
         jobs = session.add(job)
         self._each_other(lambda member: member._membership._show_jobs(jobs))
-        with param.edit_constant(self.state):
+        with writable(self.state):
             self.state.jobs = self._shown(jobs)
         return True
 
@@ -235,7 +235,7 @@ class StudyMembership:
         state, session = self.state, self.session
         if session is None:
             return
-        with param.edit_constant(state):
+        with writable(state):
             state.jobs = self._shown(list(session.jobs))
         if job.status != "done":
             return
@@ -243,7 +243,7 @@ class StudyMembership:
         if job.kind == "analyze" and wants_report(state):
             state.show_report(job.result)
         elif job.kind == "search":
-            with param.edit_constant(state):
+            with writable(state):
                 state.search_result = job.result
 
     def share_partial(self, report) -> None:
@@ -253,7 +253,7 @@ class StudyMembership:
 
     def _show_jobs(self, jobs: list) -> None:
         def show():
-            with param.edit_constant(self.state):
+            with writable(self.state):
                 self.state.jobs = self._shown(jobs)
         self.state.post(show)
 
