@@ -279,6 +279,15 @@ class Lanes:
 
         with self.lock:  # what was posted until now goes to the browser as one batch; later posts next
             batch, self._posted = self._posted, []
+        if doc.session_context is None or self._tab_gone(doc):
+            # The tab went between the posting and this tick: Panel would schedule the views' updates for a session
+            # about to be destroyed, and fail on its removed models a tick later.
+            with self.lock:
+                self._draining = False
+                batch, self._posted = batch + self._posted, []
+            for next_fn in batch:
+                self._after_session(next_fn)
+            return
         try:
             with set_curdoc(doc), pn.io.hold(doc):
                 for next_fn in batch:
