@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.context
 import os
 import platform
@@ -92,6 +93,25 @@ def spawn_context(payload=None):
         if needs_main:
             return multiprocessing.get_context("spawn")
     return _OwnContext()
+
+
+def exit_with_parent(cleanup=None) -> None:
+    """In a spawned worker: exit as soon as the process that started it dies (killed, crashed), after
+    `cleanup()` if given, so no orphan keeps running, holding memory or a device. A parent that ends normally
+    stops its workers itself; this is for the parent that cannot."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        multiprocessing.connection.wait([parent.sentinel])
+        try:
+            if cleanup is not None:
+                cleanup()
+        finally:
+            os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
 _PERF_MODES = (

@@ -10,6 +10,7 @@ they opened, so a second evaluation of the same model does not pay session creat
 from __future__ import annotations
 
 import atexit
+import contextlib
 import concurrent.futures as futures
 import os
 import shutil
@@ -22,7 +23,7 @@ import numpy as np
 
 from ..data import Cancelled, DataSource, Feed, Progress, TaskMetric
 from ..errors import MpstudioError
-from ..runtime import available_cores, create_session, spawn_context
+from ..runtime import available_cores, create_session, exit_with_parent, spawn_context
 
 WORKERS_ENV = "MPSTUDIO_HTP_WORKERS"
 
@@ -160,7 +161,14 @@ _KEEP_SESSIONS = 2
 
 def _worker_start(pool_dir: str) -> None:
     # QNN writes trace files into the working directory: give each worker its own, inside its pool's.
-    os.chdir(tempfile.mkdtemp(prefix="worker-", dir=pool_dir))
+    folder = tempfile.mkdtemp(prefix="worker-", dir=pool_dir)
+    os.chdir(folder)
+
+    def tidy():  # the parent that would remove the pool's folder has died: the last worker out removes it
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(pool_dir)
+    exit_with_parent(tidy)
 
 
 def _run_chunk(model, backend: str, options, feeds: list[Feed], allow_cpu_fallback: bool = False) -> list[Feed]:

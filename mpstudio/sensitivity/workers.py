@@ -18,7 +18,7 @@ import numpy as np
 
 from ..data import Cancelled, Feed, TaskMetric
 from ..errors import MpstudioError
-from ..runtime import available_cores, spawn_context
+from ..runtime import available_cores, exit_with_parent, spawn_context
 from ..qdq import Encoding
 from ..quantize import TensorParams
 
@@ -147,6 +147,7 @@ def worker_count(tasks: int | None = None) -> int:
 
 def _serve(tasks, results) -> None:
     """A worker process: run the tasks of its queue until the None sentinel."""
+    exit_with_parent()
     worker = SensitivityWorker()
     while True:
         item = tasks.get()

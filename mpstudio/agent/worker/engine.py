@@ -7,10 +7,7 @@ prints and hangs stay away from the agent.
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
-import threading
 import time
 import uuid
 from dataclasses import asdict
@@ -18,7 +15,7 @@ from pathlib import Path
 
 from ... import runtime
 from ...errors import MpstudioError
-from ...runtime import first_line
+from ...runtime import exit_with_parent, first_line
 from ..protocol import AgentError, LatencyStats
 from .placement import PlacementReader
 from .profiles import profile_ops
@@ -34,7 +31,7 @@ def worker_main(conn, workdir: str, settings: dict) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
-    _exit_with_parent()
+    exit_with_parent()  # no orphaned worker keeps the device
     engine = Engine(Path(workdir), settings)
     conn.send(engine.probe())
     while True:
@@ -52,19 +49,6 @@ def worker_main(conn, workdir: str, settings: dict) -> None:
             reply = {"ok": False, "error": f"internal worker error: {type(exc).__name__}: {first_line(exc)}",
                      "status": 500}
         conn.send(reply)
-
-
-def _exit_with_parent() -> None:
-    """Exit when the agent process dies, so no orphaned worker keeps the device."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch():
-        multiprocessing.connection.wait([parent.sentinel])
-        os._exit(0)
-
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
 class Engine:
