@@ -361,6 +361,9 @@ class GraphView(View):
         if not x_range.start < x < x_range.end:
             half_x = (x_range.end - x_range.start) / 2
             x_range.update(start=x - half_x, end=x + half_x)
+        # A move made here, inside a held document, never reaches the ranges' on_change callbacks (Panel writes
+        # held events straight to the browser): the labels follow the window explicitly.
+        self._fill_labels()
         return True
 
     # ---- figure -> state ----
