@@ -117,8 +117,9 @@ def _whole(texts, sides, x, y, taken, owner):
 
 
 def _cut(text: str, sides, x, y, taken, owner):
-    """`text` cut to the room there is (a name path keeps its end, a word its start), if MIN_CHARS survive."""
-    keep_end = any(c in text for c in "/._")
+    """`text` cut to the room there is, if MIN_CHARS survive: a name path or a numbered name keeps its end (what
+    tells "branch0" from "branch1"), a word its start."""
+    keep_end = any(c in text for c in "/._") or text[-1:].isdigit()
     for side in sides:
         low, high, best = MIN_CHARS, len(text) - 1, None
         while low <= high:  # a longer text's box holds a shorter one's: bisect on the length kept
