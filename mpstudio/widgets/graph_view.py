@@ -20,7 +20,7 @@ from bokeh.plotting import figure
 from bokeh.transform import factor_cmap, factor_mark
 
 from .base import View, laid_out_once, shows_errors
-from .graph_labels import GAP_PX, FONT_PX, label_forms, place_labels
+from .graph_label_layer import NodeLabels
 from .source_updates import same_values
 from .state import StudioState
 from .tensor_frame import SCORE_ATTENTION, SCORES
@@ -50,10 +50,6 @@ class GraphView(View):
         self._row_of_tensor: dict[str, int] = {}
         self._labels: list[str] = []
         self.nodes = ColumnDataSource(data=self._empty())
-        self.labels = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0), "label": [], "dx": np.zeros(0),
-                                             "align": []})
-        self._label_band = (0.0, 0.0)
-        self._label_view: tuple = ()  # the x range and pixel scale the labels were placed for
         self._centred = False  # the view was moved to the top-ranked tensor since the last layout
         self._centred_view: tuple = ()  # (tensor, y start, y end) of that move
         # All edges as one polyline broken by NaNs: one binary array each way instead of thousands of lists.
@@ -128,15 +124,8 @@ class GraphView(View):
                             nonselection_fill_alpha=0.6, nonselection_line_alpha=0.7, name="nodes")
         fig.scatter("x", "y", source=self.cpu_nodes, marker="x", size=20, line_color="#d62728", line_width=2.5,
                     name="cpu_fallback")
-        # Labels of the nodes near the visible window only, placed so that none overlaps another (graph_labels):
-        # placed again when the window leaves that band, is zoomed, resized or panned sideways (see _on_range).
-        fig.text("x", "y", text="label", source=self.labels, x_offset="dx", text_align="align",
-                 text_font_size=f"{FONT_PX}px", text_baseline="middle", text_color="#333", name="labels")
-        for axis in (fig.x_range, fig.y_range):
-            axis.on_change("start", self._on_range)
-            axis.on_change("end", self._on_range)
-        fig.on_change("inner_width", self._on_range)
-        fig.on_change("inner_height", self._on_range)
+        # Labels near the visible window, none over another (see NodeLabels).
+        self.labels = NodeLabels(fig, self.nodes, lambda: (self._labels, self._node_tensors))
         hover = HoverTool(renderers=[nodes], tooltips=[
             ("tensor", "@tensor"), ("node", "@id"), ("op", "@op"), ("bits", "@bits"),
             ("SNR", "@snr_db{0.00} dB"), ("cosine", "@cosine{0.0000}"), ("local SNR 8-bit", "@local_snr_8{0.0} dB"),
@@ -221,53 +210,6 @@ class GraphView(View):
         self._style_mapper()
         self._draw_selection()
 
-    def _fill_labels(self, force: bool = False) -> None:
-        """Labels for the nodes within one window's height above and below the visible window, placed at the
-        frame's pixel scale so that none overlaps another label or a node (graph_labels), the selected nodes' and
-        the top-ranked first."""
-        x_range, y_range = self.figure.x_range, self.figure.y_range
-        start, end = y_range.start, y_range.end
-        view = (x_range.start, x_range.end, *self._pixel_scale())
-        low, high = self._label_band
-        if not force and low <= start and end <= high and view == self._label_view:
-            return
-        height = end - start
-        low, high = start - height, end + height
-        data = self.nodes.data
-        ys = np.asarray(data["y"], dtype=float)
-        rows = np.flatnonzero((ys >= low) & (ys <= high))
-        self._label_band, self._label_view = (low, high), view
-        xs, ys = np.asarray(data["x"], dtype=float)[rows], ys[rows]
-        forms = label_forms([self._labels[i] for i in rows], ys, [data["op"][i] for i in rows],
-                            [self._node_tensors[i] for i in rows])
-        rank = np.asarray(data["rank"], dtype=float)[rows] if len(data["rank"]) == len(data["y"]) else \
-            np.full(len(rows), np.nan)
-        rank = np.where(np.isfinite(rank), rank, np.inf)
-        selected = set(self.nodes.selected.indices)
-        order = sorted(range(len(rows)), key=lambda j: (rows[j] not in selected, rank[j], -ys[j], xs[j]))
-        placed = place_labels(forms, xs, ys, np.asarray(data["size"], dtype=float)[rows], order, view[2], view[3],
-                              (x_range.start, x_range.end))
-        at = np.asarray(placed.nodes, dtype=int)
-        self.labels.data = {"x": xs[at], "y": ys[at], "label": placed.texts,
-                            "dx": np.array([GAP_PX if side == "right" else -GAP_PX for side in placed.sides]),
-                            "align": ["left" if side == "right" else "right" for side in placed.sides]}
-
-    def _pixel_scale(self) -> tuple[float, float]:
-        """px per data unit across and down, from the frame's size as the browser reports it."""
-        fig = self.figure
-        size = []
-        for attr, fallback in zip(("inner_width", "inner_height"), FALLBACK_FRAME_PX):
-            try:
-                value = getattr(fig, attr)
-            except Exception:  # not reported yet (Bokeh raises on an unset read-only property)
-                value = None
-            size.append(float(value) if value else fallback)
-        return (size[0] / max(float(fig.x_range.end - fig.x_range.start), 1e-9),
-                size[1] / max(float(fig.y_range.end - fig.y_range.start), 1e-9))
-
-    def _on_range(self, attr, old, new):
-        self._fill_labels()
-
     def _node_styles(self) -> dict:
         return node_styles(self._node_tensors, self.state.tensors, self.state.color_by)
 
@@ -337,7 +279,7 @@ class GraphView(View):
             self.nodes.patch(patch)
         self._style_mapper()
         self._centre_on_top_ranked()
-        self._fill_labels(force=True)  # the ranking orders which labels win a crowded place
+        self.labels.fill(force=True)  # the ranking orders which labels win a crowded place
 
     def _on_selection(self, *_):
         count = len(self.state.selection)
@@ -352,7 +294,7 @@ class GraphView(View):
                 self.nodes.selected.indices = rows
             finally:
                 self._syncing = False
-        self._fill_labels(force=True)  # selected nodes' labels go first
+        self.labels.fill(force=True)  # selected nodes' labels go first
 
     def _on_focus(self, event):
         self._in_document(partial(self._scroll_to, event.new))
@@ -394,7 +336,7 @@ class GraphView(View):
             x_range.update(start=x - half_x, end=x + half_x)
         # A move made here, inside a held document, never reaches the ranges' on_change callbacks (Panel writes
         # held events straight to the browser): the labels follow the window explicitly.
-        self._fill_labels()
+        self.labels.fill()
         return True
 
     # ---- figure -> state ----
@@ -455,10 +397,6 @@ def _polyline(edges) -> dict:
         xs += [*ex, math.nan]
         ys += [*ey, math.nan]
     return {"x": np.asarray(xs, dtype=float), "y": np.asarray(ys, dtype=float)}
-
-
-# The frame's size in px until the browser has reported it (the figure is at least this big).
-FALLBACK_FRAME_PX = (440.0, 560.0)
 
 
 def _short(name: str, width: int = 32) -> str:
