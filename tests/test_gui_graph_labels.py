@@ -112,14 +112,18 @@ def test_the_opening_window_and_the_one_find_moves_to_show_labels(browser, deep_
                            message=f"at {width}x{height} the opening window shows fewer than {MIN_LABELS} labels: "
                                    f"{visible_labels(drawn_labels(page))}")
         assert not overlaps(drawn)
-        # The last op is far below the window the studio opened on; Find moves the window there.
-        last = state.tensors["tensor"].tolist()[-1]
+        # Find moves the window to the node farthest from it: beyond the labels placed for the opening window.
+        ids, ys = source_column(page, "nodes", "id"), source_column(page, "nodes", "y")
         before = y_range(page, "graph")
-        state.find(last)
+        middle, window = sum(before) / 2, before[1] - before[0]
+        node_of = {t: n for t, n in zip(state.tensors["tensor"], state.tensors["node"]) if n in ids}
+        far = max(node_of, key=lambda t: abs(ys[ids.index(node_of[t])] - middle))
+        row = ids.index(node_of[far])
+        assert abs(ys[row] - middle) > 1.5 * window, "the model is too shallow to test a far jump"
+        state.find(far)
         wait_until(lambda: y_range(page, "graph") != before, 20, message="Find did not move the window")
-        node = state.tensors.set_index("tensor").loc[last, "node"]
-        row = source_column(page, "nodes", "id").index(node)
-        at = [source_column(page, "nodes", "x")[row], source_column(page, "nodes", "y")[row]]
+        at = [source_column(page, "nodes", "x")[row], ys[row]]
+        node = node_of[far]
         drawn = wait_until(lambda: (d := drawn_labels(page)) and len(visible_labels(d)) >= MIN_LABELS and d, 20,
                            message=f"the window Find moved to shows fewer than {MIN_LABELS} labels: "
                                    f"{visible_labels(drawn_labels(page))}")
