@@ -12,6 +12,8 @@ from .graph_labels import FONT_PX, GAP_PX, label_forms, place_labels
 
 # The frame's size in px until the browser has reported it (the figure is at least this big).
 FALLBACK_FRAME_PX = (440.0, 560.0)
+# The fewest px between neighbours of a row that a fitted window keeps: room for a short label ("query") between.
+MIN_PX_PER_UNIT = 56.0
 
 
 class NodeLabels:
@@ -35,6 +37,7 @@ class NodeLabels:
             axis.on_change("end", self._on_view)
         figure.on_change("inner_width", self._on_view)
         figure.on_change("inner_height", self._on_view)
+        figure.on_change("inner_width", self._on_frame_width)
 
     def fill(self, force: bool = False) -> None:
         """Labels for the nodes within one window's height above and below the visible window, none over another
@@ -80,6 +83,25 @@ class NodeLabels:
             size.append(float(value) if value else fallback)
         return (size[0] / max(float(fig.x_range.end - fig.x_range.start), 1e-9),
                 size[1] / max(float(fig.y_range.end - fig.y_range.start), 1e-9))
+
+    def keep_readable(self) -> None:
+        """Narrow the window across until neighbours of a row are MIN_PX_PER_UNIT px apart: a narrow frame shows
+        fewer columns, centred on the selected nodes in view, else where it was. Called when the window is fitted
+        and when the frame's width is reported, never after a zoom (a user may zoom out past it)."""
+        x_range, y_range = self.figure.x_range, self.figure.y_range
+        most = self.pixel_scale()[0] * float(x_range.end - x_range.start) / MIN_PX_PER_UNIT
+        if x_range.end - x_range.start <= most:
+            return
+        data = self.nodes.data
+        rows = [i for i in self.nodes.selected.indices if i < len(data["y"])
+                and y_range.start <= data["y"][i] <= y_range.end]
+        middle = float(np.mean([data["x"][i] for i in rows])) if rows else (x_range.start + x_range.end) / 2
+        x_range.update(start=middle - most / 2, end=middle + most / 2)
+        self.fill()
+
+    def _on_frame_width(self, attr, old, new):
+        if new:
+            self.keep_readable()
 
     def _on_view(self, attr, old, new):
         """A pan, zoom or resize in the browser: placed once it has fully arrived (a pan changes a range's start

@@ -241,6 +241,7 @@ class GraphView(View):
         self.figure.y_range.update(start=top - window, end=top + 1)
         self.minimap.x_range.update(start=float(xs.min()) - 1, end=float(xs.max()) + 1)
         self.minimap.y_range.update(start=float(ys.min()) - 1, end=top + 1)
+        self.labels.keep_readable()
 
     # ---- state -> figure ----
     def _in_document(self, update) -> None:
