@@ -67,9 +67,12 @@ class NodeLabels:
         placed = place_labels(forms, xs, ys, np.asarray(data["size"], dtype=float)[rows], order, view[2], view[3],
                               (x_range.start, x_range.end))
         at = np.asarray(placed.nodes, dtype=int)
-        self.source.data = {"x": xs[at], "y": ys[at], "label": placed.texts,
-                            "dx": np.array([GAP_PX if side == "right" else -GAP_PX for side in placed.sides]),
-                            "align": ["left" if side == "right" else "right" for side in placed.sides]}
+        new = {"x": xs[at], "y": ys[at], "label": placed.texts,
+               "dx": np.array([GAP_PX if side == "right" else -GAP_PX for side in placed.sides]),
+               "align": ["left" if side == "right" else "right" for side in placed.sides]}
+        old = self.source.data
+        if any(len(old.get(c, ())) != len(v) or list(old[c]) != list(v) for c, v in new.items()):
+            self.source.data = new  # unchanged labels (a promotion, a selection elsewhere) send nothing
 
     def pixel_scale(self) -> tuple[float, float]:
         """px per data unit across and down, from the frame's size as the browser reports it."""
