@@ -51,13 +51,14 @@ class NodeLabels:
         height = end - start
         low, high = start - height, end + height
         data = self.nodes.data
-        ys = np.asarray(data["y"], dtype=float)
-        rows = np.flatnonzero((ys >= low) & (ys <= high))
+        ys, xs = np.asarray(data["y"], dtype=float), np.asarray(data["x"], dtype=float)
+        # Only nodes across the window can have a label in it (a wide model's other columns cost nothing).
+        rows = np.flatnonzero((ys >= low) & (ys <= high) & (xs >= x_range.start - 1) & (xs <= x_range.end + 1))
         self._band, self._view = (low, high), view
         labels, tensors = self._texts()
         if len(labels) != len(ys):
             rows = rows[:0]
-        xs, ys = np.asarray(data["x"], dtype=float)[rows], ys[rows]
+        xs, ys = xs[rows], ys[rows]
         forms = label_forms([labels[i] for i in rows], ys, [data["op"][i] for i in rows], [tensors[i] for i in rows])
         rank = np.asarray(data["rank"], dtype=float)[rows] if len(data.get("rank", [])) == len(data["y"]) else \
             np.full(len(rows), np.nan)
