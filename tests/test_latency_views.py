@@ -107,32 +107,6 @@ def test_two_plans_without_shared_terms_say_so(studio):
     assert "no paired difference" in compare._note.object
 
 
-def test_crowded_labels_fit_the_room_before_the_next_node():
-    from mpstudio.widgets.graph_view import CHAR_PX, fitted_labels
-
-    names = [f"/m/encoder/layer.0/attention/self/{part}/MatMul_output_0" for part in ("query", "key", "value")]
-    labels = [f"MatMul  \u2026{name[-31:]}" for name in names]
-    per_unit = 60.0  # px per layout unit: nodes of one row 60 px apart
-    fitted = fitted_labels(labels, [0, 1, 2], [5, 5, 5], ["MatMul"] * 3, [[n] for n in names], per_unit)
-    room = int((per_unit - 16) // CHAR_PX)
-    assert fitted[:2] == ["query", "key"] and all(len(label) <= room for label in fitted[:2])
-    assert fitted[2] == labels[2]  # the last of its row has the room it needs
-    # Nodes far apart keep their labels.
-    assert fitted_labels(labels, [0, 10, 20], [5, 5, 5], ["MatMul"] * 3, [[n] for n in names], per_unit) == labels
-
-
-def test_a_crowded_row_of_several_layers_says_what_tells_each_apart():
-    from mpstudio.widgets.graph_view import fitted_labels
-
-    names = ["/m/encoder/layer.0/attention/self/value/MatMul_output_0",
-             "/m/encoder/layer.0/attention/self/key/MatMul_output_0",
-             "/m/encoder/layer.0/attention/self/query/MatMul_output_0",
-             "/m/encoder/layer.5/attention/self/Where/Cast_output_0"]
-    fitted = fitted_labels(["x" * 40] * 4, [0, 1, 2, 3], [5] * 4, ["MatMul"] * 3 + ["Cast"], [[n] for n in names],
-                           60.0)
-    assert fitted[:3] == ["value", "key", "query"]
-
-
 def test_a_kept_profile_is_mapped_to_nodes_and_named_by_its_source(tmp_path):
     from mpstudio.agent.protocol import OpCost, OpProfile
     from mpstudio.loop.node_latency import kept_profile

@@ -20,6 +20,7 @@ from bokeh.plotting import figure
 from bokeh.transform import factor_cmap, factor_mark
 
 from .base import View, laid_out_once, shows_errors
+from .graph_label_layer import NodeLabels
 from .source_updates import same_values
 from .state import StudioState
 from .tensor_frame import SCORE_ATTENTION, SCORES
@@ -49,8 +50,6 @@ class GraphView(View):
         self._row_of_tensor: dict[str, int] = {}
         self._labels: list[str] = []
         self.nodes = ColumnDataSource(data=self._empty())
-        self.labels = ColumnDataSource(data={"x": np.zeros(0), "y": np.zeros(0), "label": []})
-        self._label_band = (0.0, 0.0)
         self._centred = False  # the view was moved to the top-ranked tensor since the last layout
         self._centred_view: tuple = ()  # (tensor, y start, y end) of that move
         # All edges as one polyline broken by NaNs: one binary array each way instead of thousands of lists.
@@ -125,12 +124,8 @@ class GraphView(View):
                             nonselection_fill_alpha=0.6, nonselection_line_alpha=0.7, name="nodes")
         fig.scatter("x", "y", source=self.cpu_nodes, marker="x", size=20, line_color="#d62728", line_width=2.5,
                     name="cpu_fallback")
-        # Labels of the nodes near the visible window only: laying out thousands of texts would dominate the
-        # first render. The band is refilled when the view leaves it (see _on_range).
-        fig.text("x", "y", text="label", source=self.labels, x_offset=11, text_font_size="10px",
-                 text_baseline="middle", text_color="#333")
-        fig.y_range.on_change("start", self._on_range)
-        fig.y_range.on_change("end", self._on_range)
+        # Labels near the visible window, none over another (see NodeLabels).
+        self.labels = NodeLabels(fig, self.nodes, lambda: (self._labels, self._node_tensors))
         hover = HoverTool(renderers=[nodes], tooltips=[
             ("tensor", "@tensor"), ("node", "@id"), ("op", "@op"), ("bits", "@bits"),
             ("SNR", "@snr_db{0.00} dB"), ("cosine", "@cosine{0.0000}"), ("local SNR 8-bit", "@local_snr_8{0.0} dB"),
@@ -212,32 +207,8 @@ class GraphView(View):
         self._fit_ranges()
         self._centred = False
         self._centre_on_top_ranked()
-        self._fill_labels(force=True)
         self._style_mapper()
         self._draw_selection()
-
-    def _fill_labels(self, force: bool = False) -> None:
-        """Labels for the nodes within one window's height above and below the visible window."""
-        y_range = self.figure.y_range
-        start, end = y_range.start, y_range.end
-        low, high = self._label_band
-        if not force and low <= start and end <= high:
-            return
-        height = end - start
-        low, high = start - height, end + height
-        ys = np.asarray(self.nodes.data["y"], dtype=float)
-        rows = np.flatnonzero((ys >= low) & (ys <= high))
-        self._label_band = (low, high)
-        xs = np.asarray(self.nodes.data["x"], dtype=float)
-        x_range = self.figure.x_range
-        per_unit = LABEL_WIDTH_PX / max(float(x_range.end - x_range.start), 1e-9)
-        self.labels.data = {"x": xs[rows], "y": ys[rows],
-                            "label": fitted_labels([self._labels[i] for i in rows], xs[rows], ys[rows],
-                                                   [self.nodes.data["op"][i] for i in rows],
-                                                   [self._node_tensors[i] for i in rows], per_unit)}
-
-    def _on_range(self, attr, old, new):
-        self._fill_labels()
 
     def _node_styles(self) -> dict:
         return node_styles(self._node_tensors, self.state.tensors, self.state.color_by)
@@ -270,6 +241,7 @@ class GraphView(View):
         self.figure.y_range.update(start=top - window, end=top + 1)
         self.minimap.x_range.update(start=float(xs.min()) - 1, end=float(xs.max()) + 1)
         self.minimap.y_range.update(start=float(ys.min()) - 1, end=top + 1)
+        self.labels.keep_readable()
 
     # ---- state -> figure ----
     def _in_document(self, update) -> None:
@@ -308,6 +280,7 @@ class GraphView(View):
             self.nodes.patch(patch)
         self._style_mapper()
         self._centre_on_top_ranked()
+        self.labels.fill(force=True)  # the ranking orders which labels win a crowded place
 
     def _on_selection(self, *_):
         count = len(self.state.selection)
@@ -322,6 +295,7 @@ class GraphView(View):
                 self.nodes.selected.indices = rows
             finally:
                 self._syncing = False
+        self.labels.fill(force=True)  # selected nodes' labels go first
 
     def _on_focus(self, event):
         self._in_document(partial(self._scroll_to, event.new))
@@ -361,6 +335,9 @@ class GraphView(View):
         if not x_range.start < x < x_range.end:
             half_x = (x_range.end - x_range.start) / 2
             x_range.update(start=x - half_x, end=x + half_x)
+        # A move made here, inside a held document, never reaches the ranges' on_change callbacks (Panel writes
+        # held events straight to the browser): the labels follow the window explicitly.
+        self.labels.fill()
         return True
 
     # ---- figure -> state ----
@@ -421,65 +398,6 @@ def _polyline(edges) -> dict:
         xs += [*ex, math.nan]
         ys += [*ey, math.nan]
     return {"x": np.asarray(xs, dtype=float), "y": np.asarray(ys, dtype=float)}
-
-
-# The graph's plotting width the labels are fitted to (px; the figure is at least this wide), and a 10 px
-# label's average character width.
-LABEL_WIDTH_PX = 440.0
-CHAR_PX = 6.0
-
-
-def fitted_labels(labels, xs, ys, ops, tensors, px_per_unit: float) -> list[str]:
-    """Labels that do not run into the next node to their right on the same row (Q/K/V projections side by side):
-    a crowded op's label becomes what tells it apart from its row: the part of its tensor's name after what the row
-    shares ("MatMul query/MatMul", then "query/MatMul"), else the part its row has least ("query"), cut to the
-    room there is."""
-    out = list(labels)
-    order = sorted(range(len(out)), key=lambda i: (ys[i], xs[i]))
-    rows: dict[float, list[int]] = {}
-    for i in order:
-        rows.setdefault(ys[i], []).append(i)
-    for members in rows.values():
-        parts = {i: _parts(tensors[i][0]) for i in members if len(tensors[i]) == 1}
-        shared = _common_prefix(list(parts.values())) if len(parts) > 1 else 0
-        for here, right in zip(members, members[1:]):
-            room = int(((xs[right] - xs[here]) * px_per_unit - 16) // CHAR_PX)
-            if len(out[here]) <= room:
-                continue
-            rest = parts.get(here, [])[shared:] or parts.get(here, [])[-1:]
-            texts = ([f"{ops[here]} {'/'.join(rest)}", "/".join(rest), _telling(rest, parts, here)] if rest
-                     else [out[here]])
-            text = next((t for t in texts if len(t) <= room), texts[-1])
-            out[here] = text if len(text) <= room else (text[:max(room - 1, 1)] + "\u2026")
-    return out
-
-
-def _telling(rest: list[str], parts: dict, here) -> str:
-    """The one part of a name its row's other names have least (the last such before the op's own name):
-    "value" for the value projection beside key and query."""
-    counts: dict[str, int] = {}
-    for others in parts.values():
-        for part in set(others):
-            counts[part] = counts.get(part, 0) + 1
-    candidates = rest[:-1] or rest
-    fewest = min(counts.get(part, 0) for part in candidates)
-    return [part for part in candidates if counts.get(part, 0) == fewest][-1]
-
-
-def _parts(name: str) -> list[str]:
-    """A tensor's name as path parts, without ORT's "_output_0": "/l.0/attn/query/MatMul_output_0" is
-    [l.0, attn, query, MatMul]."""
-    return [p for p in name.removesuffix("_output_0").split("/") if p]
-
-
-def _common_prefix(names: list[list[str]]) -> int:
-    """How many leading parts all `names` share."""
-    count = 0
-    for column in zip(*names):
-        if len(set(column)) != 1:
-            break
-        count += 1
-    return count
 
 
 def _short(name: str, width: int = 32) -> str:
