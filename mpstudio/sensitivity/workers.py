@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..blas_threads import with_one_blas_thread
 from ..data import Cancelled, Feed, TaskMetric
 from ..errors import MpstudioError
 from ..runtime import available_cores, spawn_context
@@ -65,6 +66,7 @@ class SensitivityWorker:
         self._scorer = None
         self._isolation = None
 
+    @with_one_blas_thread
     def run(self, kind: str, payload: Any, cancel: threading.Event | None = None):
         if kind == "score":
             return self.score(payload, cancel)
