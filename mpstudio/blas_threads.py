@@ -1,11 +1,14 @@
-"""One BLAS thread around numpy's small reductions: the per-tensor scores, the metrics and their intervals.
+"""One BLAS thread around numpy's small reductions: the sensitivity analysis (and its worker processes), every
+plan's evaluation and the search (the per-tensor scores, the metrics, their intervals and paired comparisons).
 
 Those reduce arrays of some ten thousand values with `np.dot` (and bootstrap counts with a matrix-vector
 product), once per tensor and sample: BLAS hands each call to its worker threads, which on a machine with more
 runnable threads than cores wait for each other on every call (a 24,576-value dot took 16.8 ms with the default
-threads at a load average of 25 on two cores, 0.02 ms with one). Nothing mpstudio does is parallel in BLAS,
-and one thread sums in the same order, so the numbers do not change. The limit uses threadpoolctl, set and
-restored around the work (the studio's other threads and the user's own code keep BLAS's default outside it).
+threads at a load average of 25 on two cores, 0.02 ms with one). Nothing mpstudio does is parallel in BLAS.
+The per-tensor scores (float32 dots) come out bit for bit the same; a float64 dot's last digit, which with
+threads depended on how many cores split it, now depends on nothing (benchmarks/blas_threads.py). The limit
+uses threadpoolctl, set when the first thread enters and restored when the last leaves (BLAS's thread count is
+per process); without threadpoolctl nothing changes.
 """
 
 from __future__ import annotations
