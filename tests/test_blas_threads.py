@@ -10,12 +10,10 @@ import pytest
 
 from mpstudio.blas_threads import blas_threads, one_blas_thread
 
-threadpoolctl = pytest.importorskip("threadpoolctl")
-
-
 @pytest.fixture
 def two_blas_threads():
     """BLAS at two threads for the test (the machine may have set one), restored after."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
     limiter = threadpoolctl.threadpool_limits(limits=2, user_api="blas")
     if blas_threads() != 2:
         limiter.restore_original_limits()
@@ -93,3 +91,24 @@ def test_without_threadpoolctl_nothing_changes(monkeypatch):
     with one_blas_thread():
         assert blas_threads() is None
     assert float(np.dot(np.ones(3), np.ones(3))) == 3.0
+
+
+def test_cpu_evaluations_without_spinning_give_the_same_outputs(tmp_path):
+    """`run_outputs` makes its CPU sessions with ORT's threads not spinning: the same threads, the same numbers."""
+    import onnx
+
+    from conftest import chain_feeds, make_chain_model
+    from mpstudio.data import FeedList
+    from mpstudio.loop.inprocess import CPU_SESSION_CONFIG, run_outputs
+    from mpstudio.runtime import create_session
+
+    path = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=3), path)
+    feeds = chain_feeds(3)
+    session = create_session(path, "cpu", session_config=CPU_SESSION_CONFIG)
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    spinning = create_session(path, "cpu")
+    names = [o.name for o in spinning.get_outputs()]
+    for ours, feed in zip(run_outputs(path, FeedList(feeds), "cpu"), feeds):
+        for name, value in zip(names, spinning.run(names, feed)):
+            assert np.array_equal(ours[name], value)
