@@ -1,4 +1,5 @@
-"""One BLAS thread around the analysis and the evaluations (mpstudio.blas_threads), with real numpy BLAS."""
+"""One BLAS thread around the analysis, the evaluations and the search (mpstudio.blas_threads), with real numpy
+BLAS; CPU evaluations without ORT's spinning threads (loop.inprocess), with real sessions."""
 
 from __future__ import annotations
 
