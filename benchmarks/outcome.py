@@ -51,6 +51,8 @@ import os
 # thousands of values with np.dot, one call per tensor and sample; on a machine with more runnable threads than
 # cores, BLAS's own worker threads wait for each other on every call (a 24,576-value dot took 16.8 ms with the
 # default threads at a load average of 25 on 2 cores, 0.02 ms with one). Nothing here is parallel in BLAS.
+# mpstudio limits BLAS itself around the analysis, the evaluations and the search (`mpstudio.blas_threads`,
+# when threadpoolctl is installed); this covers the rest, and environments without it.
 for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 

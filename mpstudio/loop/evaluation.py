@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..blas_threads import with_one_blas_thread
 from ..data import DataSource, Progress, TaskMetric
 from ..metric_terms import MetricTerms, metric_terms
 from ..metrics import MetricSpec, output_agreement
@@ -68,6 +69,7 @@ class PlanEvaluation:
     results: ResultCount
     on_profile: Callable[[int, object, object], None] | None = None
 
+    @with_one_blas_thread
     def run(self, plan: PrecisionPlan, plan_id: int, target: Target, *, measure_latency: bool = True,
             profile: bool | None = None, progress: Progress | None = None, cancel: threading.Event | None = None,
             partial: Callable[[PartialAccuracy], None] | None = None, first_samples: int | None = None,

@@ -26,6 +26,11 @@ from ..errors import MpstudioError
 from ..runtime import available_cores, create_session, exit_with_parent, spawn_context
 
 WORKERS_ENV = "MPSTUDIO_HTP_WORKERS"
+# An evaluation on the CPU runs ORT's kernels on every core with threads that, between kernels, spin rather than
+# sleep: on a machine with more runnable threads than cores they spin through the time slices the others need
+# (a recognizer's line took 0.25 s with spinning and 0.18 s without at a load average of 27 on two cores;
+# benchmarks/cpu_spinning.py). Without spinning the threads and the numbers are the same.
+CPU_SESSION_CONFIG = {"session.intra_op.allow_spinning": "0"}
 
 
 def htp_workers() -> int:
@@ -65,7 +70,8 @@ def run_outputs(
     if workers > 1:
         return _run_parallel(model, source, backend, provider_options, progress, cancel, workers,
                              allow_cpu_fallback)
-    session = create_session(model, backend, provider_options, allow_cpu_fallback=allow_cpu_fallback)
+    session = create_session(model, backend, provider_options, allow_cpu_fallback=allow_cpu_fallback,
+                             session_config=CPU_SESSION_CONFIG if backend == "cpu" else None)
     names = [o.name for o in session.get_outputs()]
     outputs: list[Feed] = []
     for i, feed in enumerate(source.feeds()):

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+from ..blas_threads import with_one_blas_thread
 from ..data import Cancelled, Progress
 from ..errors import MpstudioError
 from .confirmation import confirm as confirm_front
@@ -54,6 +55,7 @@ class LineProgress:
         print(f"mpstudio: {message} ({done}/{total})", file=stream, flush=True)
 
 
+@with_one_blas_thread  # its evidence bootstraps the metric's terms: small products, many of them
 def search(
     study: Study,
     target: str | float = "a16w8+10%",

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from ..blas_threads import with_one_blas_thread
 from ..data import DataSource, Progress, TaskMetric
 from ..errors import MpstudioError
 from ..runtime import available_cores
@@ -155,6 +156,7 @@ class SensitivityReport:
         return "\n".join(parts)
 
 
+@with_one_blas_thread
 def analyze(
     quantizer: Quantizer,
     data: DataSource,

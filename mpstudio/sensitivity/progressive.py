@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
+from ..blas_threads import with_one_blas_thread
 from ..data import Cancelled, DataSource, Progress, TaskMetric
 from ..noise import added_noise, removed_noise
 from ..plan import PrecisionPlan
@@ -54,6 +55,7 @@ _SCREEN_ESTIMATE = True  # screen with ("screen", t): no QNN configuration resol
 _FIRST_CHUNK = 2  # samples in the first chunk of tensor scores
 
 
+@with_one_blas_thread
 def analyze_progressive(
     quantizer: Quantizer,
     data: DataSource,

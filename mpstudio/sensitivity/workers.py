@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..blas_threads import one_blas_thread, with_one_blas_thread
 from ..data import Cancelled, Feed, TaskMetric
 from ..errors import MpstudioError
 from ..runtime import available_cores, exit_with_parent, spawn_context
@@ -65,6 +66,7 @@ class SensitivityWorker:
         self._scorer = None
         self._isolation = None
 
+    @with_one_blas_thread
     def run(self, kind: str, payload: Any, cancel: threading.Event | None = None):
         if kind == "score":
             return self.score(payload, cancel)
@@ -148,6 +150,11 @@ def worker_count(tasks: int | None = None) -> int:
 def _serve(tasks, results) -> None:
     """A worker process: run the tasks of its queue until the None sentinel."""
     exit_with_parent()
+    with one_blas_thread():  # for the process's life: a task then only counts itself in (setting it costs ms)
+        _serve_tasks(tasks, results)
+
+
+def _serve_tasks(tasks, results) -> None:
     worker = SensitivityWorker()
     while True:
         item = tasks.get()
