@@ -8,7 +8,9 @@ threads at a load average of 25 on two cores, 0.02 ms with one). Nothing mpstudi
 The per-tensor scores (float32 dots) come out bit for bit the same; a float64 dot's last digit, which with
 threads depended on how many cores split it, now depends on nothing (benchmarks/blas_threads.py). The limit
 uses threadpoolctl, set when the first thread enters and restored when the last leaves (BLAS's thread count is
-per process); without threadpoolctl nothing changes.
+per process); without threadpoolctl nothing changes. (OpenBLAS 0.3.31 ignores a setting made from another
+thread once the main thread has made one: the studio's jobs run in threads of their own and the command line in
+the main thread, so each sees its own setting take effect.)
 """
 
 from __future__ import annotations
