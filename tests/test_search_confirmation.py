@@ -42,15 +42,21 @@ def _chain_study(tmp_path, sigmoid: bool = False) -> Study:
 def test_walk_front_stops_at_a_plan_within_noise():
     """Candidates cheapest first, the pick at 2; True reaches, False clearly misses, None cannot be built."""
     N = WITHIN_NOISE
-    # The pick within noise: neither a dearer plan (the old jump towards all-16-bit) nor a cheaper one.
-    assert front_order([True, True, N, True, True], at=2) == [2]
+    # The pick within noise: the dearer partial promotions until one clearly reaches (within noise or missing,
+    # the next), never a cheaper one, never all-16-bit (the last candidates, from `mixed` on).
+    assert front_order([True, True, N, True, True], at=2) == [2, 3]
+    assert front_order([True, True, N, N, False, True, True], at=2) == [2, 3, 4, 5]
+    assert front_order([True, True, N, N, True], at=2, mixed=4) == [2, 3]
+    assert front_order([True, True, N, True], at=2, mixed=3) == [2]
+    assert front_order([True, True, N, N, N, True], at=2, budget=2) == [2, 3]
     # The pick clearly misses: dearer plans until one reaches, or is within noise.
     assert front_order([True, True, False, False, True, True], at=2) == [2, 3, 4]
     assert front_order([True, True, False, N, True], at=2) == [2, 3]
     # The pick reaches: cheaper plans while they reach; one within noise is the edge.
     assert front_order([True, N, True, True], at=2) == [2, 1]
     # The pick cannot be built: the nearest dearer plan that builds sets the direction, within noise included.
-    assert front_order([True, True, None, N, True], at=2) == [2, 3]
+    assert front_order([True, True, None, N, True], at=2) == [2, 3, 4]
+    assert front_order([True, True, None, N, True], at=2, mixed=4) == [2, 3]
     # Nothing dearer builds: the cheaper plans follow until one is within noise.
     assert front_order([True, N, False, None, None], at=3) == [3, 4, 2, 1]
     # Nothing misses: the order is what it was (cheaper plans while they reach, the first miss ends it).

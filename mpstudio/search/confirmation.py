@@ -1,6 +1,7 @@
 """The HTP confirmation of a search: the walk's pick evaluated on the HTP, then its neighbours (cheaper plans of
 the walk's front when the pick reaches the target there, every dearer plan the walk evaluated when it clearly
-misses), a pick within noise of the target reported as such, and the recommendation made on the HTP's numbers."""
+misses, the dearer partial promotions when it is within noise of the target), a pick within noise reported as
+such, and the recommendation made on the HTP's numbers."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
     last). When the pick reaches the target on `backend`, the next cheaper plans while they reach it too (the
     walk's backend may have been pessimistic); when it clearly misses, the next dearer ones until one reaches it
     or is within noise of it; when it is within noise (it meets or misses the threshold by less than the metric's
-    resolution, or the threshold lies inside its interval: `evidence.TargetEvidence`), nothing more: the result
-    says so. At most `max_plans` evaluations (`walk_front`). A plan the backend cannot build is infeasible there:
+    resolution, or the threshold lies inside its interval: `evidence.TargetEvidence`), the dearer partial
+    promotions until one clearly reaches it, never all-16-bit; when none does, the result says so. At most `max_plans` evaluations (`walk_front`). A plan the backend cannot build is infeasible there:
     it is stored as such (`loop.build_failures`), passed over for the next candidate, and listed in the result.
     The recommendation is then chosen over every plan the study holds from `backend` (`choice.choose`, so only
     plans that built): the cheapest that clearly reaches the target, else the cheapest within noise of it, else
@@ -41,6 +42,7 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
             return replace(result, confirm_note=f"not confirmed on the HTP: {exc} (search with --backend htp "
                                                 "or an --agent, or pass confirm=None to skip this step)")
     front, at = _candidates(walk, result.recommended)
+    all_sixteen = [_all_sixteen(walk, e) for e in front]  # the dearest candidates (`confirmation_order`)
     done: list[Confirmation] = []
     unbuilt: list[BuildFailure] = []
     tried: set[int] = set()
@@ -69,7 +71,8 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
 
     failure = ""
     try:
-        walk_front(len(front), at, check, lambda: len(done) >= max_plans)
+        mixed = next((i for i in range(at + 1, len(front)) if all_sixteen[i]), len(front))
+        walk_front(len(front), at, check, lambda: len(done) >= max_plans, mixed)
     except MpstudioError as exc:  # the walk's result stands; what was confirmed before the failure counts
         failure = (f"the confirmation on the HTP stopped after {len(done)} plan(s): {exc} (rerun the search to "
                    "continue it; --no-confirm skips it)")
@@ -82,18 +85,21 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
                       tuple(unbuilt))
 
 
-def walk_front(n: int, at: int, check, full) -> None:
+def walk_front(n: int, at: int, check, full, mixed: int | None = None) -> None:
     """Confirm along `n` candidate plans (cheapest first: `confirmation_order`) from the pick at `at`: `check(i)`
     says whether plan i reaches the target on the confirming backend (True), clearly misses it (False), is within
-    noise of it (`WITHIN_NOISE`) or cannot be built there (None); `full()` whether the budget is spent. The first
-    plan that builds, from the pick on (dearer ones first, then cheaper), sets the direction: when it reaches the
-    target, cheaper plans follow while they reach it too (the walk's backend may have been pessimistic); when it
-    clearly misses, dearer ones until one reaches it or is within noise of it; when it is within noise, nothing
-    follows (a difference the samples cannot tell calls for no dearer plan). Plans that cannot be built are passed
-    over; when no dearer plan that builds reaches the target and some dearer ones could not be built, the cheaper
-    ones follow (while they reach it, once one does): they are what is left to recommend from."""
+    noise of it (`WITHIN_NOISE`) or cannot be built there (None); `full()` whether the budget is spent; the
+    candidates from `mixed` on (default none) are all-16-bit plans. The first plan that builds, from the pick on
+    (dearer ones first, then cheaper), sets the direction: when it reaches the target, cheaper plans follow while
+    they reach it too (the walk's backend may have been pessimistic); when it clearly misses, dearer ones until one
+    reaches it or is within noise of it; when it is within noise, the dearer partial promotions while the budget
+    lasts, until one clearly reaches it (a plan the samples can tell from the target, at a small step in cost),
+    never all-16-bit (a difference the samples cannot tell calls for no jump to it). Plans that cannot be built
+    are passed over; when no dearer plan that builds reaches the target and some dearer ones could not be built,
+    the cheaper ones follow (while they reach it, once one does): they are what is left to recommend from."""
     tried: set[int] = set()
     unbuilt: set[int] = set()
+    mixed = n if mixed is None else mixed
 
     def verdict(i: int):
         tried.add(i)
@@ -110,7 +116,14 @@ def walk_front(n: int, at: int, check, full) -> None:
         if reaches is not None:
             anchor = i
             break
-    if anchor is None or reaches == WITHIN_NOISE:
+    if anchor is None:
+        return
+    if reaches == WITHIN_NOISE:
+        for i in range(anchor + 1, mixed):
+            if full():
+                return
+            if i not in tried and verdict(i) is True:
+                return
         return
     step = -1 if reaches is True else 1
     i = anchor + step
@@ -155,10 +168,13 @@ def confirmation_order(stored, pick: Evaluation, higher_is_better: bool, all_six
     return [*cheaper, pick, *dearer], len(cheaper)
 
 
+def _all_sixteen(walk: Walk, e: Evaluation) -> bool:
+    return walk.study.plan(e.plan_id).activation_type == "uint16"
+
+
 def _candidates(walk: Walk, pick: Evaluation) -> tuple[list[Evaluation], int]:
     """`confirmation_order` over every plan of the study on the walk's source."""
-    return confirmation_order(walk.stored(), pick, walk.hib,
-                              lambda e: walk.study.plan(e.plan_id).activation_type == "uint16",
+    return confirmation_order(walk.stored(), pick, walk.hib, lambda e: _all_sixteen(walk, e),
                               walk.latency_budget_ms)
 
 
