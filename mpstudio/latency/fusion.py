@@ -173,7 +173,7 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
                 and MECHANISMS["clamp_after_vector"] and len(graph.readers[name]) == 1
                 and received == src.outputs[0][1]):
             # A clamp after a vector op in the same type (BatchNorm -> Relu) is applied as that op writes.
-            op.engine = "fused"
+            op.engine, op.fused_into = "fused", index
             for out, _, _ in op.outputs:
                 producer[out] = index
             continue
@@ -192,7 +192,7 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
         if op.op_type == "PRelu" and MECHANISMS["prelu_overlaps"] and op.engine == "hvx":
             op.hidden_by = index
         elif op.op_type in _FUSABLE or folds:
-            op.engine = "fused"
+            op.engine, op.fused_into = "fused", index
             for out, _, _ in op.outputs:
                 producer[out] = index
         elif op.op_type in _OVERLAPPING and op.engine == "hvx":

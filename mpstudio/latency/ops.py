@@ -87,5 +87,8 @@ class HtpOp:
     cls: str = ""  # cost class (OP_CLASSES)
     kind: str = "compute"  # "compute", "convert", "io", "graph"
     hidden_by: int = -1  # index of the matrix op whose time can hide this activation's HVX time
+    # Index of the op this activation fused into (a matrix op, or a vector op for a clamp), -1 if none: the
+    # fusion holds only while both compute in one type (a promotion can break it: latency.promotion).
+    fused_into: int = -1
     absorbed: list = field(default_factory=list)  # tensors a fused pattern (SiLU, Gelu) now reads inside itself
     weights: list = field(default_factory=list)  # [(float-model name, dtype, elements)] of its constant operands
