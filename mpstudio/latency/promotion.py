@@ -10,7 +10,7 @@ from typing import Iterable, Mapping
 
 import pandas as pd
 
-from ..folding import folded_activation
+from ..folding import FUSING_OPS, folded_activation
 from ..qdq import GRAPH_OUTPUT_SUFFIX
 from .arch import HtpArch
 from .arch import htp_arch as resolve_arch  # the functions below take a parameter named htp_arch
@@ -248,8 +248,9 @@ class _PromotionAnalysis:
         index = self.by_node.get(info.producer or "")
         if index is None or index not in self.bits:
             return None
-        if self.ops[index].engine == "hmx":
-            return index, 0.0  # the activation fuses into the matrix op (same type, no convert between)
+        if self.ops[index].op_type in FUSING_OPS:
+            # The activation fuses into the op (same type, no convert between): the generated model drops it.
+            return index, 0.0
         return index, self._activation_cost(self.ops[index].outputs[0][0], "uint16")
 
     def _activation_cost(self, tensor: str, dtype: str) -> float:
