@@ -124,7 +124,8 @@ def features(cache: Path, names, reuse: bool = False) -> dict[tuple[str, str], l
 def _formulas_key() -> str:
     """What the features depend on besides the model: the cost model's reading code and its switched mechanisms."""
     code = b"".join(p.read_bytes() for p in sorted(Path(latency.__file__).parent.glob("*.py"))
-                    if p.name not in ("arch.py", "fitting.py"))  # the constants and the fit do not change features
+                    # the constants, the fit and the promotion costs do not change features
+                    if p.name not in ("arch.py", "fitting.py", "promotion.py"))
     switches = ",".join(f"{k}={v}" for k, v in sorted(MECHANISMS.items()))
     return hashlib.sha256(code + switches.encode()).hexdigest()[:16]
 

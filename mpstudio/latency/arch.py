@@ -108,14 +108,14 @@ class HtpArch:
 
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
-FIT_SOURCE = "fitted 2026-11-23 by benchmarks/latency_fit.py on aihub_published_latency.csv"
-_FITTED_COSTS = dict(rate_16x8=1.102, rate_fp16=3.088, hvx_16bit=2.991, hvx_fp16=1.85, transcendental=4.313,
-    transcendental_16=1.122, transcendental_fp16=2.526, normalize=5.544, op_cycles=1300.0, overlap=1.0,
-    memory_efficiency=1.0)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=11950.0, clock_ghz=0.4261, fp16_factor=1.012), "75": dict(hmx_gmacs=18420.0,
-    clock_ghz=0.6925, fp16_factor=1.143), "79": dict(hmx_gmacs=25320.0, clock_ghz=1.118, fp16_factor=1.131)}
-_FITTED_SPREAD = dict(absolute=0.1438, wide16=0.1347, fp16=0.1645)
-_FITTED_DEVICES: dict = {}
+FIT_SOURCE = "fitted 2026-11-26 by benchmarks/latency_fit.py on 2 published-latency file(s)"
+_FITTED_COSTS = dict(rate_16x8=1.652, rate_fp16=2.072, hvx_16bit=2.685, hvx_fp16=1.557, transcendental=4.919,
+    transcendental_16=1.561, transcendental_fp16=1.943, normalize=9.532, op_cycles=1952.0, overlap=0.9447,
+    memory_efficiency=0.9998, depthwise=1.147)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=13340.0, clock_ghz=0.5879, fp16_factor=1.403), "75": dict(hmx_gmacs=19120.0,
+    clock_ghz=0.9653, fp16_factor=1.384), "79": dict(hmx_gmacs=26280.0, clock_ghz=1.471, fp16_factor=1.7)}
+_FITTED_SPREAD = dict(absolute=0.194, wide16=0.5837, fp16=0.3469, ratio16=0.1479, ratio_fp=0.342, coverage=0.8)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9505, clock=0.8816)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)
