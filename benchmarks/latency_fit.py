@@ -23,7 +23,9 @@ float) and of the ratios w8a16/w8a8 and float/w8a8 (float/w8a16 without w8a8), e
 to the power 0.25 (robust to an architecture no constant reaches; --power 2 is the near-minimax fit of before),
 with a weak pull of each constant toward its nominal value.
 
-The gate is leave one architecture out: each architecture's rows are predicted by constants fitted without it.
+The gate is leave one architecture out: each architecture's rows are predicted by constants fitted without it,
+each such fit started from the constants' nominal values (the stored constants, fitted on every row, would carry
+the left-out rows into their own prediction; --cv-start stored keeps that start to compare).
 Exit status 1 unless every cross-validated ratio row is within +-15 % and every absolute row within +-30 %.
 In-sample errors are printed beside, never gated. The intervals are the log half-widths that cover 80 % of the
 cross-validated rows per quantity; their coverage is printed, also with each architecture left out of its own
