@@ -109,13 +109,13 @@ class HtpArch:
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
 FIT_SOURCE = "fitted 2026-11-26 by benchmarks/latency_fit.py on 2 published-latency file(s)"
-_FITTED_COSTS = dict(rate_16x8=1.652, rate_fp16=2.072, hvx_16bit=2.685, hvx_fp16=1.557, transcendental=4.919,
-    transcendental_16=1.561, transcendental_fp16=1.943, normalize=9.532, op_cycles=1952.0, overlap=0.9447,
-    memory_efficiency=0.9998, depthwise=1.147)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=13340.0, clock_ghz=0.5879, fp16_factor=1.403), "75": dict(hmx_gmacs=19120.0,
-    clock_ghz=0.9653, fp16_factor=1.384), "79": dict(hmx_gmacs=26280.0, clock_ghz=1.471, fp16_factor=1.7)}
-_FITTED_SPREAD = dict(absolute=0.194, wide16=0.5837, fp16=0.3469, ratio16=0.1479, ratio_fp=0.342, coverage=0.8)
-_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9505, clock=0.8816)}
+_FITTED_COSTS = dict(rate_16x8=1.649, rate_fp16=2.072, hvx_16bit=2.688, hvx_fp16=1.556, transcendental=4.929,
+    transcendental_16=1.563, transcendental_fp16=1.947, normalize=9.463, op_cycles=1958.0, overlap=0.944,
+    memory_efficiency=0.9995, depthwise=1.151)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=13300.0, clock_ghz=0.5899, fp16_factor=1.405), "75": dict(hmx_gmacs=19130.0,
+    clock_ghz=0.9675, fp16_factor=1.385), "79": dict(hmx_gmacs=26520.0, clock_ghz=1.469, fp16_factor=1.702)}
+_FITTED_SPREAD = dict(absolute=0.3034, wide16=0.5214, fp16=0.2763, ratio16=0.5004, ratio_fp=0.2232, coverage=0.8)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9453, clock=0.8835)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)
