@@ -6,6 +6,9 @@ from __future__ import annotations
 from .graph import ACTIVATION, ModelGraph
 
 FOLDED_ACTIVATIONS = ("Relu", "Clip")
+# Ops HTP fuses a following Relu/Clip into (AIMET's supergroups): no quantizer belongs between them, and the
+# generated models drop the activation there (quantize.fusion).
+FUSING_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"})
 
 
 def folded_activation(graph: ModelGraph, tensor: str):

@@ -86,3 +86,23 @@ def test_cross_validation_runs_without_scipy(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("ok")
+
+
+def test_left_out_fits_can_start_where_no_published_row_shaped_them():
+    stored = {**HTP_ARCHS, **_device_start()}
+    start = fitting.nominal_archs(HTP_ARCHS["75"].spread, stored)
+    nominal = dict((name, value) for name, value, *_ in fitting.SHARED)
+    assert start["75"].costs.op_cycles == pytest.approx(nominal["op_cycles"])
+    assert start["73"].clock_ghz == pytest.approx(1.0) and start["79"].hmx_gmacs == pytest.approx(10000.0)
+    held = fitting.nominal_archs(HTP_ARCHS["75"].spread, stored, fixed=("depthwise",))
+    assert held["75"].costs.depthwise == pytest.approx(stored["75"].costs.depthwise)
+    assert held["75"].costs.overlap == pytest.approx(nominal["overlap"])
+
+
+def _device_start():
+    from mpstudio.latency.arch import DEVICE_ARCHS, device_variant
+
+    out = dict(DEVICE_ARCHS)
+    for device, generation in fitting.FIT_DEVICES.items():
+        out.setdefault(device, device_variant(HTP_ARCHS[generation], device, 1.0, 1.0))
+    return out

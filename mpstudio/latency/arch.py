@@ -108,14 +108,14 @@ class HtpArch:
 
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
-FIT_SOURCE = "fitted 2026-11-23 by benchmarks/latency_fit.py on aihub_published_latency.csv"
-_FITTED_COSTS = dict(rate_16x8=1.102, rate_fp16=3.088, hvx_16bit=2.991, hvx_fp16=1.85, transcendental=4.313,
-    transcendental_16=1.122, transcendental_fp16=2.526, normalize=5.544, op_cycles=1300.0, overlap=1.0,
-    memory_efficiency=1.0)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=11950.0, clock_ghz=0.4261, fp16_factor=1.012), "75": dict(hmx_gmacs=18420.0,
-    clock_ghz=0.6925, fp16_factor=1.143), "79": dict(hmx_gmacs=25320.0, clock_ghz=1.118, fp16_factor=1.131)}
-_FITTED_SPREAD = dict(absolute=0.1438, wide16=0.1347, fp16=0.1645)
-_FITTED_DEVICES: dict = {}
+FIT_SOURCE = "fitted 2026-11-26 by benchmarks/latency_fit.py on 2 published-latency file(s)"
+_FITTED_COSTS = dict(rate_16x8=1.649, rate_fp16=2.072, hvx_16bit=2.688, hvx_fp16=1.556, transcendental=4.929,
+    transcendental_16=1.563, transcendental_fp16=1.947, normalize=9.463, op_cycles=1958.0, overlap=0.944,
+    memory_efficiency=0.9995, depthwise=1.151)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=13300.0, clock_ghz=0.5899, fp16_factor=1.405), "75": dict(hmx_gmacs=19130.0,
+    clock_ghz=0.9675, fp16_factor=1.385), "79": dict(hmx_gmacs=26520.0, clock_ghz=1.469, fp16_factor=1.702)}
+_FITTED_SPREAD = dict(absolute=0.3034, wide16=0.5214, fp16=0.2763, ratio16=0.5004, ratio_fp=0.2232, coverage=0.8)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9453, clock=0.8835)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)

@@ -78,6 +78,17 @@ def theta_from(archs: Mapping[str, HtpArch]) -> np.ndarray:
     return np.log(np.array(values, dtype=float))
 
 
+def nominal_archs(spread: Spread, stored: Mapping[str, HtpArch], fixed: tuple[str, ...] = ()) -> dict[str, HtpArch]:
+    """The constants at their nominal values (those named in `fixed` at their `stored` values): a start for the
+    left-out fits that no published row shaped."""
+    theta = bounds_and_nominal()[2].copy()
+    stored_theta = theta_from(stored)
+    for i, (name, *_) in enumerate(SHARED):
+        if name in fixed:
+            theta[i] = stored_theta[i]
+    return archs_from(theta, spread)
+
+
 def bounds_and_nominal() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     specs = SHARED + PER_ARCH * len(FIT_ARCHS) + [("", *DEVICE_FACTOR)] * (2 * len(FIT_DEVICES))
     return (np.log([s[2] for s in specs]), np.log([s[3] for s in specs]), np.log([s[1] for s in specs]))

@@ -34,6 +34,25 @@ def fuse(ops: list[HtpOp]) -> None:
     _fuse_activations(ops, _OpGraph(ops))
 
 
+def concat_requantizations(ops: list[HtpOp]) -> list[HtpOp]:
+    """Mechanism `concat_requantize`: the requantization a quantized Concat makes of its inputs, each quantized with
+    a scale of its own, to its output's scale: an HVX pass of its own over every input element before the data
+    moves (QNN inserts it; the device's layer counts show more layers for DenseNet's quantized model than its
+    float one). Empty unless the mechanism is on; a float (fp16) Concat needs none."""
+    if not MECHANISMS["concat_requantize"]:
+        return []
+    out = []
+    for op in ops:
+        if (op.op_type != "Concat" or op.kind != "compute" or len(op.inputs) < 2 or not op.outputs
+                or any(t.startswith("float") for _, t, _ in op.inputs + op.outputs)):
+            continue
+        name, dtype, _ = op.outputs[0]
+        elements = sum(n for _, _, n in op.inputs)
+        out.append(HtpOp(f"{op.node} requantize", "Requantize", "hvx", list(op.inputs),
+                         [(f"{name} (requantized inputs)", dtype, elements)], work=elements, cls="convert"))
+    return out
+
+
 class _OpGraph:
     """Who produces and who reads each activation of a list of ops."""
 
@@ -173,7 +192,7 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
                 and MECHANISMS["clamp_after_vector"] and len(graph.readers[name]) == 1
                 and received == src.outputs[0][1]):
             # A clamp after a vector op in the same type (BatchNorm -> Relu) is applied as that op writes.
-            op.engine = "fused"
+            op.engine, op.fused_into = "fused", index
             for out, _, _ in op.outputs:
                 producer[out] = index
             continue
@@ -192,7 +211,7 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
         if op.op_type == "PRelu" and MECHANISMS["prelu_overlaps"] and op.engine == "hvx":
             op.hidden_by = index
         elif op.op_type in _FUSABLE or folds:
-            op.engine = "fused"
+            op.engine, op.fused_into = "fused", index
             for out, _, _ in op.outputs:
                 producer[out] = index
         elif op.op_type in _OVERLAPPING and op.engine == "hvx":

@@ -53,13 +53,15 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 #     overlaps with it, as it does with a matrix op;
 #   depthwise_tap_groups: a depthwise convolution's HVX work is its output x (ceil(taps / 4) + 1) x 4 (a
 #     multiply-reduce instruction takes four taps, and each output vector is loaded and stored once), not its
-#     MACs: a 5x5 or 7x7 kernel costs less per tap than a 3x3.
+#     MACs: a 5x5 or 7x7 kernel costs less per tap than a 3x3;
+#   concat_requantize: a quantized Concat first requantizes its inputs (each with a scale of its own) to its
+#     output's scale, an HVX pass of its own over every input element (latency.fusion.concat_requantizations).
 # On: silu_after_depthwise (87 -> 86 of 256 cross-validated rows outside). Off: the others, each of which,
 # measured alone or with the others, left more cross-validation misses than without it (the refit moves other
 # architectures' rows); kept to be measured again with the next formula changes (docs/latency.md, "Fit").
 MECHANISMS = {"layout_look_through": False, "clamp_after_vector": False, "channels_last_transpose": False,
               "prelu_overlaps": False, "concat_in_place": False, "silu_after_depthwise": True,
-              "depthwise_tap_groups": False}
+              "depthwise_tap_groups": False, "concat_requantize": False}
 
 TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
              "uint4": 4, "int4": 4}
@@ -87,5 +89,8 @@ class HtpOp:
     cls: str = ""  # cost class (OP_CLASSES)
     kind: str = "compute"  # "compute", "convert", "io", "graph"
     hidden_by: int = -1  # index of the matrix op whose time can hide this activation's HVX time
+    # Index of the op this activation fused into (a matrix op, or a vector op for a clamp), -1 if none: the
+    # fusion holds only while both compute in one type (a promotion can break it: latency.promotion).
+    fused_into: int = -1
     absorbed: list = field(default_factory=list)  # tensors a fused pattern (SiLU, Gelu) now reads inside itself
     weights: list = field(default_factory=list)  # [(float-model name, dtype, elements)] of its constant operands

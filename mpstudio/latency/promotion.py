@@ -10,7 +10,7 @@ from typing import Iterable, Mapping
 
 import pandas as pd
 
-from ..folding import folded_activation
+from ..folding import FUSING_OPS, folded_activation
 from ..qdq import GRAPH_OUTPUT_SUFFIX
 from .arch import HtpArch
 from .arch import htp_arch as resolve_arch  # the functions below take a parameter named htp_arch
@@ -90,14 +90,23 @@ class _PromotionAnalysis:
         self._hidden_by = features.hidden_by
         self._overlap = arch.costs.overlap
         self._busy_actual = features.costs(arch)["busy_ms"]
+        # A fused activation (a Relu, a bias Add after its matrix op) costs nothing while it and the op it fused
+        # into compute in one type; a promotion that puts a convert between them makes it an HVX op of its own.
+        unfused = [dataclasses.replace(op, engine="hvx") if op.fused_into >= 0 else op for op in parsed.ops]
         self._busy, self._fixed, self._scale = {}, {}, {}
         for bits, dtype in ((8, "uint8"), (16, "uint16")):
-            c = features_of(parsed.ops, dtype, dtype).costs(arch)
+            c = features_of(unfused, dtype, dtype).costs(arch)
             self._busy[bits], self._fixed[bits], self._scale[bits] = c["busy_ms"], c["overhead_ms"], c["scale"]
-        self._partners: dict[int, list[int]] = defaultdict(list)  # op -> the ops hidden behind it
-        for i, partner in enumerate(self._hidden_by):
-            if partner >= 0:
-                self._partners[int(partner)].append(i)
+        self._partners: dict[int, list[int]] = defaultdict(list)  # op -> the ops fused into or hidden behind it
+        self._chain: dict[int, tuple[int, list[int]]] = {}  # such an op -> (that op, the ops from it to this one)
+        producers = {name: i for i, op in enumerate(parsed.ops) if op.kind == "compute" for name, _, _ in op.outputs}
+        for i, op in enumerate(parsed.ops):
+            root = op.fused_into if op.fused_into >= 0 else int(self._hidden_by[i])
+            if root >= 0:
+                path = _path_from(parsed.ops, producers, root, i)
+                self._chain[i] = (root, path)
+                for member in {root, *path}:
+                    self._partners[member].append(i)
         self.bits: dict[int, int] = {}
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, set[int]] = defaultdict(set)
@@ -150,12 +159,22 @@ class _PromotionAnalysis:
             return float(self._busy_actual[i])
         return float(self._busy[16 if op_bits[i] > 8 else 8][i])
 
+    def _attached(self, i: int, op_bits) -> bool:
+        """Whether op `i` still fuses into (or overlaps with) its partner: QNN joins them only when no convert
+        stands between, i.e. when every op from the partner to `i` computes in the partner's type."""
+        root, path = self._chain[i]
+        want = op_bits.get(root)
+        return all(op_bits.get(k, want) == want for k in path)
+
     def _op_cost(self, i: int, op_bits) -> float:
         """Op `i`'s ms with every op at its width in `op_bits` (a compute op at 8 or 16 bits)."""
         bits = 16 if op_bits[i] > 8 else 8
+        attached = i in self._chain and self._attached(i, op_bits)
+        if self.ops[i].fused_into >= 0 and attached:
+            return 0.0
         busy = float(self._busy[bits][i])
         partner = int(self._hidden_by[i])
-        hidden = self._overlap * min(busy, self._busy_of(partner, op_bits)) if partner >= 0 else 0.0
+        hidden = self._overlap * min(busy, self._busy_of(partner, op_bits)) if partner >= 0 and attached else 0.0
         return (busy + float(self._fixed[bits][i]) - hidden) * float(self._scale[bits][i])
 
     def _convert_cost(self, tensor: str) -> float:
@@ -211,6 +230,7 @@ class _PromotionAnalysis:
         for i in group:
             touched.update(name for name, _, _ in self.ops[i].inputs)
             touched.update(name for name, _, _ in self.ops[i].outputs)
+            touched.update(self.ops[i].absorbed)  # a fused pattern's inner tensors (a SiLU's gate) convert too
         for t in touched:
             change = self._converts(t, new) - self._converts(t, old)
             if change:
@@ -228,8 +248,9 @@ class _PromotionAnalysis:
         index = self.by_node.get(info.producer or "")
         if index is None or index not in self.bits:
             return None
-        if self.ops[index].engine == "hmx":
-            return index, 0.0  # the activation fuses into the matrix op (same type, no convert between)
+        if self.ops[index].op_type in FUSING_OPS:
+            # The activation fuses into the op (same type, no convert between): the generated model drops it.
+            return index, 0.0
         return index, self._activation_cost(self.ops[index].outputs[0][0], "uint16")
 
     def _activation_cost(self, tensor: str, dtype: str) -> float:
@@ -248,6 +269,21 @@ class _PromotionAnalysis:
         if out is None or self.resolve(out.name) is not None:
             return False
         return folded_activation(graph, out.name) is not None
+
+
+def _path_from(ops: list[HtpOp], producers: dict[str, int], root: int, op: int) -> list[int]:
+    """`op` and the ops between `root` and it (a fused bias Add, a metadata-only reshape), following first
+    inputs back to `root`; just `op` when the way back does not reach `root` within a few ops."""
+    path, current = [op], op
+    for _ in range(8):
+        inputs = ops[current].inputs
+        current = producers.get(inputs[0][0], -1) if inputs else -1
+        if current == root:
+            return path
+        if current < 0:
+            break
+        path.append(current)
+    return [op]
 
 
 class _Overlay(Mapping):

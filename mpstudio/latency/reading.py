@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 from ..model import load_model
 from ..qdq import read as read_qdq
-from .fusion import fuse
+from .fusion import concat_requantizations, fuse
 from .ops import HtpOp, type_bytes
 from .work import shape_work
 
@@ -97,6 +97,7 @@ def _parse(model: onnx.ModelProto) -> ParsedModel:
     ops = [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "QuantizeLinear"]
     ops += [_convert_op(c, counter) for c in qdq.converts]
     ops += [op for op in (_compute_op(o, counter) for o in qdq.ops if o.op_type not in _SHAPE_OPS) if op]
+    ops += concat_requantizations(ops)
     ops += [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "DequantizeLinear"]
     fuse(ops)
     ops.append(HtpOp("graph execute", "Graph", "graph", [], [], kind="graph"))

@@ -9,10 +9,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..graph import producers_and_consumers
-from ..folding import FOLDED_ACTIVATIONS
-
-# Ops HTP fuses a following Relu/Clip into (AIMET's supergroups): no quantizer belongs between them.
-FUSING_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"}
+from ..folding import FOLDED_ACTIVATIONS, FUSING_OPS
 
 
 def fuse_activations(path: str | Path) -> int:
