@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+from types import SimpleNamespace
 
 import panel as pn
 import param
@@ -91,17 +92,40 @@ def _unbuildable(result) -> str:
             f"<ul style='margin:0 0 4px 16px;color:#b00020'>{items}</ul>")
 
 
+def _interval(low, high) -> str:
+    return f"{low:.4f}\u2013{high:.4f}" if low is not None and high is not None else "-"
+
+
 def _alternatives(result) -> str:
-    if not result.alternatives:
-        return "<p style='color:#555'>No plan of the front is much better for little more latency.</p>"
-    base = estimate_ms(result.recommended)
+    """Every plan the recommendation chose among, by estimated latency, with its value, interval, estimate and why
+    it was not picked (`choice.Considered`); the front's plans much better for little more are marked."""
+    much_better = {e.plan_id for e in result.alternatives}
     rule = ("at least 3 dB more" if result.float_value is None else
             f"at most {MUCH_BETTER:.0%} of the distance from the float model's value")
-    items = "".join(
-        f"<li>plan {e.plan_id} {html.escape(e.name)}: {e.value:.4f} [{html.escape(e.accuracy_source)}] for "
-        f"+{estimate_ms(e) - base:.3f} ms estimated</li>" for e in result.alternatives)
-    return (f"<p style='margin:4px 0'><b>Much better for little more</b> (at most {LITTLE_MORE:.0%} more "
-            f"estimated latency, {rule}):</p><ul style='margin:0 0 4px 16px'>{items}</ul>")
+    note = (f"<p style='margin:2px 0;color:#555'>&#9733; much better for little more (at most {LITTLE_MORE:.0%} more "
+            f"estimated latency, {rule}).</p>" if much_better else
+            "<p style='margin:2px 0;color:#555'>No plan of the front is much better for little more latency.</p>")
+    considered = result.considered
+    if not considered:  # an older result: only the front's alternatives are known
+        considered = [SimpleNamespace(plan_id=e.plan_id, name=e.name, value=e.value, low=e.low, high=e.high,
+                                      estimate_ms=estimate_ms(e), verdict="much better for little more")
+                      for e in (result.recommended, *result.alternatives)]
+    source = html.escape(result.recommended.accuracy_source)
+    rows = []
+    for c in considered:
+        picked = c.plan_id == result.recommended.plan_id
+        mark = " style='background:#fff4d6;font-weight:600'" if picked else ""
+        star = " &#9733;" if c.plan_id in much_better else ""
+        rows.append(f"<tr{mark}><td style='{_CELL}'>{c.plan_id}</td><td style='{_CELL};text-align:left'>"
+                    f"{html.escape(c.name)}{star}</td><td style='{_CELL}'>{c.value:.4f}</td>"
+                    f"<td style='{_CELL}'>{_interval(c.low, c.high)}</td><td style='{_CELL}'>{_ms(c.estimate_ms)}</td>"
+                    f"<td style='{_CELL};text-align:left'>{html.escape('picked' if picked else c.verdict)}</td></tr>")
+    return (f"<p style='margin:4px 0'><b>Plans considered</b> ({len(considered)}, {html.escape(result.metric)} on "
+            f"{source}, by estimated latency):</p>"
+            f"<table class='mpstudio-considered' style='border-collapse:collapse;font-size:12px;margin:2px 0'><tr>"
+            f"<th style='{_HEAD}'>plan</th><th style='{_HEAD};text-align:left'>name</th><th style='{_HEAD}'>value</th>"
+            f"<th style='{_HEAD}'>95 % interval</th><th style='{_HEAD}'>estimate</th>"
+            f"<th style='{_HEAD};text-align:left'>why not picked</th></tr>{''.join(rows)}</table>{note}")
 
 
 def search_card_html(result) -> str:
