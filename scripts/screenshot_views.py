@@ -1,0 +1,185 @@
+"""The review set of screenshots of one study at one window size (scripts/screenshots.py --views): the opening
+view, a promotion's paired first value, the search result card after a short search, where the time goes per
+node, block totals and two plans compared. Also: a study of any ONNX model on random inputs (--model)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gui_support import PanelServer, source_column, wait_for_bokeh, wait_until
+
+VIEWS = ("opening", "paired", "search", "latency", "blocks", "compare")
+
+# What the page received: the note above the Pareto plot with a partial value's paired difference.
+PAIRED_CHANGES = """
+() => {
+  window.__paired = [];
+  Bokeh.documents[0].on_change((event) => {
+    const value = event.value === undefined ? "" : String(event.value);
+    if (value.includes("paired, so far:")) window.__paired.push(value);
+  });
+}
+"""
+
+
+def random_feeds(model_path: Path, count: int, seed: int):
+    """`count` random feeds for the model's inputs: token ids in [1000, 2000) for integer inputs (ones for an
+    input named like a mask), standard normal values for float ones; a dynamic dimension is 1."""
+    import onnx
+
+    from mpstudio.data import FeedList
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in initializers]
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for _ in range(count):
+        feed = {}
+        for i in inputs:
+            shape = [d.dim_value if d.dim_value > 0 else 1 for d in i.type.tensor_type.shape.dim]
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+            if np.issubdtype(dtype, np.integer):
+                feed[i.name] = (np.ones(shape, dtype) if "mask" in i.name.lower() else
+                                rng.integers(1000, 2000, shape).astype(dtype))
+            else:
+                feed[i.name] = rng.normal(0, 1, shape).astype(dtype)
+        feeds.append(feed)
+    return FeedList(feeds, name="random inputs")
+
+
+def model_study(model_path: Path, folder: Path, samples: int, progress):
+    """A study of `model_path` on random inputs, output cosine against the float model (reopened when it exists),
+    analysed, with its baselines."""
+    from mpstudio.metrics import metric_spec
+    from mpstudio.study import STUDY_FILE, Study
+
+    if (folder / STUDY_FILE).exists():
+        study = Study.open(folder)
+    else:
+        study = Study.create(folder, model_path, random_feeds(model_path, samples, 1),
+                             random_feeds(model_path, samples, 2), metric=metric_spec("cosine"),
+                             name=model_path.stem, progress=progress)
+    study.sensitivity(samples=min(16, samples), isolation_samples=4, progress=progress)
+    study.baselines(progress=progress)
+    return study
+
+
+class Shooter:
+    """One served studio on `study`, photographed at one window size into `out` (<view>-<W>x<H>.png)."""
+
+    def __init__(self, study, out: Path, size: tuple[int, int], promote: list[str], target: str | None,
+                 search_budget: int):
+        self.study, self.out, self.size = study, out, size
+        self.promote, self.target, self.search_budget = promote, target, search_budget
+        self.states = []
+        self.held = threading.Event()
+
+    def path(self, view: str) -> Path:
+        return self.out / f"{view}-{self.size[0]}x{self.size[1]}.png"
+
+    def run(self, browser) -> list[Path]:
+        from mpstudio.widgets import Studio, StudioState
+        from mpstudio.widgets.study_session import forget
+
+        def session():
+            state = StudioState(self.study)
+            self.states.append(state)
+            return Studio(state).template()
+
+        forget(self.study.folder)  # a first visitor: the studio as it opens, not a shared earlier session
+        server = PanelServer(session)
+        evaluate = self.study.evaluate
+        self.study.evaluate = self._holding(evaluate)
+        try:
+            page = browser.new_page(viewport={"width": self.size[0], "height": self.size[1]}, device_scale_factor=1)
+            page.goto(server.url)
+            wait_for_bokeh(page, 180000)
+            state = wait_until(lambda: self.states[-1] if self.states else None, 60)
+            shots = [self._opening(page, state), self._paired(page, state), self._search(page, state),
+                     self._latency(page, state), self._blocks(page, state), self._compare(page, state)]
+            page.close()
+            return shots
+        finally:
+            self.held.set()
+            self.study.evaluate = evaluate
+            for state in self.states:
+                state.close()
+            server.stop()
+
+    def _holding(self, evaluate):
+        """study.evaluate that, when streamed, waits after its first partial value until it is photographed (a
+        loaded server may otherwise send the whole evaluation to the page as one batch)."""
+        def held_evaluate(*args, partial=None, **kwargs):
+            def first(point):
+                partial(point)
+                self.held.wait(300)
+            return evaluate(*args, partial=first if partial is not None else None, **kwargs)
+        return held_evaluate
+
+    def _settle(self, state, seconds: float = 2.0, timeout: float = 600):
+        wait_until(lambda: not any(job.active for job in state.jobs), timeout, 0.2, "the studio's jobs did not end")
+        time.sleep(seconds)
+
+    def _opening(self, page, state) -> Path:
+        wait_until(lambda: state.report is not None, 600, message="the sensitivity report did not load")
+        wait_until(lambda: len(source_column(page, "nodes", "id") or []) == len(state.layout), 120)
+        page.locator(".tabulator-row").first.wait_for(state="visible", timeout=120000)
+        self._settle(state)
+        page.screenshot(path=str(self.path("opening")))
+        return self.path("opening")
+
+    def _paired(self, page, state) -> Path:
+        self.held.clear()
+        page.evaluate(PAIRED_CHANGES)
+        state.select(self.promote)
+        wait_until(lambda: state.selection == self.promote, 30)
+        page.get_by_role("button", name="Promote to 16-bit").click()
+        wait_until(lambda: page.evaluate("() => window.__paired"), 600, 0.2, "no paired first value reached the page")
+        time.sleep(1.5)  # the plot redraws
+        page.screenshot(path=str(self.path("paired")))
+        self.held.set()
+        self._settle(state)
+        return self.path("paired")
+
+    def _search(self, page, state) -> Path:
+        state.confirm_search = False  # a short search on the CPU: the card's HTP table needs minutes per plan
+        if self.target:
+            state.target = self.target
+        job = state.start_search(max_evaluations=self.search_budget)
+        if not job.wait(1800) or job.status != "done":
+            print(f"search: {job.status} {job.error}", file=sys.stderr)
+        page.locator(".mpstudio-search-card").first.wait_for(state="visible", timeout=120000)
+        self._settle(state)
+        page.screenshot(path=str(self.path("search")))
+        return self.path("search")
+
+    def _tab(self, page, state, name: str):
+        page.get_by_role("tab", name=name).click()
+        time.sleep(1)
+        self._settle(state)
+
+    def _latency(self, page, state) -> Path:
+        self._tab(page, state, "Time per node")
+        page.get_by_role("button", name="Colour the graph by latency share").click()
+        self._settle(state)
+        page.screenshot(path=str(self.path("latency")))
+        return self.path("latency")
+
+    def _blocks(self, page, state) -> Path:
+        self._tab(page, state, "Blocks")
+        page.screenshot(path=str(self.path("blocks")))
+        return self.path("blocks")
+
+    def _compare(self, page, state) -> Path:
+        self._tab(page, state, "Compare plans")
+        page.get_by_role("button", name="Compare", exact=True).click()
+        page.get_by_text("activation tensor(s) differ").first.wait_for(state="visible", timeout=300000)
+        self._settle(state)
+        page.screenshot(path=str(self.path("compare")))
+        return self.path("compare")
