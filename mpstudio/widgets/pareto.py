@@ -366,7 +366,9 @@ def _clip_limits(values) -> tuple[float, float]:
 
 def _paired_note(rows: pd.DataFrame) -> str:
     """The partial points' paired differences, one line each, coloured by what they say."""
-    lines = [f"<span class='mpstudio-paired' style='color:{_VERDICT_COLOURS.get(verdict, '#555')};"
+    lines = [f"<span class='mpstudio-paired' style='color:#9a6700;font-size:12px'>so far, {html.escape(text)}</span>"
+             if verdict == "unpaired" else
+             f"<span class='mpstudio-paired' style='color:{_VERDICT_COLOURS.get(verdict, '#555')};"
              f"font-size:12px;font-weight:600'>paired, so far: {html.escape(text)}</span>"
              for text, verdict in zip(rows["paired"], rows["verdict"]) if text]
     return "".join(lines[:1])
