@@ -15,17 +15,6 @@ from gui_support import PanelServer, source_column, wait_for_bokeh, wait_until
 
 VIEWS = ("opening", "paired", "search", "latency", "blocks", "compare")
 
-# What the page received: the note above the Pareto plot with a partial value's paired difference.
-PAIRED_CHANGES = """
-() => {
-  window.__paired = [];
-  Bokeh.documents[0].on_change((event) => {
-    const value = event.value === undefined ? "" : String(event.value);
-    if (value.includes("paired, so far:")) window.__paired.push(value);
-  });
-}
-"""
-
 
 def random_feeds(model_path: Path, count: int, seed: int):
     """`count` random feeds for the model's inputs: token ids in [1000, 2000) for integer inputs (ones for an
@@ -136,11 +125,11 @@ class Shooter:
 
     def _paired(self, page, state) -> Path:
         self.held.clear()
-        page.evaluate(PAIRED_CHANGES)
         state.select(self.promote)
         wait_until(lambda: state.selection == self.promote, 30)
         page.get_by_role("button", name="Promote to 16-bit").click()
-        wait_until(lambda: page.evaluate("() => window.__paired"), 600, 0.2, "no paired first value reached the page")
+        # The note above the plot: the paired difference, or why the value is not paired.
+        page.locator(".mpstudio-paired").first.wait_for(state="visible", timeout=600000)
         time.sleep(1.5)  # the plot redraws
         page.screenshot(path=str(self.path("paired")))
         self.held.set()
