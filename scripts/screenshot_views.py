@@ -54,7 +54,8 @@ def model_study(model_path: Path, folder: Path, samples: int, progress):
         study = Study.create(folder, model_path, random_feeds(model_path, samples, 1),
                              random_feeds(model_path, samples, 2), metric=metric_spec("cosine"),
                              name=model_path.stem, progress=progress)
-    study.sensitivity(samples=min(16, samples), isolation_samples=4, progress=progress)
+    if study.sensitivity_reports.latest is None:
+        study.sensitivity(samples=min(16, samples), isolation_samples=4, progress=progress)
     study.baselines(progress=progress)
     return study
 

@@ -115,11 +115,12 @@ def _views(args, browser_path: str) -> int:
         study = model_study(model, Path(args.work) / model.stem, args.samples, progress)
     else:
         study = Study.open(args.study) if args.study else Study.demo(progress=progress)
-        study.sensitivity(progress=progress)
+        if study.sensitivity_reports.latest is None:  # an analysed study keeps its report
+            study.sensitivity(progress=progress)
         study.baselines(progress=progress)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ranked = study.sensitivity().top(3 * len(args.size or [0]) + 3)["tensor"].tolist()
+    ranked = study.sensitivity_reports.latest.top(3 * len(args.size or [0]) + 3)["tensor"].tolist()
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
         for i, size in enumerate(args.size or [(1600, 1000)]):
