@@ -120,12 +120,11 @@ def _views(args, browser_path: str) -> int:
         study.baselines(progress=progress)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ranked = study.sensitivity_reports.latest.top(3 * len(args.size or [0]) + 3)["tensor"].tolist()
+    ranked = study.sensitivity_reports.latest.top(30)["tensor"].tolist()
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
-        for i, size in enumerate(args.size or [(1600, 1000)]):
-            # Each size promotes tensors of its own (a plan evaluated before shows no partial value).
-            shooter = Shooter(study, out, size, ranked[3 * i:3 * i + 3], args.target, args.search_budget)
+        for size in args.size or [(1600, 1000)]:
+            shooter = Shooter(study, out, size, ranked, args.target, args.search_budget)
             for path in shooter.run(browser):
                 print(path, flush=True)
         browser.close()

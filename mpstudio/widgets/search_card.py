@@ -146,9 +146,13 @@ def search_card_html(result) -> str:
              f"{html.escape(result.stop_reason)}; baselines: {baselines}"
              + (f"; float model {result.float_value:.4f}" if result.float_value is not None else "") + "</div>")
     why = f"<p style='margin:6px 0'><b>Why this plan.</b> {_why(result)}</p>"
-    return (f"<div class='mpstudio-search-card' style='font-size:13px;line-height:1.4;overflow-wrap:anywhere'>"
-            f"{head}{facts}{why}{_confirmation_table(result)}{_unbuildable(result)}{_disagreements(result)}"
-            f"{_alternatives(result)}</div>")
+    # Two columns where the window has room (the answer and why; the plans it was chosen among), so that the
+    # card's few lines show both without scrolling; one under the other in a narrow window.
+    column = "flex:1 1 400px;min-width:0"
+    return (f"<div class='mpstudio-search-card' style='font-size:13px;line-height:1.4;overflow-wrap:anywhere;"
+            f"display:flex;flex-wrap:wrap;gap:0 18px'><div style='{column}'>{head}{facts}{why}"
+            f"{_confirmation_table(result)}{_unbuildable(result)}{_disagreements(result)}</div>"
+            f"<div style='{column}'>{_alternatives(result)}</div></div>")
 
 
 class SearchCard(View):
