@@ -51,3 +51,14 @@ def test_the_card_lists_every_plan_considered_with_value_interval_latency_and_wh
     assert {r[-1] for r in rows if r[-1] != "picked"} <= {"reaches (dearer)", "within noise", "misses",
                                                           "over the latency budget"} | {
         r[-1] for r in rows if r[-1].startswith("dominated by plan ")}
+
+
+def test_the_cards_figures_stay_on_one_line(result):
+    """The card breaks long words anywhere (paths, plan names); a figure broken over two lines ("0.16" over "37")
+    reads as two numbers, so its cells and the headers do not wrap."""
+    card = search_card_html(result)
+    table = re.search(r"<table class='mpstudio-considered'.*?</table>", card, re.S).group(0)
+    cells = re.findall(r"<t([dh]) style='([^']*)'>(.*?)</t[dh]>", table, re.S)
+    figures = [style for kind, style, text in cells if kind == "h" or re.fullmatch(r"[-0-9.\u2013 ms]+", text)]
+    assert len(figures) >= 6 + 4 * len(result.considered)
+    assert all("white-space:nowrap" in style for style in figures)

@@ -53,7 +53,8 @@ class NodeLatencyView(View):
         self.table = pn.widgets.Tabulator(pd.DataFrame(columns=SHOWN), show_index=False, disabled=True,
                                           sizing_mode="stretch_both", min_height=220, layout="fit_data_table",
                                           titles=TITLES, pagination="local", page_size=200,
-                                          widths={"node": 240, "namespace": 200},
+                                          # the node stays in view while the table scrolls sideways
+                                          widths={"node": 200, "namespace": 200}, frozen_columns=["node"],
                                           formatters={c: number for c in ("estimate_ms", "base_ms", "added_ms",
                                                                           "measured_ms")} |
                                           {"share": NumberFormatter(format="0.0%")},

@@ -114,7 +114,7 @@ class ParetoPlot(View):
         unbuilt = fig.scatter("latency_ms", "value", source=self.unbuilt, marker="x", size=16, line_color="#b00020",
                               line_width=3, name="unbuilt")
         fig.scatter("x", "y", source=self.current, marker="circle", size=24, fill_color=None, line_color="#d6008f",
-                    line_width=2.5)
+                    line_width=2.5, name="current")
         fig.add_layout(LabelSet(x="x", y="y", text="text", source=self.labels, x_offset="dx", y_offset="dy",
                                 text_align="align", text_font_size="11px", text_color="#333", name="baseline_labels"))
         fig.add_tools(HoverTool(renderers=[points], tooltips=[

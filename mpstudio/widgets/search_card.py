@@ -14,8 +14,11 @@ from ..search.recommend import LITTLE_MORE, MUCH_BETTER, estimate_ms
 from .base import View, laid_out_once
 from .state import StudioState
 
-_CELL = "padding:2px 8px;border-bottom:1px solid #e3e8ee;text-align:right"
-_HEAD = "padding:2px 8px;border-bottom:1px solid #9aa0a6;text-align:right;font-weight:600"
+# Figures and headers on one line each (the card breaks long words anywhere: "0.16|37" would read as two numbers);
+# names and reasons wrap.
+_CELL = "padding:2px 8px;border-bottom:1px solid #e3e8ee;text-align:right;white-space:nowrap"
+_HEAD = "padding:2px 8px;border-bottom:1px solid #9aa0a6;text-align:right;font-weight:600;white-space:nowrap"
+_TEXT = "padding:2px 8px;border-bottom:1px solid #e3e8ee;text-align:left;white-space:normal;overflow-wrap:normal"
 
 
 def _ms(value: float) -> str:
@@ -116,10 +119,10 @@ def _alternatives(result) -> str:
         picked = c.plan_id == result.recommended.plan_id
         mark = " style='background:#fff4d6;font-weight:600'" if picked else ""
         star = " &#9733;" if c.plan_id in much_better else ""
-        rows.append(f"<tr{mark}><td style='{_CELL}'>{c.plan_id}</td><td style='{_CELL};text-align:left'>"
+        rows.append(f"<tr{mark}><td style='{_CELL}'>{c.plan_id}</td><td style='{_TEXT};overflow-wrap:anywhere'>"
                     f"{html.escape(c.name)}{star}</td><td style='{_CELL}'>{c.value:.4f}</td>"
                     f"<td style='{_CELL}'>{_interval(c.low, c.high)}</td><td style='{_CELL}'>{_ms(c.estimate_ms)}</td>"
-                    f"<td style='{_CELL};text-align:left'>{html.escape('picked' if picked else c.verdict)}</td></tr>")
+                    f"<td style='{_TEXT}'>{html.escape('picked' if picked else c.verdict)}</td></tr>")
     return (f"<p style='margin:4px 0'><b>Plans considered</b> ({len(considered)}, {html.escape(result.metric)} on "
             f"{source}, by estimated latency):</p>"
             f"<table class='mpstudio-considered' style='border-collapse:collapse;font-size:12px;margin:2px 0'><tr>"
