@@ -45,7 +45,7 @@ _LABELS = ["x", "y", "text", "dx", "dy", "align"]
 PLOT_MIN_HEIGHT = 300
 NOTE_MIN_HEIGHT = 60  # the note's three short lines at the narrowest layout
 
-_SHORT_AXIS = {"estimate": "latency (ms, estimate by the HTP cost model)",
+_SHORT_AXIS = {"estimate": "latency (ms, HTP cost-model estimate)",  # fits a 1280-wide window
                "emulator": "emulator host time (ms, not device latency)",
                "measured": "latency (ms, measured on the device)"}
 
