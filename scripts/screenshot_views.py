@@ -89,7 +89,7 @@ class Shooter:
         self.study.evaluate = self._holding(evaluate)
         try:
             page = browser.new_page(viewport={"width": self.size[0], "height": self.size[1]}, device_scale_factor=1)
-            page.goto(server.url)
+            page.goto(server.url, timeout=600000)  # a loaded machine builds a session of a big model slowly
             wait_for_bokeh(page, 180000)
             state = wait_until(lambda: self.states[-1] if self.states else None, 60)
             shots = []
