@@ -119,16 +119,18 @@ def _alternatives(result) -> str:
         picked = c.plan_id == result.recommended.plan_id
         mark = " style='background:#fff4d6;font-weight:600'" if picked else ""
         star = " &#9733;" if c.plan_id in much_better else ""
-        rows.append(f"<tr{mark}><td style='{_CELL}'>{c.plan_id}</td><td style='{_TEXT};overflow-wrap:anywhere'>"
+        estimate = f"{c.estimate_ms:.3f}" if math.isfinite(c.estimate_ms) else "-"
+        rows.append(f"<tr{mark}><td style='{_CELL}'>{c.plan_id}</td><td style='{_CELL};text-align:left'>"
                     f"{html.escape(c.name)}{star}</td><td style='{_CELL}'>{c.value:.4f}</td>"
-                    f"<td style='{_CELL}'>{_interval(c.low, c.high)}</td><td style='{_CELL}'>{_ms(c.estimate_ms)}</td>"
+                    f"<td style='{_CELL}'>{_interval(c.low, c.high)}</td><td style='{_CELL}'>{estimate}</td>"
                     f"<td style='{_TEXT}'>{html.escape('picked' if picked else c.verdict)}</td></tr>")
     return (f"<p style='margin:4px 0'><b>Plans considered</b> ({len(considered)}, {html.escape(result.metric)} on "
             f"{source}, by estimated latency):</p>"
-            f"<table class='mpstudio-considered' style='border-collapse:collapse;font-size:12px;margin:2px 0'><tr>"
+            f"<div style='overflow-x:auto'><table class='mpstudio-considered' style='border-collapse:collapse;"
+            f"font-size:12px;margin:2px 0;width:100%'><tr>"
             f"<th style='{_HEAD}'>plan</th><th style='{_HEAD};text-align:left'>name</th><th style='{_HEAD}'>value</th>"
-            f"<th style='{_HEAD}'>95 % interval</th><th style='{_HEAD}'>estimate</th>"
-            f"<th style='{_HEAD};text-align:left'>why not picked</th></tr>{''.join(rows)}</table>{note}")
+            f"<th style='{_HEAD}'>95 % interval</th><th style='{_HEAD}'>est. ms</th>"
+            f"<th style='{_HEAD};text-align:left'>why not picked</th></tr>{''.join(rows)}</table></div>{note}")
 
 
 def search_card_html(result) -> str:
@@ -151,11 +153,10 @@ def search_card_html(result) -> str:
     why = f"<p style='margin:6px 0'><b>Why this plan.</b> {_why(result)}</p>"
     # Two columns where the window has room (the answer and why; the plans it was chosen among), so that the
     # card's few lines show both without scrolling; one under the other in a narrow window.
-    column = "flex:1 1 400px;min-width:0"
     return (f"<div class='mpstudio-search-card' style='font-size:13px;line-height:1.4;overflow-wrap:anywhere;"
-            f"display:flex;flex-wrap:wrap;gap:0 18px'><div style='{column}'>{head}{facts}{why}"
+            f"display:flex;flex-wrap:wrap;gap:0 18px'><div style='flex:1 1 320px;min-width:0'>{head}{facts}{why}"
             f"{_confirmation_table(result)}{_unbuildable(result)}{_disagreements(result)}</div>"
-            f"<div style='{column}'>{_alternatives(result)}</div></div>")
+            f"<div style='flex:1.4 1 470px;min-width:0'>{_alternatives(result)}</div></div>")
 
 
 class SearchCard(View):
