@@ -56,3 +56,17 @@ def test_one_ring_marks_the_current_plan_after_loading_others(narrow, study):
             want = source_column(narrow, "points", "latency_ms")[row]
             wait_until(lambda: source_column(narrow, "current", "x") == [want], 30,
                        message=f"the ring is not on plan {plan_id} alone: {source_column(narrow, 'current', 'x')}")
+
+
+def test_the_two_plans_compared_show_side_by_side(narrow, study):
+    with studio_server(study) as studio:
+        state = open_studio(narrow, studio)
+        narrow.locator(".bk-tab", has_text="Compare plans").first.click()
+        narrow.get_by_role("button", name="Compare", exact=True).click()
+        narrow.get_by_text("activation tensor(s) differ").first.wait_for(state="visible")
+        for column in ("a", "b"):  # both plans' cells within the window, beside the row names
+            cell = narrow.locator(f".tabulator-cell[tabulator-field='{column}']").first
+            cell.wait_for(state="visible")
+            box = cell.evaluate(BOX)
+            assert box["right"] <= 1280 and box["left"] >= 0, (column, box)
+        assert state.study is not None
