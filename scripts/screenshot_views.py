@@ -119,7 +119,10 @@ class Shooter:
         return held_evaluate
 
     def _settle(self, state, seconds: float = 2.0, timeout: float = 600):
-        wait_until(lambda: not any(job.active for job in state.jobs), timeout, 0.2, "the studio's jobs did not end")
+        """Wait for the studio's jobs to end, but for a sensitivity analysis (minutes on a big model: the studio
+        shows its partial rankings meanwhile, and the views are photographed as they are)."""
+        wait_until(lambda: not any(job.active and job.kind != "analyze" for job in state.jobs), timeout, 0.2,
+                   "the studio's jobs did not end")
         time.sleep(seconds)
 
     def _opening(self, page, state) -> Path:
