@@ -89,8 +89,14 @@ class Shooter:
         self.study.evaluate = self._holding(evaluate)
         try:
             page = browser.new_page(viewport={"width": self.size[0], "height": self.size[1]}, device_scale_factor=1)
+            cdn = []
+            page.on("requestfailed", lambda request: cdn.append(request.url) if "cdn." in request.url else None)
             page.goto(server.url, timeout=600000)  # a loaded machine builds a session of a big model slowly
             wait_for_bokeh(page, 180000)
+            if cdn:  # stylesheets named by CDN address, unreachable offline: the page is unstyled
+                print(f"{len(cdn)} stylesheet(s) asked of a CDN ({cdn[0]}): reloading", file=sys.stderr)
+                page.reload(timeout=600000)
+                wait_for_bokeh(page, 180000)
             state = wait_until(lambda: self.states[-1] if self.states else None, 60)
             shots = []
             for view in VIEWS:
@@ -141,9 +147,13 @@ class Shooter:
         state.select(tensors)
         wait_until(lambda: state.selection == tensors, 30)
         page.get_by_role("button", name="Promote to 16-bit").click()
-        # The note above the plot: the paired difference, or why the value is not paired.
-        page.locator(".mpstudio-paired").first.wait_for(state="visible", timeout=600000)
-        time.sleep(1.5)  # the plot redraws
+        # The partial value (paired, or saying why not) in the studio, then on the page above the plot.
+        wait_until(lambda: (state.provisional["kind"] == "partial").any(), 900, 0.2, "no partial value")
+        try:
+            page.locator(".mpstudio-paired").first.wait_for(state="visible", timeout=60000)
+        except Exception as exc:
+            print(f"the paired note did not show: {exc}", file=sys.stderr)
+        time.sleep(2)  # the plot redraws
         page.screenshot(path=str(self.path("paired")))
         self.held.set()
         self._settle(state)
