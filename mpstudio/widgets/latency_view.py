@@ -17,8 +17,9 @@ from ..loop.node_latency import kept_profile, node_latency
 from ..search.opening import analysis_base
 from .base import View, shows_errors
 
-# The table's columns, in order: what a reader sorts by first, then where the node is.
-SHOWN = ["node", "op_type", "estimate_ms", "share", "added_ms", "measured_ms", "base_ms", "bits", "kind",
+# The table's columns, in order: what a reader sorts by first (in view beside the node in a narrow window), then
+# what the node is and where.
+SHOWN = ["node", "estimate_ms", "share", "added_ms", "measured_ms", "op_type", "base_ms", "bits", "kind",
          "namespace"]
 TITLES = {"node": "node", "op_type": "op", "namespace": "namespace", "kind": "kind", "bits": "bits",
           "estimate_ms": "estimate ms", "share": "share", "base_ms": "base ms", "added_ms": "added ms",
