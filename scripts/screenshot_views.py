@@ -80,6 +80,8 @@ class Shooter:
 
         def session():
             state = StudioState(self.study)
+            if state.study is not self.study and not getattr(state.study.evaluate, "holds", False):
+                state.study.evaluate = self._holding(state.study.evaluate)  # the session's own Study object
             self.states.append(state)
             return Studio(state).template()
 
@@ -122,6 +124,7 @@ class Shooter:
                 partial(point)
                 self.held.wait(300)
             return evaluate(*args, partial=first if partial is not None else None, **kwargs)
+        held_evaluate.holds = True
         return held_evaluate
 
     def _settle(self, state, seconds: float = 2.0, timeout: float = 600):
