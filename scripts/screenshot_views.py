@@ -151,7 +151,7 @@ class Shooter:
         wait_until(lambda: state.selection == tensors, 30)
         page.get_by_role("button", name="Promote to 16-bit").click()
         # The partial value (paired, or saying why not) in the studio, then on the page above the plot.
-        wait_until(lambda: (state.provisional["kind"] == "partial").any(), 900, 0.2, "no partial value")
+        wait_until(lambda: (self.states[-1].provisional["kind"] == "partial").any(), 300, 0.1, "no partial value")
         try:
             page.locator(".mpstudio-paired").first.wait_for(state="visible", timeout=60000)
         except Exception as exc:
