@@ -51,6 +51,7 @@ def test_a_promotions_partial_values_are_paired_with_the_plan_it_came_from(study
         # The final message carries the difference on every sample, as Study.compare computes it.
         final = study.compare(plan, base)
         assert final.describe() in state.message and "12 samples" in state.message
+        assert state.message.startswith(f"{study.store.plan_row(study.plan_id(plan))[1]}: {final.describe()}; ")
     finally:
         state.close()
 

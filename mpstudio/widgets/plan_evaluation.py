@@ -111,7 +111,9 @@ class PlanEvaluations:
                     state.plan_id = evaluation.plan_id
             state.refresh_evaluations()
             with param.edit_constant(state):
-                state.message = evaluation.describe() + (f"; {final[0].describe()}" if final and final[0] else "")
+                # The difference from the plan it came from first: a long message is cut at the window's edge.
+                state.message = (f"{evaluation.name}: {final[0].describe()}; " if final and final[0] else "") + \
+                    evaluation.describe()
         plan_name = plan.short_name
         versus_id = study.plan_id(versus) if versus is not None else None
         versus_name = study.store.plan_row(versus_id)[1] if versus_id is not None else ""
