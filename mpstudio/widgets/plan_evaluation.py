@@ -34,6 +34,18 @@ def paired_on_every_sample(study: Study, evaluation, versus: PrecisionPlan | Non
         return None
 
 
+def stored_name(study: Study, plan: PrecisionPlan | None) -> str:
+    """The name the study stores `plan` under ("" when it is not stored)."""
+    plan_id = study.plan_id(plan) if plan is not None else None
+    return study.store.plan_row(plan_id)[1] if plan_id is not None else ""
+
+
+def first_words(evaluation, paired) -> str:
+    """The message after an evaluation: its paired difference from the plan it came from first (a long message is
+    cut at the window's edge), then the evaluation."""
+    return (f"{evaluation.name}: {paired.describe()}; " if paired else "") + evaluation.describe()
+
+
 def unpaired_reason(versus_name: str, point) -> str:
     """Why a promotion's partial value is its own value on a few samples, not a difference from the plan it was
     promoted from (that plan's stored result has no per-sample terms from this accuracy source)."""
@@ -111,12 +123,9 @@ class PlanEvaluations:
                     state.plan_id = evaluation.plan_id
             state.refresh_evaluations()
             with param.edit_constant(state):
-                # The difference from the plan it came from first: a long message is cut at the window's edge.
-                state.message = (f"{evaluation.name}: {final[0].describe()}; " if final and final[0] else "") + \
-                    evaluation.describe()
+                state.message = first_words(evaluation, final[0] if final else None)
         plan_name = plan.short_name
-        versus_id = study.plan_id(versus) if versus is not None else None
-        versus_name = study.store.plan_row(versus_id)[1] if versus_id is not None else ""
+        versus_name = stored_name(study, versus)
         points.track(plan.hash)
         job = state.submit("evaluate", f"evaluating {plan_name} on {backend}", work, done)
         job.edit = plan.hash if edit else ""
