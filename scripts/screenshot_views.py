@@ -122,6 +122,8 @@ class Shooter:
         def held_evaluate(*args, partial=None, **kwargs):
             def first(point):
                 partial(point)
+                print(f"first value on {point.samples} of {point.total} samples: held until photographed",
+                      file=sys.stderr, flush=True)
                 self.held.wait(300)
             return evaluate(*args, partial=first if partial is not None else None, **kwargs)
         held_evaluate.holds = True
