@@ -178,8 +178,8 @@ class Study(StudyRecords):
         if known is not None:
             return known
         sixteen_bit = len(plan.sixteen_bit_activations(self.graph))
-        return self.store.add_plan(plan.hash, plan.name or _default_name(plan, sixteen_bit), origin, plan.to_json(),
-                                   sixteen_bit)
+        name = plan.name or _unique(_default_name(plan, sixteen_bit), set(self.store.plans()["name"]))
+        return self.store.add_plan(plan.hash, name, origin, plan.to_json(), sixteen_bit)
 
     def plan(self, plan_id: int | str) -> PrecisionPlan:
         """A stored plan by id or hash (or a unique hash prefix)."""
@@ -379,6 +379,14 @@ class Study(StudyRecords):
         """A device run's per-op profile: kept, and the cost model refitted on that device's profiles."""
         keep_profile(self.folder, plan_id, measured, profile)
         self.recalibrate(measured.where, allow_emulator=not measured.is_device_latency)
+
+
+def _unique(name: str, taken: set) -> str:
+    """`name`, or `name#2`, `name#3`... when another plan of the study has it (two different plans that promote
+    three tensors each are not both "a8w8+3x16")."""
+    if name not in taken:
+        return name
+    return next(f"{name}#{n}" for n in range(2, len(taken) + 3) if f"{name}#{n}" not in taken)
 
 
 def _default_name(plan: PrecisionPlan, sixteen_bit: int) -> str:

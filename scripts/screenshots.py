@@ -8,6 +8,14 @@ HTP (emulator: a few minutes; --no-htp skips it), serves the studio with that pl
 tensors selected, and photographs it in headless Chromium (scripts/install-browser installs one):
   studio.png  the whole studio;  graph.png  the graph view with a tensor's scores on hover;
   pareto.png  the Pareto plot and the ranking.
+
+    python scripts/screenshots.py --views [--study FOLDER | --model MODEL.onnx] [--size 1280x800 --size 1600x1000]
+
+The review set instead, at each window size: opening, paired (a promotion's paired first value, while only part
+of the samples is measured), search (the result card after a short CPU search), latency (time per node, the graph
+coloured by latency share), blocks (block totals) and compare (two plans side by side), as <view>-<W>x<H>.png. On
+the demo by default, on a study folder (--study) or on a study of an ONNX model on random inputs with the output
+cosine as its metric (--model; created in --work the first time).
 """
 
 from __future__ import annotations
@@ -30,11 +38,21 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=10, help="tensors the shown plan promotes")
     parser.add_argument("--no-htp", action="store_true",
                         help="skip the HTP evaluation of a8w8-pc (minutes on the emulator)")
+    parser.add_argument("--views", action="store_true", help="the review set (see above), not the README's three")
+    parser.add_argument("--study", help="--views: a study folder (default: the demo)")
+    parser.add_argument("--model", help="--views: an ONNX model, studied on random inputs")
+    parser.add_argument("--work", default="mpstudio-screenshot-studies", help="--views --model: the study's parent")
+    parser.add_argument("--samples", type=int, default=24, help="--views --model: calibration and evaluation samples")
+    parser.add_argument("--size", action="append", type=_size, help="--views: a window size WxH (repeatable)")
+    parser.add_argument("--target", help="--views: the search target (default: the studio's)")
+    parser.add_argument("--search-budget", type=int, default=4, help="--views: evaluations of the search")
     args = parser.parse_args(argv)
     browser_path = chromium_path()
     if browser_path is None:
         print("no Chromium found: run scripts/install-browser first", file=sys.stderr)
         return 2
+    if args.views:
+        return _views(args, browser_path)
 
     from playwright.sync_api import sync_playwright
     from mpstudio.widgets import Studio, StudioState
@@ -69,6 +87,48 @@ def main(argv=None) -> int:
         server.stop()
     for name in ("studio.png", "graph.png", "pareto.png"):
         print(out / name)
+    return 0
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a window size is WIDTHxHEIGHT, like 1280x800, not {text!r}") from None
+    return width, height
+
+
+def _views(args, browser_path: str) -> int:
+    """The review set of every --size of the chosen study (see the module's docstring)."""
+    from playwright.sync_api import sync_playwright
+    from screenshot_views import Shooter, model_study
+
+    from mpstudio.study import Study
+
+    def progress(done, total, message, last=[""]):
+        if message != last[0]:
+            print(message, flush=True)
+            last[0] = message
+
+    if args.model:
+        model = Path(args.model)
+        study = model_study(model, Path(args.work) / model.stem, args.samples, progress)
+    else:
+        study = Study.open(args.study) if args.study else Study.demo(progress=progress)
+        if study.sensitivity_reports.latest is None:  # an analysed study keeps its report
+            study.sensitivity(progress=progress)
+        study.baselines(progress=progress)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ranked = study.sensitivity_reports.latest.top(30)["tensor"].tolist()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
+        for size in args.size or [(1600, 1000)]:
+            shooter = Shooter(study, out, size, ranked, args.target, args.search_budget)
+            for path in shooter.run(browser):
+                print(path, flush=True)
+        browser.close()
+    study.close()
     return 0
 
 

@@ -131,3 +131,21 @@ def test_plan_b_is_another_plan_than_the_current_one(studio):
     compare._b.value = names["a16w8"]
     state.load_plan(int(names["a16w8"].split(":")[0]))  # the current plan becomes B's: B moves to another
     assert compare._b.value != names["a16w8"] and compare._b.value.split(":")[0] != str(state.plan_id)
+
+
+
+def test_a_value_near_one_is_not_rounded_to_one_in_the_comparison(study):
+    """A cosine of 0.99998 read as "1" hides the difference two plans are compared for."""
+    import pandas as pd
+
+    from mpstudio.latency import estimate_latency
+    from mpstudio.loop.plan_compare import compare_plans
+    from mpstudio.plan import PrecisionPlan
+
+    a, b = PrecisionPlan.a8w8(), PrecisionPlan.a16w8()
+    estimates = [estimate_latency(study.quantizer.generate(p), study.cost_arch) for p in (a, b)]
+    rows = [pd.Series({"value": v, "accuracy_source": "ORT CPU QDQ", "latency_ms": e.ms, "latency_label": "estimate"})
+            for v, e in zip((0.998847, 0.999982), estimates)]
+    result = compare_plans(study.graph, a, b, *estimates, *rows, "output cosine", None)
+    cells = result.summary["a"].tolist() + result.summary["b"].tolist()
+    assert "0.998847 (output cosine)" in cells and "0.999982 (output cosine)" in cells

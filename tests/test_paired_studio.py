@@ -51,6 +51,7 @@ def test_a_promotions_partial_values_are_paired_with_the_plan_it_came_from(study
         # The final message carries the difference on every sample, as Study.compare computes it.
         final = study.compare(plan, base)
         assert final.describe() in state.message and "12 samples" in state.message
+        assert state.message.startswith(f"{study.store.plan_row(study.plan_id(plan))[1]}: {final.describe()}; ")
     finally:
         state.close()
 
@@ -116,3 +117,38 @@ def test_the_studio_shows_a_promotions_paired_first_value(page, study, monkeypat
         # Then the full result; the message bar says the difference on every sample, with its interval.
         page.get_by_text(f"vs {base}, 12 samples").first.wait_for(state="visible", timeout=120000)
         assert state.plan_id is not None and study.plan_id(PrecisionPlan.a8w8()) is not None
+
+
+def test_a_partial_value_that_cannot_be_paired_says_why(tmp_path):
+    """A study whose current plan was stored without per-sample terms (by an older mpstudio): a promotion's first
+    values are the plan's own, and the note above the plot says why they are not paired (not silently)."""
+    import sqlite3
+
+    from mpstudio.widgets import StudioState
+    from mpstudio.widgets.pareto import _paired_note
+
+    study = make_small_study(tmp_path / "study")
+    state = StudioState(study, first_samples=4)
+    try:
+        assert all(job.wait(120) for job in state.jobs)
+        base_id = study.plan_id(state.plan)
+        with sqlite3.connect(study.folder / "study.sqlite") as db:  # as an older mpstudio stored it
+            db.execute("DELETE FROM sample_terms WHERE plan_id = ?", (base_id,))
+        seen = []
+        state.param.watch(lambda event: seen.extend(event.new[["kind", "paired", "verdict", "samples"]]
+                                                    .itertuples(index=False)), "provisional")
+        state.select(state.tensors["tensor"].tolist()[10:13])
+        state.promote_selected()
+        job = wait_until(lambda: next((j for j in state.jobs if j.kind == "evaluate"), None), 30)
+        assert job.wait(120) and job.status == "done", job.status
+        partial = [row for row in seen if row.kind == "partial"]
+        assert partial and all(row.verdict == "unpaired" for row in partial)
+        name = study.store.plan_row(base_id)[1]
+        for row in partial:
+            assert row.paired.startswith(f"not paired with {name}: its stored result has no per-sample terms")
+            assert f"own value on {row.samples} of 12 samples" in row.paired
+        note = _paired_note(pd.DataFrame([partial[0]._asdict()]))
+        assert "so far, not paired with" in html.unescape(note) and "paired, so far" not in note
+    finally:
+        state.close()
+        study.close()

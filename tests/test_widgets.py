@@ -331,7 +331,9 @@ def test_a_search_loads_its_recommended_plan(state):
     assert card._card.visible and state.search_result is result
     text = card._body.object
     assert f"Recommended: plan {result.recommended.plan_id}" in text and "Why this plan." in text
-    assert "Much better for little more" in text or "No plan of the front is much better" in text
+    assert "much better for little more" in text or "No plan of the front is much better" in text
+    assert text.count("</tr>") >= len(result.considered) + 1  # every plan considered, a row each
+    assert all(f">{c.plan_id}</td>" in text for c in result.considered)
     if result.confirmations:
         assert "<table" in text and ("CPU and HTP agree" in text or "CPU and HTP disagree" in text)
     assert set(plot.points.data["plan_id"]) >= {e.plan_id for e in result.path}

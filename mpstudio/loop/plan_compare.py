@@ -50,7 +50,7 @@ def compare_plans(graph, plan_a, plan_b, estimate_a, estimate_b, evaluation_a=No
     def column(plan, sixteen, estimate, evaluation):
         measured = evaluation is not None
         return [plan.name or plan.summary(), len(sixteen), estimate.converts, round(estimate.convert_ms, 4),
-                round(estimate.ms, 4), f"{evaluation['value']:.4g} ({metric})" if measured else "not evaluated",
+                round(estimate.ms, 4), f"{evaluation['value']:.6g} ({metric})" if measured else "not evaluated",
                 evaluation["accuracy_source"] if measured else "", round(float(evaluation["latency_ms"]), 4)
                 if measured else float("nan"), evaluation["latency_label"] if measured else ""]
     source, difference = paired if paired is not None else ("", None)

@@ -8,7 +8,7 @@ import panel as pn
 import param
 from bokeh.models.widgets.tables import NumberFormatter
 
-from ..loop.blocks import BLOCK_COLUMNS, block_tensors, block_totals, default_depth
+from ..loop.blocks import BLOCK_COLUMNS, ROOT, block_tensors, block_totals, default_depth
 from .base import View, shows_errors
 
 TITLES = {"block": "block", "tensors": "tensors", "sixteen_bit": "16-bit", "min_snr_db": "min SNR dB",
@@ -64,12 +64,12 @@ class BlocksView(View):
     def _refresh(self, *_):
         if self.state.study is None or self.state.tensors.empty:
             return
-        self.table.value = self.frame()
+        frame = self.table.value = self.frame()
         times = self.latency.result
         source = times.estimate_label if times is not None else "latency not estimated yet"
         self._note.object = (f"<span style='font-size:12px;color:#555'>blocks: namespaces cut at depth {self.depth}; "
                              f"scores from the sensitivity analysis; ms: {source}; promote ms: each 8-bit tensor "
-                             f"promoted alone, summed (estimate)</span>")
+                             f"promoted alone, summed (estimate)</span>{flat_note(frame)}")
 
     def _chosen(self) -> list[str]:
         rows = self.table.selection
@@ -89,3 +89,15 @@ class BlocksView(View):
         if tensors:
             self.state.select(tensors)
             self.state.promote_selected()
+
+
+def flat_note(frame: pd.DataFrame) -> str:
+    """A word when most tensors are outside any namespace (a model exported with flat node names): its blocks
+    say little, and the graph's regions and the ranking are the better guide."""
+    total = frame["tensors"].sum() if len(frame) else 0
+    root = frame.loc[frame["block"] == ROOT, "tensors"].sum() if len(frame) else 0
+    if not total or root < 0.8 * total:
+        return ""
+    return (f"<br><span class='mpstudio-flat-blocks' style='font-size:12px;color:#9a6700'>{root} of {total} tensors "
+            f"are outside any namespace: this model's node names are flat, so its blocks say little (use the "
+            f"ranking and the graph's regions)</span>")

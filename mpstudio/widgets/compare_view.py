@@ -26,12 +26,18 @@ class CompareView(View):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._a = pn.widgets.Select(name="plan A", options=[CURRENT], value=CURRENT, width=220)
-        self._b = pn.widgets.Select(name="plan B", options=[CURRENT], value=CURRENT, width=220)
+        # The two choices share the row's width with the button, which stays in view in a narrow window.
+        self._a = pn.widgets.Select(name="plan A", options=[CURRENT], value=CURRENT, sizing_mode="stretch_width",
+                                    min_width=120, max_width=260)
+        self._b = pn.widgets.Select(name="plan B", options=[CURRENT], value=CURRENT, sizing_mode="stretch_width",
+                                    min_width=120, max_width=260)
         self._go = pn.widgets.Button(name="Compare", button_type="primary", width=100, height=32, margin=(22, 4))
         self._go.on_click(self._on_compare)
+        # The row names whole ("converts ms (estimate)"); A and B side by side in the rest, a long source cut
+        # at its cell's end.
         self._summary = pn.widgets.Tabulator(pd.DataFrame(), show_index=True, disabled=True, height=290,
-                                             sizing_mode="stretch_width", layout="fit_columns")
+                                             sizing_mode="stretch_width", layout="fit_columns",
+                                             widths={"index": 170}, titles={"index": "", "a": "A", "b": "B"})
         self._diff = pn.widgets.Tabulator(pd.DataFrame(columns=DIFF_COLUMNS), show_index=False, disabled=True,
                                           sizing_mode="stretch_both", min_height=160, layout="fit_data_table",
                                           titles={"bits_a": "bits in A", "bits_b": "bits in B"})
@@ -40,7 +46,8 @@ class CompareView(View):
         self._options()
 
     def __panel__(self):
-        return pn.Column(pn.Row(self._a, self._b, self._go), self._note, self._summary, self._diff,
+        return pn.Column(pn.Row(self._a, self._b, self._go, sizing_mode="stretch_width"), self._note, self._summary,
+                         self._diff,
                          sizing_mode="stretch_both", min_height=300)
 
     def _options(self, *_):

@@ -18,8 +18,9 @@ from ..search.opening import analysis_base
 from .base import View, shows_errors
 from .constants import writable
 
-# The table's columns, in order: what a reader sorts by first, then where the node is.
-SHOWN = ["node", "op_type", "estimate_ms", "share", "added_ms", "measured_ms", "base_ms", "bits", "kind",
+# The table's columns, in order: what a reader sorts by first (in view beside the node in a narrow window), then
+# what the node is and where.
+SHOWN = ["node", "estimate_ms", "share", "added_ms", "measured_ms", "op_type", "base_ms", "bits", "kind",
          "namespace"]
 TITLES = {"node": "node", "op_type": "op", "namespace": "namespace", "kind": "kind", "bits": "bits",
           "estimate_ms": "estimate ms", "share": "share", "base_ms": "base ms", "added_ms": "added ms",
@@ -54,7 +55,8 @@ class NodeLatencyView(View):
         self.table = pn.widgets.Tabulator(pd.DataFrame(columns=SHOWN), show_index=False, disabled=True,
                                           sizing_mode="stretch_both", min_height=220, layout="fit_data_table",
                                           titles=TITLES, pagination="local", page_size=200,
-                                          widths={"node": 240, "namespace": 200},
+                                          # the node stays in view while the table scrolls sideways
+                                          widths={"node": 200, "namespace": 200}, frozen_columns=["node"],
                                           formatters={c: number for c in ("estimate_ms", "base_ms", "added_ms",
                                                                           "measured_ms")} |
                                           {"share": NumberFormatter(format="0.0%")},

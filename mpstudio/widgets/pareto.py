@@ -45,7 +45,7 @@ _LABELS = ["x", "y", "text", "dx", "dy", "align"]
 PLOT_MIN_HEIGHT = 300
 NOTE_MIN_HEIGHT = 60  # the note's three short lines at the narrowest layout
 
-_SHORT_AXIS = {"estimate": "latency (ms, estimate by the HTP cost model)",
+_SHORT_AXIS = {"estimate": "latency (ms, HTP cost-model estimate)",  # fits a 1280-wide window
                "emulator": "emulator host time (ms, not device latency)",
                "measured": "latency (ms, measured on the device)"}
 
@@ -114,7 +114,7 @@ class ParetoPlot(View):
         unbuilt = fig.scatter("latency_ms", "value", source=self.unbuilt, marker="x", size=16, line_color="#b00020",
                               line_width=3, name="unbuilt")
         fig.scatter("x", "y", source=self.current, marker="circle", size=24, fill_color=None, line_color="#d6008f",
-                    line_width=2.5)
+                    line_width=2.5, name="current")
         fig.add_layout(LabelSet(x="x", y="y", text="text", source=self.labels, x_offset="dx", y_offset="dy",
                                 text_align="align", text_font_size="11px", text_color="#333", name="baseline_labels"))
         fig.add_tools(HoverTool(renderers=[points], tooltips=[
@@ -366,7 +366,9 @@ def _clip_limits(values) -> tuple[float, float]:
 
 def _paired_note(rows: pd.DataFrame) -> str:
     """The partial points' paired differences, one line each, coloured by what they say."""
-    lines = [f"<span class='mpstudio-paired' style='color:{_VERDICT_COLOURS.get(verdict, '#555')};"
+    lines = [f"<span class='mpstudio-paired' style='color:#9a6700;font-size:12px'>so far, {html.escape(text)}</span>"
+             if verdict == "unpaired" else
+             f"<span class='mpstudio-paired' style='color:{_VERDICT_COLOURS.get(verdict, '#555')};"
              f"font-size:12px;font-weight:600'>paired, so far: {html.escape(text)}</span>"
              for text, verdict in zip(rows["paired"], rows["verdict"]) if text]
     return "".join(lines[:1])

@@ -34,6 +34,26 @@ def paired_on_every_sample(study: Study, evaluation, versus: PrecisionPlan | Non
         return None
 
 
+def stored_name(study: Study, plan: PrecisionPlan | None) -> str:
+    """The name the study stores `plan` under ("" when it is not stored)."""
+    plan_id = study.plan_id(plan) if plan is not None else None
+    return study.store.plan_row(plan_id)[1] if plan_id is not None else ""
+
+
+def first_words(evaluation, paired) -> str:
+    """The message after an evaluation: its paired difference from the plan it came from first (a long message is
+    cut at the window's edge), then the evaluation."""
+    return (f"{evaluation.name}: {paired.describe()}; " if paired else "") + evaluation.describe()
+
+
+def unpaired_reason(versus_name: str, point) -> str:
+    """Why a promotion's partial value is its own value on a few samples, not a difference from the plan it was
+    promoted from (that plan's stored result has no per-sample terms from this accuracy source)."""
+    return (f"not paired with {versus_name}: its stored result has no per-sample terms from "
+            f"{point.accuracy_source} (stored by an older mpstudio, or a metric of the whole set), so this is the "
+            f"plan's own value on {point.samples} of {point.total} samples")
+
+
 class PlanEvaluations:
     """The evaluation verbs of a StudioState (see its evaluate_plan, preview_plan and evaluate_baselines)."""
 
@@ -67,9 +87,11 @@ class PlanEvaluations:
                     if anchored:
                         detail += (f"; drawn at {paired.versus}'s value on every sample plus the paired difference "
                                    f"{paired.describe()}")
+                    unpaired = unpaired_reason(versus_name, point) if paired is None and versus_name else ""
                     points.set(plan.hash, plan_name, "partial", value, low, high,
                                point.latency.ms if point.latency is not None else np.nan, point.samples,
-                               point.total, point.accuracy_source, detail, paired)
+                               point.total, point.accuracy_source, detail + (f"; {unpaired}" if unpaired else ""),
+                               paired, unpaired)
             state.post(apply)
 
         def work(progress, cancel):
@@ -101,8 +123,9 @@ class PlanEvaluations:
                     state.plan_id = evaluation.plan_id
             state.refresh_evaluations()
             with writable(state):
-                state.message = evaluation.describe() + (f"; {final[0].describe()}" if final and final[0] else "")
+                state.message = first_words(evaluation, final[0] if final else None)
         plan_name = plan.short_name
+        versus_name = stored_name(study, versus)
         points.track(plan.hash)
         job = state.submit("evaluate", f"evaluating {plan_name} on {backend}", work, done)
         job.edit = plan.hash if edit else ""

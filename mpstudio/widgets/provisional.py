@@ -14,7 +14,7 @@ from .constants import writable
 #   (the cost model's estimate), samples, total, accuracy_source, detail (what the point is, for the hover),
 #   paired (a partial value's difference from the plan it was promoted from, on the same samples, with its
 #   interval, in words: `uncertainty.PairedDifference.describe`; "" when there is none), verdict (that
-#   difference's: "better", "worse", "within noise" or "").
+#   difference's: "better", "worse", "within noise", or "unpaired" with `paired` saying why there is none, or "").
 PROVISIONAL_COLUMNS = ["plan_hash", "name", "kind", "value", "low", "high", "latency_ms", "samples", "total",
                        "accuracy_source", "detail", "paired", "verdict"]
 
@@ -34,12 +34,13 @@ class ProvisionalPoints:
         return plan_hash in self._plans
 
     def set(self, plan_hash: str, name: str, kind: str, value: float, low: float, high: float, latency_ms: float,
-            samples: int, total: int, accuracy_source: str, detail: str, paired=None) -> None:
+            samples: int, total: int, accuracy_source: str, detail: str, paired=None, unpaired: str = "") -> None:
         """Draw the plan's point (replacing the one it had); `paired`: its `PairedDifference` from the plan it was
-        promoted from, when known."""
+        promoted from, when known; else `unpaired`: why it is not paired (verdict "unpaired")."""
         state = self._state
         frame = state.provisional
-        words, verdict = (paired.describe(), paired.verdict) if paired is not None else ("", "")
+        words, verdict = ((paired.describe(), paired.verdict) if paired is not None else
+                          (unpaired, "unpaired") if unpaired else ("", ""))
         row = pd.DataFrame([[plan_hash, name, kind, float(value), float(low), float(high), float(latency_ms),
                              int(samples), int(total), accuracy_source, detail, words, verdict]],
                            columns=PROVISIONAL_COLUMNS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+from types import SimpleNamespace
 
 import panel as pn
 import param
@@ -13,8 +14,11 @@ from ..search.recommend import LITTLE_MORE, MUCH_BETTER, estimate_ms
 from .base import View, laid_out_once
 from .state import StudioState
 
-_CELL = "padding:2px 8px;border-bottom:1px solid #e3e8ee;text-align:right"
-_HEAD = "padding:2px 8px;border-bottom:1px solid #9aa0a6;text-align:right;font-weight:600"
+# Figures and headers on one line each (the card breaks long words anywhere: "0.16|37" would read as two numbers);
+# names and reasons wrap.
+_CELL = "padding:2px 8px;border-bottom:1px solid #e3e8ee;text-align:right;white-space:nowrap"
+_HEAD = "padding:2px 8px;border-bottom:1px solid #9aa0a6;text-align:right;font-weight:600;white-space:nowrap"
+_TEXT = "padding:2px 8px;border-bottom:1px solid #e3e8ee;text-align:left;white-space:normal;overflow-wrap:normal"
 
 
 def _ms(value: float) -> str:
@@ -91,17 +95,44 @@ def _unbuildable(result) -> str:
             f"<ul style='margin:0 0 4px 16px;color:#b00020'>{items}</ul>")
 
 
+def _interval(low, high) -> str:
+    return f"{low:.4f}\u2013{high:.4f}" if low is not None and high is not None else "-"
+
+
 def _alternatives(result) -> str:
-    if not result.alternatives:
-        return "<p style='color:#555'>No plan of the front is much better for little more latency.</p>"
-    base = estimate_ms(result.recommended)
+    """Every plan the recommendation chose among, by estimated latency, with its value, interval, estimate and why
+    it was not picked (`choice.Considered`); the front's plans much better for little more are marked."""
+    much_better = {e.plan_id for e in result.alternatives}
     rule = ("at least 3 dB more" if result.float_value is None else
             f"at most {MUCH_BETTER:.0%} of the distance from the float model's value")
-    items = "".join(
-        f"<li>plan {e.plan_id} {html.escape(e.name)}: {e.value:.4f} [{html.escape(e.accuracy_source)}] for "
-        f"+{estimate_ms(e) - base:.3f} ms estimated</li>" for e in result.alternatives)
-    return (f"<p style='margin:4px 0'><b>Much better for little more</b> (at most {LITTLE_MORE:.0%} more "
-            f"estimated latency, {rule}):</p><ul style='margin:0 0 4px 16px'>{items}</ul>")
+    note = (f"<p style='margin:2px 0;color:#555'>&#9733; much better for little more (at most {LITTLE_MORE:.0%} more "
+            f"estimated latency, {rule}).</p>" if much_better else
+            "<p style='margin:2px 0;color:#555'>No plan of the front is much better for little more latency.</p>")
+    considered = result.considered
+    if not considered:  # an older result: only the front's alternatives are known
+        considered = [SimpleNamespace(plan_id=e.plan_id, name=e.name, value=e.value, low=e.low, high=e.high,
+                                      estimate_ms=estimate_ms(e), verdict="much better for little more")
+                      for e in (result.recommended, *result.alternatives)]
+    source = html.escape(result.recommended.accuracy_source)
+    # Narrow padding: the table shares the card with the answer, in a 1280-wide window too.
+    cell, head, text = (style.replace("8px", "5px") for style in (_CELL, _HEAD, _TEXT))
+    rows = []
+    for c in considered:
+        picked = c.plan_id == result.recommended.plan_id
+        mark = " style='background:#fff4d6;font-weight:600'" if picked else ""
+        star = " &#9733;" if c.plan_id in much_better else ""
+        estimate = f"{c.estimate_ms:.3f}" if math.isfinite(c.estimate_ms) else "-"
+        rows.append(f"<tr{mark}><td style='{cell}'>{c.plan_id}</td><td style='{cell};text-align:left'>"
+                    f"{html.escape(c.name)}{star}</td><td style='{cell}'>{c.value:.4f}</td>"
+                    f"<td style='{cell}'>{_interval(c.low, c.high)}</td><td style='{cell}'>{estimate}</td>"
+                    f"<td style='{text}'>{html.escape('picked' if picked else c.verdict)}</td></tr>")
+    return (f"<p style='margin:4px 0'><b>Plans considered</b> ({len(considered)}, {html.escape(result.metric)} on "
+            f"{source}, by estimated latency):</p>"
+            f"<div style='overflow-x:auto'><table class='mpstudio-considered' style='border-collapse:collapse;"
+            f"font-size:12px;margin:2px 0;width:100%'><tr>"
+            f"<th style='{head}'>plan</th><th style='{head};text-align:left'>name</th><th style='{head}'>value</th>"
+            f"<th style='{head}'>95 % interval</th><th style='{head}'>est. ms</th>"
+            f"<th style='{head};text-align:left'>why not picked</th></tr>{''.join(rows)}</table></div>{note}")
 
 
 def search_card_html(result) -> str:
@@ -122,9 +153,12 @@ def search_card_html(result) -> str:
              f"{html.escape(result.stop_reason)}; baselines: {baselines}"
              + (f"; float model {result.float_value:.4f}" if result.float_value is not None else "") + "</div>")
     why = f"<p style='margin:6px 0'><b>Why this plan.</b> {_why(result)}</p>"
-    return (f"<div class='mpstudio-search-card' style='font-size:13px;line-height:1.4;overflow-wrap:anywhere'>"
-            f"{head}{facts}{why}{_confirmation_table(result)}{_unbuildable(result)}{_disagreements(result)}"
-            f"{_alternatives(result)}</div>")
+    # Two columns where the window has room (the answer and why; the plans it was chosen among), so that the
+    # card's few lines show both without scrolling; one under the other in a narrow window.
+    return (f"<div class='mpstudio-search-card' style='font-size:13px;line-height:1.4;overflow-wrap:anywhere;"
+            f"display:flex;flex-wrap:wrap;gap:0 18px'><div style='flex:1 1 320px;min-width:0'>{head}{facts}{why}"
+            f"{_confirmation_table(result)}{_unbuildable(result)}{_disagreements(result)}</div>"
+            f"<div style='flex:1.4 1 470px;min-width:0'>{_alternatives(result)}</div></div>")
 
 
 class SearchCard(View):

@@ -56,9 +56,8 @@ class Studio(View):
                          margin=0)
 
     def _message(self):
-        return pn.pane.HTML(pn.bind(lambda m: f"<span class='mpstudio-message' style='font-size:12px;color:#333;"
-                                              f"white-space:nowrap'>{html.escape(m)}</span>", self.state.param.message),
-                            sizing_mode="stretch_width", height=22, margin=(0, 10))
+        return pn.pane.HTML(pn.bind(message_html, self.state.param.message), sizing_mode="stretch_width", height=22,
+                            margin=(0, 10))
 
     def _error_toast(self):
         error = pn.pane.Alert(pn.bind(_text, self.state.param.error), alert_type="danger", sizing_mode="stretch_width",
@@ -131,6 +130,14 @@ def served() -> bool:
     """True inside a `panel serve` session. (`pn.state.served` asks whether its caller's module is the served
     script, which a library's module never is; a session's document is what it stands for.)"""
     return session_document() is not None
+
+
+def message_html(message: str) -> str:
+    """The message line: one line of fixed height; a message longer than the window ends in an ellipsis and is
+    whole in the line's tooltip (a cut that says so, never text that just stops at the edge)."""
+    text = html.escape(message)
+    return (f"<div class='mpstudio-message' title='{text}' style='font-size:12px;color:#333;white-space:nowrap;"
+            f"overflow:hidden;text-overflow:ellipsis;max-width:100%'>{text}</div>")
 
 
 def _text(message: str) -> str:
