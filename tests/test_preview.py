@@ -152,3 +152,28 @@ def test_a_prediction_has_a_value_in_the_metric_and_the_cost_models_latency(stud
 
     empty = predict_plan(study, plan, None)
     assert not empty.placed and not math.isfinite(empty.value) and empty.latency is not None
+
+
+@pytest.mark.parametrize("metric", ["cosine", "top1"])
+def test_a_built_in_metric_streams_paired_first_values(tmp_path, metric):
+    """Output cosine and top-1 agreement have per-sample terms: a promotion's first values come paired with the
+    plan it was made from, on the same samples, and the stored value is the full set's."""
+    import onnx
+
+    from conftest import chain_feeds, make_chain_model
+    from mpstudio.data import FeedList
+    from mpstudio.metrics import metric_spec
+    from mpstudio.study import Study
+
+    onnx.save(make_chain_model(blocks=3), tmp_path / "chain.onnx")
+    with Study.create(tmp_path / "study", tmp_path / "chain.onnx", FeedList(chain_feeds(6)),
+                      FeedList(chain_feeds(12, seed=4)), metric=metric_spec(metric)) as study:
+        base = study.evaluate(PrecisionPlan.a8w8())
+        plan = PrecisionPlan.a8w8().promote(study.graph.activations()[1:3])
+        seen = []
+        full = study.evaluate(plan, partial=seen.append, first_samples=4, versus=PrecisionPlan.a8w8())
+        assert [p.samples for p in seen] == [4, 8]
+        for point in seen:
+            assert point.low <= point.value <= point.high and point.metric == full.metric
+            assert point.paired is not None and f"vs {base.name}" in point.paired.describe()
+        assert not full.cached and full.samples == 12

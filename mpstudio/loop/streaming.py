@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..data import DataSource, Feed, Progress, Subset
+from ..metric_terms import decomposes, metric_terms
 from ..metrics import OUTPUT_SNR, SNR_CAP_DB, ErrorAccumulator, ctc_charset, ctc_greedy_decode, edit_distance
 from ..sources import Latency
 from . import uncertainty
@@ -59,24 +60,44 @@ class SampleTerms:
         """(value, low, high) of the metric on the samples `indices` (whose outputs are `outputs`), the interval
         being for the value on all `total` samples."""
         num, den = self.terms(outputs, indices)
-        num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
-        value = float(self.combine(np.array([num.sum()]), np.array([den.sum()]))[0])
-        n = len(num)
-        if n < 2 or n >= total:
-            return value, value, value
-        rng = np.random.default_rng(seed)
-        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=BOOTSTRAP_ROUNDS).astype(np.float64)
-        values = self.combine(counts @ num, counts @ den)
-        values = values[np.isfinite(values)]
-        if not len(values):
-            return value, value, value
-        tail = (1 - LEVEL) / 2
-        low, high = np.quantile(values, [tail, 1 - tail])
-        # Percentile bootstrap intervals are too narrow on few samples: widen them as Student's t widens the
-        # normal interval. The samples are drawn without replacement from a finite set: the interval shrinks to
-        # nothing as they cover it.
-        shrink = small_sample_factor(n) * math.sqrt((total - n) / (total - 1))
-        return value, value - (value - float(low)) * shrink, value + (float(high) - value) * shrink
+        columns = np.stack([np.asarray(num, np.float64), np.asarray(den, np.float64)], axis=1)
+        return partial_interval(columns, lambda sums: self.combine(sums[..., 0], sums[..., 1]), total, seed=seed)
+
+
+class MetricSampleTerms(SampleTerms):
+    """A built-in metric's per-sample terms (`metric_terms`: top-1 agreement, output cosine and the rest) as
+    partial values: any subset of samples gives the metric, resampling them its interval."""
+
+    def __init__(self, spec, model, references: Sequence[Feed]):
+        self.name, self.spec, self.model, self.references = spec.name, spec, model, references
+
+    def partial(self, outputs: Sequence[Feed], indices: Sequence[int], total: int, *, seed: int = 0
+                ) -> tuple[float, float, float]:
+        terms = metric_terms(self.spec, self.model, outputs, [self.references[i] for i in indices], indices)
+        return partial_interval(terms.columns, terms.combine, total, seed=seed)
+
+
+def partial_interval(columns: np.ndarray, combine: Callable[[np.ndarray], np.ndarray], total: int, *,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """(value, low, high) of a metric whose value is `combine(sums of the columns)` over samples (`columns`: one
+    row per sample so far), the interval being for its value on all `total` samples."""
+    value = float(combine(columns.sum(axis=0)))
+    n = len(columns)
+    if n < 2 or n >= total:
+        return value, value, value
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(n, np.full(n, 1.0 / n), size=BOOTSTRAP_ROUNDS).astype(np.float64)
+    values = np.asarray(combine(counts @ columns), np.float64)
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return value, value, value
+    tail = (1 - LEVEL) / 2
+    low, high = np.quantile(values, [tail, 1 - tail])
+    # Percentile bootstrap intervals are too narrow on few samples: widen them as Student's t widens the
+    # normal interval. The samples are drawn without replacement from a finite set: the interval shrinks to
+    # nothing as they cover it.
+    shrink = small_sample_factor(n) * math.sqrt((total - n) / (total - 1))
+    return value, value - (value - float(low)) * shrink, value + (float(high) - value) * shrink
 
 
 def cer_terms(references: Sequence[str], charset: list[str]) -> SampleTerms:
@@ -119,6 +140,8 @@ def sample_terms(spec, model, references: Sequence[Feed]) -> SampleTerms | None:
         return snr_terms(references)
     if spec.kind == "ctc_cer":
         return cer_terms(tuple(spec.args["references"]), ctc_charset(model))
+    if decomposes(spec) and not spec.args.get("function", "").endswith(":recall_at_k"):  # a query ranks every document
+        return MetricSampleTerms(spec, model, references)
     return None
 
 
@@ -156,5 +179,5 @@ def streamed_outputs(data: DataSource, run: Callable[[DataSource, Progress | Non
     return [outputs[i] for i in range(total)]
 
 
-__all__ = ["PartialAccuracy", "SampleTerms", "cer_terms", "snr_terms", "sample_terms", "stream_order",
+__all__ = ["PartialAccuracy", "SampleTerms", "MetricSampleTerms", "partial_interval", "cer_terms", "snr_terms", "sample_terms", "stream_order",
            "streamed_outputs", "FIRST_SAMPLES", "LEVEL", "BOOTSTRAP_ROUNDS"]
