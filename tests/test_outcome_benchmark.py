@@ -55,9 +55,14 @@ def test_the_gates_pass_a_search_that_picks_over_every_stored_plan(study, outcom
     assert result.reached and not mixed_only  # on this chain every partial promotion costs more than a16w8
 
 
+def _every_conv_and_y(study) -> list[str]:
+    """A partial promotion the cost model prices above all-16-bit: every boundary of it a convert."""
+    return [t for t in study.graph.activations() if t.endswith("_conv")] + ["y"]
+
+
 def test_the_gates_catch_a_dominated_pick_and_a_pointless_evaluation(study, outcome):
     a16 = study.evaluate(PrecisionPlan.a16w8())
-    partial = study.evaluate(PrecisionPlan.a8w8().promote(["y", "block5_out"], name="partial"))
+    partial = study.evaluate(PrecisionPlan.a8w8().promote(_every_conv_and_y(study), name="partial"))
     assert _ms(partial) >= _ms(a16) and partial.value < a16.value  # the premise, as measured
     assert outcome.dominated_by(partial, [a16, partial], True) is a16
     assert outcome.dominated_by(a16, [a16, partial], True) is None
@@ -86,7 +91,7 @@ def test_a_plan_within_noise_of_the_target_makes_no_dearer_evaluation_pointless(
     from dataclasses import replace
 
     a16 = study.evaluate(PrecisionPlan.a16w8())
-    partial = study.evaluate(PrecisionPlan.a8w8().promote(["y", "block5_out"], name="partial"))
+    partial = study.evaluate(PrecisionPlan.a8w8().promote(_every_conv_and_y(study), name="partial"))
     assert _ms(a16) <= _ms(partial)  # the premise, as measured
     cheap = replace(a16, name="cheap", low=a16.value - 1.0, high=a16.value + 1.0)  # an interval of +-1 dB
     clearly = outcome.clearly_reaches(a16.value - 0.5, True)  # inside that interval: within noise
