@@ -339,3 +339,25 @@ def test_the_job_bar_shows_the_running_analysis_and_cancels_it(page, unanalyzed_
     # What the analysis had delivered before the cancel stays shown, marked partial.
     assert state.report is None or state.report.meta.get("partial")
     assert page.locator(".mpstudio-job-bar").first.bounding_box()["height"] == pytest.approx(box["height"], abs=1)
+
+
+def test_a_saved_page_leaves_out_the_modules_of_models_it_does_not_use(tmp_path):
+    """Panel lists the script modules of every model class the process has loaded (Vizzu's, from a CDN, once
+    anything imported panel.models.vizzu); a saved page keeps only those of the models it contains."""
+    import re
+
+    import panel as pn
+    import panel.models.vizzu  # noqa: F401  (loaded, as another part of a process may load it)
+
+    from mpstudio.widgets.base import save_inline
+    from mpstudio.widgets.offline_page import unused_module_scripts
+
+    path = tmp_path / "page.html"
+    save_inline(pn.Column(pn.pane.Markdown("text")), path)
+    assert re.findall(r'<script type="module" src="https?://', path.read_text()) == []
+    # A page that has the model keeps its module.
+    url = panel.models.vizzu.VizzuChart.__javascript_modules__[0]
+    page = (f'<script type="module" src="{url}"></script>'
+            '<script>{"type":"object","name":"panel.models.vizzu.VizzuChart"}</script>')
+    assert url in unused_module_scripts(page)
+    assert url not in unused_module_scripts(page.replace('VizzuChart"', 'Other"'))

@@ -51,7 +51,29 @@ def inline_stylesheets(page: str) -> str:
     return _ICON_LINK.sub("", _IMPORTED.sub(inline, page))
 
 
+_MODULE_SCRIPT = re.compile(r'<script type="module" src="(?P<url>https?://[^"]+)"></script>\s*')
+
+
+def unused_module_scripts(page: str) -> str:
+    """`page` without the script modules of Bokeh models it does not contain. Panel's page lists the modules of
+    every model class the process has loaded (importing `panel.models.vizzu` anywhere adds Vizzu's, from a CDN),
+    whether or not the page uses it; offline, each is a failed request."""
+    from bokeh.model import Model
+
+    owners: dict[str, set[str]] = {}
+    for name, cls in Model.model_class_reverse_map.items():
+        for url in getattr(cls, "__javascript_modules__", None) or ():
+            owners.setdefault(url, set()).add(name)
+
+    def keep(match) -> str:
+        names = owners.get(match["url"])
+        used = names is None or any(f'"name":"{name}"' in page for name in names)
+        return match.group(0) if used else ""
+    return _MODULE_SCRIPT.sub(keep, page)
+
+
 def make_offline(filename) -> None:
     """Rewrite the saved page `filename` in place so it renders without a network."""
     path = Path(filename)
-    path.write_text(inline_stylesheets(path.read_text(encoding="utf-8")), encoding="utf-8")
+    page = unused_module_scripts(path.read_text(encoding="utf-8"))
+    path.write_text(inline_stylesheets(page), encoding="utf-8")
