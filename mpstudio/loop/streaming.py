@@ -179,5 +179,5 @@ def streamed_outputs(data: DataSource, run: Callable[[DataSource, Progress | Non
     return [outputs[i] for i in range(total)]
 
 
-__all__ = ["PartialAccuracy", "SampleTerms", "MetricSampleTerms", "partial_interval", "cer_terms", "snr_terms", "sample_terms", "stream_order",
-           "streamed_outputs", "FIRST_SAMPLES", "LEVEL", "BOOTSTRAP_ROUNDS"]
+__all__ = ["PartialAccuracy", "SampleTerms", "MetricSampleTerms", "partial_interval", "cer_terms", "snr_terms",
+           "sample_terms", "stream_order", "streamed_outputs", "FIRST_SAMPLES", "LEVEL", "BOOTSTRAP_ROUNDS"]

@@ -27,8 +27,9 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
     walk's backend may have been pessimistic); when it clearly misses, the next dearer ones until one reaches it
     or is within noise of it; when it is within noise (it meets or misses the threshold by less than the metric's
     resolution, or the threshold lies inside its interval: `evidence.TargetEvidence`), the dearer partial
-    promotions until one clearly reaches it, never all-16-bit; when none does, the result says so. At most `max_plans` evaluations (`walk_front`). A plan the backend cannot build is infeasible there:
-    it is stored as such (`loop.build_failures`), passed over for the next candidate, and listed in the result.
+    promotions until one clearly reaches it, never all-16-bit; when none does, the result says so. At most
+    `max_plans` evaluations (`walk_front`). A plan the backend cannot build is infeasible there: it is stored as
+    such (`loop.build_failures`), passed over for the next candidate, and listed in the result.
     The recommendation is then chosen over every plan the study holds from `backend` (`choice.choose`, so only
     plans that built): the cheapest that clearly reaches the target, else the cheapest within noise of it, else
     the most accurate, never dominated.
@@ -42,7 +43,6 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
             return replace(result, confirm_note=f"not confirmed on the HTP: {exc} (search with --backend htp "
                                                 "or an --agent, or pass confirm=None to skip this step)")
     front, at = _candidates(walk, result.recommended)
-    all_sixteen = [_all_sixteen(walk, e) for e in front]  # the dearest candidates (`confirmation_order`)
     done: list[Confirmation] = []
     unbuilt: list[BuildFailure] = []
     tried: set[int] = set()
@@ -71,7 +71,8 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
 
     failure = ""
     try:
-        mixed = next((i for i in range(at + 1, len(front)) if all_sixteen[i]), len(front))
+        # The all-16-bit plans are the dearest candidates (`confirmation_order`): the first of them ends the rest.
+        mixed = next((i for i in range(at + 1, len(front)) if _all_sixteen(walk, front[i])), len(front))
         walk_front(len(front), at, check, lambda: len(done) >= max_plans, mixed)
     except MpstudioError as exc:  # the walk's result stands; what was confirmed before the failure counts
         failure = (f"the confirmation on the HTP stopped after {len(done)} plan(s): {exc} (rerun the search to "
