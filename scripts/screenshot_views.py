@@ -93,6 +93,10 @@ class Shooter:
             page = browser.new_page(viewport={"width": self.size[0], "height": self.size[1]}, device_scale_factor=1)
             cdn = []
             page.on("requestfailed", lambda request: cdn.append(request.url) if "cdn." in request.url else None)
+            # A browser error (a document patch BokehJS could not apply) leaves the page behind the server: say so.
+            page.on("console", lambda message: print(f"browser {message.type}: {message.text}", file=sys.stderr)
+                    if message.type == "error" else None)
+            page.on("pageerror", lambda error: print(f"browser error: {error}", file=sys.stderr))
             page.goto(server.url, timeout=600000)  # a loaded machine builds a session of a big model slowly
             wait_for_bokeh(page, 180000)
             if cdn:  # stylesheets named by CDN address, unreachable offline: the page is unstyled

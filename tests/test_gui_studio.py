@@ -207,6 +207,25 @@ def test_a_bad_model_error_does_not_wait_behind_a_long_job(page, studio, tmp_pat
     assert job.wait(30)
 
 
+def test_the_served_studio_asks_nothing_of_other_hosts(browser, studio):
+    """Every request of a served page goes to the studio's own server (offline, a font or stylesheet site would fail
+    and leave the page unstyled; online it would tell a third party who opens the studio)."""
+    from urllib.parse import urlsplit
+
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        page = context.new_page()
+        requested = []
+        page.on("request", lambda request: requested.append(request.url))
+        open_studio(page, studio)
+        page.wait_for_timeout(2000)  # stylesheets and fonts the page's scripts ask for later
+    finally:
+        context.close()
+    own = urlsplit(studio.url).netloc
+    elsewhere = [url for url in requested if urlsplit(url).scheme in ("http", "https") and urlsplit(url).netloc != own]
+    assert elsewhere == [], elsewhere
+
+
 def test_a_static_save_renders_offline(browser, study, tmp_path):
     import re
 

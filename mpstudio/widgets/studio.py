@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import html
 
 import panel as pn
@@ -118,12 +119,23 @@ class Studio(View):
     def template(self, title: str = TITLE):
         """The studio as a page: panels in the sidebar, the views in the main area."""
         return pn.template.FastListTemplate(title=title, sidebar=self.sidebar(), main=[self.main()], sidebar_width=340,
-                                            accent="#0b6e99", main_layout=None, raw_css=[TOOLTIP_CSS])
+                                            accent="#0b6e99", main_layout=None, raw_css=[TOOLTIP_CSS],
+                                            design=_fast_without_web_font())
 
 
 # A hover's tooltip (BokehJS places it on the side of its point with room, inside the window) is never wider than
 # half the window, so one side always has room: long names and sources wrap instead of running off the page.
 TOOLTIP_CSS = """.bk-Tooltip { max-width: min(560px, calc(50vw - 40px)); white-space: normal; overflow-wrap: anywhere; }"""
+
+
+@functools.cache
+def _fast_without_web_font():
+    """Panel's Fast design without its web font: the template would have every page ask a font site for Open Sans
+    (a request that fails offline and tells a third party who opens the studio); the system's sans-serif serves."""
+    from panel.theme import Fast
+
+    # Named as Panel's: the design's files are looked up by its class name.
+    return type("Fast", (Fast,), {"_resources": {**Fast._resources, "font": {}}})
 
 
 def served() -> bool:
