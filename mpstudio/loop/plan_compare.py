@@ -50,11 +50,13 @@ def compare_plans(graph, plan_a, plan_b, estimate_a, estimate_b, evaluation_a=No
     def column(plan, sixteen, estimate, evaluation):
         measured = evaluation is not None
         return [plan.name or plan.summary(), len(sixteen), estimate.converts, round(estimate.convert_ms, 4),
-                round(estimate.ms, 4), f"{evaluation['value']:.6g} ({metric})" if measured else "not evaluated",
+                round(estimate.ms, 4), f"{evaluation['value']:.6g}" if measured else "not evaluated",
                 evaluation["accuracy_source"] if measured else "", round(float(evaluation["latency_ms"]), 4)
                 if measured else float("nan"), evaluation["latency_label"] if measured else ""]
     source, difference = paired if paired is not None else ("", None)
     summary = pd.DataFrame({"a": column(plan_a, sixteen_a, estimate_a, evaluation_a) + ["", ""],
                             "b": column(plan_b, sixteen_b, estimate_b, evaluation_b)
                             + list(paired_cells(difference, source))}, index=SUMMARY_ROWS)
+    if metric:  # the metric named once, in the row's label: the cells keep their room for the values
+        summary = summary.rename(index={"accuracy": f"accuracy ({metric})"})
     return PlanComparison(diff, summary, difference, source)

@@ -33,11 +33,13 @@ class CompareView(View):
                                     min_width=120, max_width=260)
         self._go = pn.widgets.Button(name="Compare", button_type="primary", width=100, height=32, margin=(22, 4))
         self._go.on_click(self._on_compare)
-        # The row names whole ("converts ms (estimate)"); A and B side by side in the rest, a long source cut
-        # at its cell's end.
-        self._summary = pn.widgets.Tabulator(pd.DataFrame(), show_index=True, disabled=True, height=290,
+        # The row names whole ("converts ms (estimate)"); A and B side by side in the rest, a long source wrapped
+        # in its cell (a narrow window would cut it).
+        self._summary = pn.widgets.Tabulator(pd.DataFrame(), show_index=True, disabled=True, height=380,
                                              sizing_mode="stretch_width", layout="fit_columns",
-                                             widths={"index": 170}, titles={"index": "", "a": "A", "b": "B"})
+                                             widths={"index": 170}, titles={"index": "", "a": "A", "b": "B"},
+                                             formatters={"index": {"type": "textarea"}, "a": {"type": "textarea"},
+                                                         "b": {"type": "textarea"}})
         self._diff = pn.widgets.Tabulator(pd.DataFrame(columns=DIFF_COLUMNS), show_index=False, disabled=True,
                                           sizing_mode="stretch_both", min_height=160, layout="fit_data_table",
                                           titles={"bits_a": "bits in A", "bits_b": "bits in B"})
