@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gui_support import PanelServer, source_column, wait_for_bokeh, wait_until
+from gui_support import PanelServer, on_loop, source_column, wait_for_bokeh, wait_until
 
 VIEWS = ("opening", "paired", "search", "latency", "blocks", "compare")
 
@@ -153,7 +153,7 @@ class Shooter:
         # Three top-ranked tensors whose promotion the study has not evaluated (a stored plan shows no partial value).
         groups = [self.promote[i:i + 3] for i in range(0, len(self.promote) - 2, 3)]
         tensors = next((g for g in groups if self.study.plan_id(state.plan.promote(g)) is None), groups[-1])
-        state.select(tensors)
+        on_loop(state, lambda: state.select(tensors))
         wait_until(lambda: state.selection == tensors, 30)
         page.get_by_role("button", name="Promote to 16-bit").click()
         # The partial value (paired, or saying why not) in the studio, then on the page above the plot.
@@ -169,10 +169,12 @@ class Shooter:
         return self.path("paired")
 
     def _search(self, page, state) -> Path:
-        state.confirm_search = False  # a short search on the CPU: the card's HTP table needs minutes per plan
-        if self.target:
-            state.target = self.target
-        job = state.start_search(max_evaluations=self.search_budget)
+        def start():
+            state.confirm_search = False  # a short search on the CPU: the card's HTP table needs minutes per plan
+            if self.target:
+                state.target = self.target
+            return state.start_search(max_evaluations=self.search_budget)
+        job = on_loop(state, start)
         if not job.wait(1800) or job.status != "done":
             print(f"search: {job.status} {job.error}", file=sys.stderr)
         page.locator(".mpstudio-search-card").first.wait_for(state="visible", timeout=120000)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from gui_support import (chromium_path, make_small_study, open_studio, source_column, studio_server, wait_until,
-                         y_range)
+from gui_support import (chromium_path, make_small_study, on_loop, open_studio, source_column, studio_server,
+                         wait_until, y_range)
 from transformer_models import encoder_feeds, make_encoder
 
 pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
@@ -120,7 +120,7 @@ def test_the_opening_window_and_the_one_find_moves_to_show_labels(browser, deep_
         far = max(node_of, key=lambda t: abs(ys[ids.index(node_of[t])] - middle))
         row = ids.index(node_of[far])
         assert abs(ys[row] - middle) > 1.5 * window, "the model is too shallow to test a far jump"
-        state.find(far)
+        on_loop(state, lambda: state.find(far))
         wait_until(lambda: y_range(page, "graph") != before, 20, message="Find did not move the window")
         at = [source_column(page, "nodes", "x")[row], ys[row]]
         node = node_of[far]
@@ -141,7 +141,7 @@ def test_labels_in_an_attention_block_do_not_overlap(browser, encoder_studio):
         names = state.tensors["tensor"].tolist()
         projections = [next(t for t in names if f"/layer.1/attention/{part}/MatMul" in t)
                        for part in ("query", "key", "value")]
-        state.find(projections[0])
+        on_loop(state, lambda: state.find(projections[0]))
         wait_until(lambda: any("query" in t for t in visible_labels(drawn_labels(page))), 20,
                    message=f"the query projection has no label: {visible_labels(drawn_labels(page))}")
         drawn = drawn_labels(page)

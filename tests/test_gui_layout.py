@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gui_support import chromium_path, figure_box, make_small_study, open_studio, studio_server, wait_until
+from gui_support import chromium_path, figure_box, make_small_study, on_loop, open_studio, studio_server, wait_until
 
 pytestmark = [pytest.mark.skipif(chromium_path() is None, reason="no Chromium: run scripts/install-browser"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
@@ -53,7 +53,8 @@ def test_views_do_not_overlap(browser, studio, width, height):
         assert caption["scroll"] <= caption["client"] + 1, f"the caption's text is cut: {caption}"
         header = box(page, "text=Accuracy vs latency")
 
-        state.show_error("an error whose message is long enough to need more than one line of the toast: " * 3)
+        on_loop(state, lambda: state.show_error("an error whose message is long enough to need more than one line of "
+                                                "the toast: " * 3))
         toast = box(page, ".mpstudio-toast")
         assert toast["y"] + toast["height"] <= header["y"], f"at {width}x{height} the toast {toast} covers the " \
                                                             f"Pareto header {header}"

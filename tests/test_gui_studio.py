@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gui_support import (chromium_path, drag_box, figure_box, make_small_study, open_studio, screen_points,
+from gui_support import (chromium_path, drag_box, figure_box, make_small_study, on_loop, open_studio, screen_points,
                          selected_rows, source_column, studio_server, table_selection, top_ranked_row, visible_rows,
                          wait_for_bokeh, wait_until, y_range)
 
@@ -189,7 +189,7 @@ def test_a_bad_model_error_does_not_wait_behind_a_long_job(page, studio, tmp_pat
             release.wait(0.2)
         return None
 
-    job = state.submit("analyze", "a long analysis", long_work)
+    job = on_loop(state, lambda: state.submit("analyze", "a long analysis", long_work))
     try:
         wait_until(lambda: job.status == "running", 30)
         bad = tmp_path / "broken.onnx"
@@ -296,7 +296,7 @@ def test_promote_draws_a_predicted_point_then_the_measured_one(page, studio, ser
         while not (release.is_set() or cancel.is_set()):
             progress(0, 1, "evaluating")
             release.wait(0.2)
-    blocker = state.submit("evaluate", "an earlier evaluation", earlier_evaluation)
+    blocker = on_loop(state, lambda: state.submit("evaluate", "an earlier evaluation", earlier_evaluation))
     try:
         wait_until(lambda: blocker.status == "running", 30)
         known = set(source_column(page, "points", "plan_id"))
