@@ -70,6 +70,7 @@ class Shooter:
         self.promote, self.target, self.search_budget = ranked, target, search_budget
         self.states = []
         self.held = threading.Event()
+        self.hold_hash = None  # the plan whose first value is held until photographed
 
     def path(self, view: str) -> Path:
         return self.out / f"{view}-{self.size[0]}x{self.size[1]}.png"
@@ -121,15 +122,20 @@ class Shooter:
             server.stop()
 
     def _holding(self, evaluate):
-        """study.evaluate that, when streamed, waits after its first partial value until it is photographed (a
-        loaded server may otherwise send the whole evaluation to the page as one batch)."""
+        """study.evaluate that, for the promotion photographed (`self.hold_hash`) when streamed, waits after its first
+        partial value until it is photographed (a loaded server may otherwise send the whole evaluation to the page as
+        one batch); every other evaluation (the baselines the studio runs in the background) runs through."""
         def held_evaluate(*args, partial=None, **kwargs):
+            plan = args[0] if args else kwargs.get("plan")
+            if partial is None or getattr(plan, "hash", None) != self.hold_hash:
+                return evaluate(*args, partial=partial, **kwargs)
+
             def first(point):
                 partial(point)
                 print(f"first value on {point.samples} of {point.total} samples: held until photographed",
                       file=sys.stderr, flush=True)
                 self.held.wait(300)
-            return evaluate(*args, partial=first if partial is not None else None, **kwargs)
+            return evaluate(*args, partial=first, **kwargs)
         held_evaluate.holds = True
         return held_evaluate
 
@@ -153,6 +159,7 @@ class Shooter:
         # Three top-ranked tensors whose promotion the study has not evaluated (a stored plan shows no partial value).
         groups = [self.promote[i:i + 3] for i in range(0, len(self.promote) - 2, 3)]
         tensors = next((g for g in groups if self.study.plan_id(state.plan.promote(g)) is None), groups[-1])
+        self.hold_hash = state.plan.promote(tensors).hash
         on_loop(state, lambda: state.select(tensors))
         wait_until(lambda: state.selection == tensors, 30)
         page.get_by_role("button", name="Promote to 16-bit").click()
