@@ -70,3 +70,19 @@ def test_the_two_plans_compared_show_side_by_side(narrow, study):
             box = cell.evaluate(BOX)
             assert box["right"] <= 1280 and box["left"] >= 0, (column, box)
         assert state.study is not None
+
+
+def test_a_script_thread_driving_a_served_studio_moves_the_plot(narrow, study):
+    """A script or a notebook may call a served studio's state from its own thread: the Pareto plot's changes go to
+    the session's event loop (Bokeh refuses them from another thread) and the page follows."""
+    top = study.sensitivity().top(3)["tensor"].tolist()
+    plan_id = study.evaluate(PrecisionPlan.a8w8().promote(top[:1])).plan_id
+    with studio_server(study) as studio:
+        state = open_studio(narrow, studio)
+        state.refresh_evaluations()  # from this thread, as a script would
+        state.load_plan(plan_id)
+        wait_until(lambda: plan_id in (source_column(narrow, "points", "plan_id") or []), 30)
+        row = list(source_column(narrow, "points", "plan_id")).index(plan_id)
+        want = source_column(narrow, "points", "latency_ms")[row]
+        wait_until(lambda: source_column(narrow, "current", "x") == [want], 30,
+                   message=f"the ring did not move to plan {plan_id}: {source_column(narrow, 'current', 'x')}")

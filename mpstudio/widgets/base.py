@@ -50,6 +50,25 @@ def save_inline(view, filename, resources="inline", **kwargs):
     return saved
 
 
+def on_document_thread(model, update) -> None:
+    """Run `update`, which changes Bokeh models of `model`'s document, where Bokeh allows it: now, unless the
+    document is served and this thread is not its session's (a script or a notebook driving a served studio from
+    its own thread); then on the session's event loop, under the document's lock and in one batch. (Bokeh refuses a
+    change made elsewhere, or sends it to the page racing the session's own messages.)"""
+    doc = model.document
+    if doc is None or doc.session_context is None or pn.state._unblocked(doc):
+        update()
+        return
+
+    def run():
+        with pn.io.hold(doc):
+            update()
+    try:
+        doc.add_next_tick_callback(run)
+    except Exception:  # the session ended: nothing left to draw
+        pass
+
+
 class View(pn.viewable.Viewer):
     """A studio view: its static save renders offline."""
 

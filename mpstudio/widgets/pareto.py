@@ -19,7 +19,7 @@ from bokeh.models import (ColumnDataSource, HoverTool, LabelSet, Legend, LegendI
                           Whisker)
 from bokeh.plotting import figure
 
-from .base import View, laid_out_once, shows_errors
+from .base import View, laid_out_once, on_document_thread, shows_errors
 from .source_updates import update_source
 from .state import StudioState
 
@@ -77,9 +77,9 @@ class ParetoPlot(View):
             self.state.param.latency_source, button_type="light", name="latency",
             description=Tooltip(content=self.state.param.latency_source.doc, position="left"))
         self._note = pn.pane.HTML("", margin=(0, 10), sizing_mode="stretch_width", min_height=NOTE_MIN_HEIGHT)
-        self.state.param.watch(self._update, ["evaluations"])
-        self.state.param.watch(self._update_provisional, ["provisional"])
-        self.state.param.watch(self._update_current, ["plan", "plan_id"])
+        self.state.param.watch(lambda *_: on_document_thread(self.figure, self._update), ["evaluations"])
+        self.state.param.watch(lambda *_: on_document_thread(self.figure, self._update_provisional), ["provisional"])
+        self.state.param.watch(lambda *_: on_document_thread(self.figure, self._update_current), ["plan", "plan_id"])
         self._update()
 
     @laid_out_once
