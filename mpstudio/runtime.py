@@ -25,6 +25,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from .errors import MpstudioError
+from .htp_inputs import htp_input_rounding
 
 BACKENDS = ("cpu", "htp")
 QNN_PROVIDER = "QNNExecutionProvider"
@@ -35,7 +36,8 @@ DEFAULT_HTP_ARCH = "75"
 # kernels. "basic": basic graph optimizations only (constant folding, no QDQ fusion, no NCHWc).
 # "fake-quant": quantization simulated in float exactly as the graph writes it (ORT's QDQ transformations
 # off) and no NCHWc, whose blocked kernels sum in another order depending on the graph around each Conv;
-# weights the HTP requantizes are taken on the HTP's grid (`htp_weight_grid`).
+# weights the HTP requantizes are taken on the HTP's grid (`htp_weight_grid`), and float graph inputs are rounded
+# to their codes as the HTP rounds them (`htp_inputs.htp_input_rounding`).
 # Which one predicts the HTP best is measured by benchmarks/fidelity.py (docs/benchmarks.md); DEFAULT_CPU_NUMERICS
 # is its pick. fake-quant is also the sensitivity engine's numerics, and unlike the fused integer kernels it
 # does not depend on the CPU's instruction set (ORT's int8 kernels round differently without VNNI).
@@ -266,7 +268,7 @@ def create_session(
             elif numerics == "fake-quant":
                 so.add_session_config_entry("session.disable_quant_qdq", "1")
                 disabled = ["NchwcTransformer"]
-                model_arg = htp_weight_grid(model_arg)
+                model_arg = htp_input_rounding(htp_weight_grid(model_arg))
             return ort.InferenceSession(model_arg, so, providers=["CPUExecutionProvider"],
                                         disabled_optimizers=disabled)
         devices = register_qnn()
