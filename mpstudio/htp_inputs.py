@@ -22,10 +22,11 @@ _EIGHT_BIT = (TensorProto.UINT8, TensorProto.INT8)
 _SIXTEEN_BIT = (TensorProto.UINT16, TensorProto.INT16)
 
 
-def htp_input_rounding(model: str | bytes | onnx.ModelProto) -> str | bytes | onnx.ModelProto:
+def htp_input_rounding(model: str | bytes | onnx.ModelProto) -> str | bytes | onnx.ModelProto | None:
     """`model` with each QuantizeLinear of a float graph input fed the value the HTP rounds that input to (a
     point of its grid, which ORT's QuantizeLinear then maps to the HTP's code); `model` itself when it has
-    none. A path or bytes come back as bytes when changed; a ModelProto is changed in place and returned."""
+    none. A path or bytes come back as bytes when changed; a ModelProto is changed in place, and the answer
+    is then the proto, or None when nothing changed."""
     proto = model if isinstance(model, onnx.ModelProto) else (
         onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model))
     graph = proto.graph
@@ -48,11 +49,9 @@ def htp_input_rounding(model: str | bytes | onnx.ModelProto) -> str | bytes | on
             graph.node.insert(at + offset, extra)
         node.input[0] = name
         changed = True
-    if not changed:
-        return model
     if isinstance(model, onnx.ModelProto):
-        return proto
-    return proto.SerializeToString()
+        return proto if changed else None
+    return proto.SerializeToString() if changed else model
 
 
 def _eight_bit(x: str, scale: str, out: str) -> list:

@@ -268,7 +268,7 @@ def create_session(
             elif numerics == "fake-quant":
                 so.add_session_config_entry("session.disable_quant_qdq", "1")
                 disabled = ["NchwcTransformer"]
-                model_arg = htp_input_rounding(htp_weight_grid(model_arg))
+                model_arg = _fake_quant_model(model_arg)
             return ort.InferenceSession(model_arg, so, providers=["CPUExecutionProvider"],
                                         disabled_optimizers=disabled)
         devices = register_qnn()
@@ -343,11 +343,20 @@ _HTP_REQUANTIZED_WEIGHTS = {"Conv": 0, "MatMul": -1, "Gemm": None}  # op -> its 
 _FUSED_ACTIVATIONS = {"Relu", "Clip"}
 
 
-def htp_weight_grid(model: str | bytes) -> str | bytes:
+def _fake_quant_model(model: str | bytes) -> str | bytes:
+    """The model the fake-quant numerics run: the HTP's weights and its graph input rounding (read once)."""
+    proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model)
+    grid = htp_weight_grid(proto)
+    rounded = htp_input_rounding(proto)
+    return model if grid is None and rounded is None else proto.SerializeToString()
+
+
+def htp_weight_grid(model: str | bytes | onnx.ModelProto) -> str | bytes | None:
     """`model` (a path or serialized bytes) with each uint8 asymmetric per-tensor weight the HTP requantizes
     replaced by what the HTP computes with (a per-channel int8 DequantizeLinear); `model` itself when it has
-    none."""
-    proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model)
+    none. A ModelProto is changed in place; the answer is then None when nothing changed."""
+    in_place = isinstance(model, onnx.ModelProto)
+    proto = model if in_place else (onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model))
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
@@ -408,6 +417,8 @@ def htp_weight_grid(model: str | bytes) -> str | bytes:
         graph.node.insert(list(graph.node).index(node), dq)
         node.input[1] = name + "_dq"
         changed = True
+    if in_place:
+        return proto if changed else None
     return proto.SerializeToString() if changed else model
 
 
