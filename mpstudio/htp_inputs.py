@@ -89,3 +89,19 @@ def _sixteen_bit(x: str, scale: str, out: str) -> list:
         helper.make_node("Mul", [p + "code", p + "s64"], [p + "rounded"], name=p + "Mul"),
         helper.make_node("Cast", [p + "rounded"], [out], to=TensorProto.FLOAT, name=p + "ToFloat"),
     ]
+
+
+def switchable_input_rounding(x: str, scale: str, lo: str, hi: str, out: str) -> list:
+    """Nodes writing to `out` the graph input `x` rounded as the HTP rounds it onto the grid of `scale`, for a
+    model whose quantization parameters are inputs (the sensitivity engine's switchable model): the width is
+    read from the clip range [lo, hi] of that grid (255 steps: 8 bits; 65535: 16 bits)."""
+    p = f"{out}/"
+    eight, sixteen = _eight_bit(x, scale, p + "eight"), _sixteen_bit(x, scale, p + "sixteen")
+    return eight + sixteen + [
+        helper.make_node("Sub", [hi, lo], [p + "span"], name=p + "Span"),
+        helper.make_node("Div", [p + "span", scale], [p + "steps"], name=p + "Steps"),
+        helper.make_node("Constant", [], [p + "eight_bit_steps"],
+                         value=helper.make_tensor("", TensorProto.FLOAT, [], [1024.0]), name=p + "EightBitSteps"),
+        helper.make_node("Greater", [p + "steps", p + "eight_bit_steps"], [p + "wide"], name=p + "Wide"),
+        helper.make_node("Where", [p + "wide", p + "sixteen", p + "eight"], [out], name=p + "Where"),
+    ]
