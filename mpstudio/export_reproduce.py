@@ -4,7 +4,7 @@ Two things keep an exported plan from reproducing the study's numbers unless the
 calibrates activations on its own unless their parameters are pinned in the overrides, and the HTP requantizes
 the uint8 per-tensor weights it cannot multiply by as they are (`runtime.htp_weight_grid`), which the study's CPU
 numerics take into account and ORT's CPU run of the plain QDQ model does not (nor the HTP's rounding of float
-graph inputs, `htp_inputs`). This module writes the model with the HTP's weights (and input rounding) beside the
+graph inputs, `runtime.htp_input_rounding`). This module writes the model with the HTP's weights (and input rounding) beside the
 plain one and the notes (`<name>.README.md`) saying which file holds what and what to pass for each to reproduce
 the study.
 """
@@ -24,8 +24,7 @@ from .errors import MpstudioError
 
 from .plan import PrecisionPlan
 from .quantize import QUANT_TYPES
-from .htp_inputs import htp_input_rounding
-from .runtime import htp_weight_grid
+from .runtime import htp_input_rounding, htp_weight_grid
 
 # The CPU session settings of the study's numerics (runtime.DEFAULT_CPU_NUMERICS, "fake-quant"): quantization
 # simulated in float as the graph writes it, without ORT's QDQ fusions or the NCHWc kernels.
@@ -44,7 +43,7 @@ class HtpWeights:
 
 def htp_weights(qdq_path: str | os.PathLike) -> HtpWeights | None:
     """`qdq_path` with each uint8 per-tensor weight the HTP requantizes on its grid, and its float graph inputs
-    rounded as the HTP rounds them (`htp_inputs`), as the study's CPU numerics run it; None when the HTP takes
+    rounded as the HTP rounds them (`runtime.htp_input_rounding`), as the study's CPU numerics run it; None when the HTP takes
     every weight as the model stores it."""
     grid = htp_weight_grid(str(qdq_path))
     if not isinstance(grid, bytes):
@@ -85,7 +84,7 @@ def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *
         if weights is None:
             notes.append(f"{stem}.qdq.onnx is the model the study scored; the HTP takes its weights as stored. The "
                          f"study's CPU numerics round its float inputs as the HTP does "
-                         f"(mpstudio.htp_inputs.htp_input_rounding), which ORT's CPU EP does not by itself.")
+                         f"(mpstudio.runtime.htp_input_rounding), which ORT's CPU EP does not by itself.")
         else:
             shown = ", ".join(weights.weights[:5]) + (", ..." if len(weights.weights) > 5 else "")
             notes.append(
@@ -96,7 +95,7 @@ def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *
                 f"it, with session config "
                 f"{CPU_SESSION_CONFIG} and disabled_optimizers={list(CPU_DISABLED_OPTIMIZERS)}, gives the study's "
                 f"numbers; on {stem}.qdq.onnx it does not. mpstudio.runtime.htp_weight_grid and "
-                f"mpstudio.htp_inputs.htp_input_rounding make one from the other.")
+                f"mpstudio.runtime.htp_input_rounding make one from the other.")
     return notes
 
 

@@ -1,4 +1,4 @@
-"""The fake-quant CPU numerics quantize a float graph input as the HTP does (htp_inputs.htp_input_rounding)."""
+"""The fake-quant CPU numerics quantize a float graph input as the HTP does (runtime.htp_input_rounding)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from conftest import IR, requires_qnn
 from onnx import TensorProto, helper, numpy_helper
 
 from mpstudio.data import FeedList
-from mpstudio.htp_inputs import htp_input_rounding
+from mpstudio.runtime import htp_input_rounding
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer

@@ -16,7 +16,7 @@ from mpstudio.errors import MpstudioError
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
-from mpstudio.htp_inputs import htp_input_rounding
+from mpstudio.runtime import htp_input_rounding
 from mpstudio.runtime import create_session, htp_weight_grid
 from mpstudio.sensitivity import (ErrorAccumulator, SensitivityReport, SwitchableModel, analyze, check_prediction,
                                   qnn_region, tensor_scores, weight_scores)

@@ -16,7 +16,7 @@ from ... import qdq
 from ...errors import MpstudioError
 from ...graph import node_display_name, producers_and_consumers
 from ...folding import FOLDED_ACTIVATIONS
-from ...htp_inputs import switchable_input_rounding
+from ...runtime import switchable_input_rounding
 from .edges import GRAPH_OUTPUT, Bias, Edge, EdgeQuant, bias_value, constant_input, edge_feed, switch_names
 
 MS_DOMAIN = "com.microsoft"  # ORT's contrib QuantizeLinear takes uint16 at any opset
@@ -130,7 +130,7 @@ def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized:
 
 def _edge_nodes(t: qdq.QuantizedTensor, receiver: str, graph_input: bool) -> list[onnx.NodeProto]:
     """Clip, then Q -> DQ twice, on the way from `t`'s producer to `receiver`; a float graph input is first
-    rounded onto the first grid as the HTP rounds it (`htp_inputs`), as the regenerated plans' CPU numerics do."""
+    rounded onto the first grid as the HTP rounds it (`runtime.htp_input_rounding`), as the regenerated plans' CPU numerics do."""
     p = switch_names((t.name, receiver))
     value = t.post if receiver == GRAPH_OUTPUT else p["value"]
     source, rounding = t.pre, []
