@@ -3,9 +3,10 @@
 Two things keep an exported plan from reproducing the study's numbers unless the user is told: ORT's quantizer
 calibrates activations on its own unless their parameters are pinned in the overrides, and the HTP requantizes
 the uint8 per-tensor weights it cannot multiply by as they are (`runtime.htp_weight_grid`), which the study's CPU
-numerics take into account and ORT's CPU run of the plain QDQ model does not. This module writes the model with
-the HTP's weights beside the plain one and the notes (`<name>.README.md`) saying which file holds what and what to
-pass for each to reproduce the study.
+numerics take into account and ORT's CPU run of the plain QDQ model does not (nor the HTP's rounding of float
+graph inputs, `runtime.htp_input_rounding`). This module writes the model with the HTP's weights (and input rounding) beside the
+plain one and the notes (`<name>.README.md`) saying which file holds what and what to pass for each to reproduce
+the study.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .errors import MpstudioError
 
 from .plan import PrecisionPlan
 from .quantize import QUANT_TYPES
-from .runtime import htp_weight_grid
+from .runtime import htp_input_rounding, htp_weight_grid
 
 # The CPU session settings of the study's numerics (runtime.DEFAULT_CPU_NUMERICS, "fake-quant"): quantization
 # simulated in float as the graph writes it, without ORT's QDQ fusions or the NCHWc kernels.
@@ -41,15 +42,16 @@ class HtpWeights:
 
 
 def htp_weights(qdq_path: str | os.PathLike) -> HtpWeights | None:
-    """`qdq_path` with each uint8 per-tensor weight the HTP requantizes on its grid; None when the HTP takes every
-    weight as the model stores it."""
+    """`qdq_path` with each uint8 per-tensor weight the HTP requantizes on its grid, and its float graph inputs
+    rounded as the HTP rounds them (`runtime.htp_input_rounding`), as the study's CPU numerics run it; None when the HTP takes
+    every weight as the model stores it."""
     grid = htp_weight_grid(str(qdq_path))
     if not isinstance(grid, bytes):
         return None
     names = sorted({init.name.split(_GRID_MARK)[0].removesuffix("_quantized")
                     for init in onnx.load_from_string(grid).graph.initializer
                     if _GRID_MARK in init.name and not init.name.endswith(("_scale", "_zero_point"))})
-    return HtpWeights(grid, tuple(names))
+    return HtpWeights(htp_input_rounding(grid), tuple(names))
 
 
 def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *, pinned: bool,
@@ -80,17 +82,20 @@ def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *
                      + ("; ".join(encodings_gaps) if encodings_gaps else "nothing in this plan") + ".")
     if "model" in files:
         if weights is None:
-            notes.append(f"{stem}.qdq.onnx is the model the study scored; the HTP takes its weights as stored.")
+            notes.append(f"{stem}.qdq.onnx is the model the study scored; the HTP takes its weights as stored. The "
+                         f"study's CPU numerics round its float inputs as the HTP does "
+                         f"(mpstudio.runtime.htp_input_rounding), which ORT's CPU EP does not by itself.")
         else:
             shown = ", ".join(weights.weights[:5]) + (", ..." if len(weights.weights) > 5 else "")
             notes.append(
                 f"{stem}.qdq.onnx is ORT's quantizer output (what the overrides reproduce and the encodings "
                 f"describe): give it to the HTP, which requantizes {len(weights.weights)} of its uint8 per-tensor "
                 f"weights ({shown}) per channel itself. {stem}.htp.qdq.onnx holds the weights the HTP computes "
-                f"with (int8 per channel): ONNX Runtime's CPU EP on it, with session config "
+                f"with (int8 per channel) and rounds its float inputs as the HTP does: ONNX Runtime's CPU EP on "
+                f"it, with session config "
                 f"{CPU_SESSION_CONFIG} and disabled_optimizers={list(CPU_DISABLED_OPTIMIZERS)}, gives the study's "
-                f"numbers; on {stem}.qdq.onnx it does not. mpstudio.runtime.htp_weight_grid makes one from the "
-                f"other.")
+                f"numbers; on {stem}.qdq.onnx it does not. mpstudio.runtime.htp_weight_grid and "
+                f"mpstudio.runtime.htp_input_rounding make one from the other.")
     return notes
 
 

@@ -16,6 +16,7 @@ from mpstudio.errors import MpstudioError
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
+from mpstudio.runtime import htp_input_rounding
 from mpstudio.runtime import create_session, htp_weight_grid
 from mpstudio.sensitivity import (ErrorAccumulator, SensitivityReport, SwitchableModel, analyze, check_prediction,
                                   qnn_region, tensor_scores, weight_scores)
@@ -135,8 +136,9 @@ def test_agrees_with_ort_qdq_loss_debug(conv_setup, tmp_path):
     frame = tensor_scores(quantizer.float_path, qdq_path, prepared.graph, evaluation,
                           _params(quantizer, PrecisionPlan.a8w8()), _params(quantizer, PrecisionPlan.a16w8()))
     modify_model_output_intermediate_tensors(str(quantizer.float_path), str(tmp_path / "f.onnx"))
-    # mpstudio's CPU numerics take the weights the HTP requantizes on the HTP's grid: ORT's tool reads the same
-    grid = htp_weight_grid(str(qdq_path))
+    # mpstudio's CPU numerics take the weights the HTP requantizes on the HTP's grid and round the graph input as
+    # the HTP does: ORT's tool reads the same
+    grid = htp_input_rounding(htp_weight_grid(str(qdq_path)))
     if isinstance(grid, bytes):
         qdq_path = tmp_path / "grid.onnx"
         qdq_path.write_bytes(grid)

@@ -16,6 +16,7 @@ from ... import qdq
 from ...errors import MpstudioError
 from ...graph import node_display_name, producers_and_consumers
 from ...folding import FOLDED_ACTIVATIONS
+from ...runtime import switchable_input_rounding
 from .edges import GRAPH_OUTPUT, Bias, Edge, EdgeQuant, bias_value, constant_input, edge_feed, switch_names
 
 MS_DOMAIN = "com.microsoft"  # ORT's contrib QuantizeLinear takes uint16 at any opset
@@ -94,12 +95,13 @@ def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized:
     constants, constants_8, constants_16 = _switchable_constants(graph, inits, float_model, model_16)
     biases, bias_inputs = _switchable_biases(graph, inits, posts, float_model)
     by_q = {q.quantize_node: q for q in quantized.values()}
+    graph_inputs = {i.name for i in graph.input} - set(inits)
     nodes, switches = [], []
     for index, node in enumerate(graph.node):
         t = by_q.get(node_display_name(node, index)) if node.op_type == "QuantizeLinear" else None
         if t is not None:
             for receiver in edge_receivers[t.name]:
-                nodes += _edge_nodes(t, receiver)
+                nodes += _edge_nodes(t, receiver, t.pre in graph_inputs)
                 switches.append(edge_feed((t.name, receiver), default[(t.name, receiver)]))
             continue
         if node.op_type == "DequantizeLinear" and (node.output[0] in posts or node.output[0] in constants
@@ -126,12 +128,17 @@ def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized:
     return Switches(out, constants_8, constants_16, biases)
 
 
-def _edge_nodes(t: qdq.QuantizedTensor, receiver: str) -> list[onnx.NodeProto]:
-    """Clip, then Q -> DQ twice, on the way from `t`'s producer to `receiver`."""
+def _edge_nodes(t: qdq.QuantizedTensor, receiver: str, graph_input: bool) -> list[onnx.NodeProto]:
+    """Clip, then Q -> DQ twice, on the way from `t`'s producer to `receiver`; a float graph input is first
+    rounded onto the first grid as the HTP rounds it (`runtime.htp_input_rounding`), as the regenerated plans' CPU numerics do."""
     p = switch_names((t.name, receiver))
     value = t.post if receiver == GRAPH_OUTPUT else p["value"]
-    return [
-        helper.make_node("Clip", [t.pre, p["lo"], p["hi"]], [p["clipped"]], name=f"{p['prefix']}Clip"),
+    source, rounding = t.pre, []
+    if graph_input:
+        source = p["prefix"] + "htp_rounded"
+        rounding = switchable_input_rounding(t.pre, p["scale"], p["lo"], p["hi"], source)
+    return rounding + [
+        helper.make_node("Clip", [source, p["lo"], p["hi"]], [p["clipped"]], name=f"{p['prefix']}Clip"),
         helper.make_node("QuantizeLinear", [p["clipped"], p["scale"], p["zp"]], [p["q"]],
                          name=f"{p['prefix']}Quantize", domain=MS_DOMAIN),
         helper.make_node("DequantizeLinear", [p["q"], p["scale"], p["zp"]], [p["first"]],
