@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 
 from ..model import load_model
 from ..qdq import read as read_qdq
+from .depth import blocked_elements, blocked_tensors
 from .fusion import concat_requantizations, fuse
 from .ops import HtpOp, type_bytes
 from .work import shape_work
@@ -93,7 +94,8 @@ _SHAPE_OPS = {"Shape", "Constant", "ConstantOfShape", "Range", "Size"}
 def _parse(model: onnx.ModelProto) -> ParsedModel:
     """The ops the HTP runs, read through the one QDQ reader (mpstudio.qdq), with their shapes and work."""
     qdq = read_qdq(model)
-    counter = _ElementCounter(_shapes(model))
+    shapes = _shapes(model)
+    counter = _ElementCounter(shapes, blocked_tensors(qdq.ops, shapes))
     ops = [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "QuantizeLinear"]
     ops += [_convert_op(c, counter) for c in qdq.converts]
     ops += [op for op in (_compute_op(o, counter) for o in qdq.ops if o.op_type not in _SHAPE_OPS) if op]
@@ -105,13 +107,15 @@ def _parse(model: onnx.ModelProto) -> ParsedModel:
 
 
 class _ElementCounter:
-    """Elements of a tensor from the inferred shapes; unknown shapes count as one element and are counted."""
+    """Elements of a tensor from the inferred shapes; unknown shapes count as one element and are counted. A tensor
+    of `blocked` (its float-model name) counts its channels padded to whole blocks (mechanism `channel_blocks`)."""
 
-    def __init__(self, shapes: dict[str, tuple]):
-        self.shapes, self.unknown = shapes, 0
+    def __init__(self, shapes: dict[str, tuple], blocked: set[str] = frozenset()):
+        self.shapes, self.unknown, self.blocked = shapes, 0, blocked
 
-    def __call__(self, name: str) -> int:
-        n = _elements(self.shapes.get(name))
+    def __call__(self, name: str, tensor: str = "") -> int:
+        shape = self.shapes.get(name)
+        n = blocked_elements(shape) if tensor and tensor in self.blocked else _elements(shape)
         if n is None:
             self.unknown += 1
             return 1
@@ -128,7 +132,7 @@ def _io_op(io, elements: _ElementCounter) -> HtpOp:
 
 def _convert_op(convert, elements: _ElementCounter) -> HtpOp:
     """A re-quantization at a precision boundary, priced as an HVX op of its own."""
-    n = elements(convert.value)
+    n = elements(convert.value, convert.tensor)
     return HtpOp(convert.name, "Convert", "hvx", [(convert.tensor, convert.source, n)],
                  [(convert.tensor, convert.target, n)], work=n, cls="convert", kind="convert")
 
@@ -139,8 +143,8 @@ def _htp_type(dtype: str) -> str:
 
 def _compute_op(qop, elements: _ElementCounter) -> HtpOp | None:
     op = HtpOp(qop.name, qop.op_type, "hvx", [], [])
-    op.inputs = [(o.tensor, _htp_type(o.dtype), elements(o.value)) for o in qop.activations]
-    op.outputs = [(o.tensor, _htp_type(o.dtype), elements(o.value)) for o in qop.outputs]
+    op.inputs = [(o.tensor, _htp_type(o.dtype), elements(o.value, o.tensor)) for o in qop.activations]
+    op.outputs = [(o.tensor, _htp_type(o.dtype), elements(o.value, o.tensor)) for o in qop.outputs]
     if not op.outputs:
         return None
     weights = [(o.value, _htp_type(o.dtype)) for o in qop.weights]

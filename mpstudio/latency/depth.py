@@ -1,0 +1,58 @@
+"""Mechanism `channel_blocks`: the HTP keeps an image-like activation (rank 4 or 5, channels on axis 1 in ONNX)
+in channel blocks of 32, in every type (QNN HTP guideline "Avoid low depth activations"), so a tensor of C
+channels takes ceil(C / 32) x 32 channels of memory and of vector lanes: a one-channel 480x640 input moves 32
+times its elements, a 16-channel map twice. The matrix unit's MACs are padded the same way already
+(`latency.work`); this pads the bytes the roofline's memory term moves and the elements vector ops process.
+
+Which tensors have that layout: the inputs and outputs of spatial ops (convolutions, pools, resize, batch norm,
+depth/space moves), and what element-wise ops and data movers make of them (a residual Add, a SiLU, a Concat
+over channels keep the layout). A 4-D attention tensor [batch, heads, tokens, depth] never touches a spatial op
+and keeps its element count.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .ops import HVX_CLASS, MECHANISMS, MOVER_OPS
+
+CHANNEL_BLOCK = 32
+# Ops whose activations the HTP holds channels-last in channel blocks (QNN converts them from NCHW).
+SPATIAL_OPS = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool",
+               "Resize", "Upsample", "BatchNormalization", "InstanceNormalization", "DepthToSpace",
+               "SpaceToDepth"}
+# Ops that pass the layout of an image-like input on to their output (element-wise, same rank; data movers
+# that keep the rank). Transpose and Reshape are left out: they change what axis 1 means.
+_CARRIERS = (set(HVX_CLASS) - {"Softmax", "LogSoftmax", "LayerNormalization"}) | (
+    MOVER_OPS - {"Transpose", "Gather", "GatherElements", "GatherND", "ScatterND", "ScatterElements"})
+
+
+def blocked_tensors(qops, shapes: dict) -> set[str]:
+    """The float-model names of the activations the HTP holds in channel blocks (empty unless the mechanism
+    `channel_blocks` is on). `qops` are the QDQ reader's ops in graph order, `shapes` keyed by QDQ value name."""
+    if not MECHANISMS["channel_blocks"]:
+        return set()
+    blocked: set[str] = set()
+
+    def image_like(operand) -> bool:
+        shape = shapes.get(operand.value) or shapes.get(operand.tensor)
+        return shape is not None and len(shape) in (4, 5) and shape[1] is not None
+
+    operands = [([o for o in q.activations if image_like(o)], [o for o in q.outputs if image_like(o)], q.op_type)
+                for q in qops]
+    for acts, outs, op_type in operands:
+        if op_type in SPATIAL_OPS or (op_type in _CARRIERS and any(o.tensor in blocked for o in acts)):
+            blocked.update(o.tensor for o in acts + outs)
+    for acts, outs, op_type in reversed(operands):  # what an element-wise op feeds a convolution, it reads so
+        if op_type in _CARRIERS and any(o.tensor in blocked for o in outs):
+            blocked.update(o.tensor for o in acts + outs)
+    return blocked
+
+
+def blocked_elements(shape) -> int | None:
+    """Elements of an image-like tensor with its channels (axis 1) padded to whole blocks of 32."""
+    if shape is None or len(shape) < 2 or any(d is None for d in shape):
+        return None
+    channels = int(shape[1])
+    padded = int(math.ceil(max(channels, 1) / CHANNEL_BLOCK) * CHANNEL_BLOCK)
+    return int(math.prod(int(d) for d in shape)) // max(channels, 1) * padded
