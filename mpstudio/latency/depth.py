@@ -27,9 +27,11 @@ _CARRIERS = (set(HVX_CLASS) - {"Softmax", "LogSoftmax", "LayerNormalization"}) |
     MOVER_OPS - {"Transpose", "Gather", "GatherElements", "GatherND", "ScatterND", "ScatterElements"})
 
 
-def blocked_tensors(qops, shapes: dict) -> set[str]:
+def blocked_tensors(qops, shapes: dict, graph_inputs=()) -> set[str]:
     """The float-model names of the activations the HTP holds in channel blocks (empty unless the mechanism
-    `channel_blocks` is on). `qops` are the QDQ reader's ops in graph order, `shapes` keyed by QDQ value name."""
+    `channel_blocks` is on). `qops` are the QDQ reader's ops in graph order, `shapes` keyed by QDQ value name.
+    A graph input is not: it arrives in the caller's dense layout, and a shallow first convolution (a grey or RGB
+    image) reads it so (the HTP's convolutions of one to four input channels do not pad them to a block)."""
     if not MECHANISMS["channel_blocks"]:
         return set()
     blocked: set[str] = set()
@@ -46,7 +48,7 @@ def blocked_tensors(qops, shapes: dict) -> set[str]:
     for acts, outs, op_type in reversed(operands):  # what an element-wise op feeds a convolution, it reads so
         if op_type in _CARRIERS and any(o.tensor in blocked for o in outs):
             blocked.update(o.tensor for o in acts + outs)
-    return blocked
+    return blocked - set(graph_inputs)
 
 
 def blocked_elements(shape) -> int | None:
