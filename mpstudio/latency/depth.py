@@ -17,6 +17,7 @@ import math
 from .ops import HVX_CLASS, MECHANISMS, MOVER_OPS
 
 CHANNEL_BLOCK = 32
+SHALLOW = 4  # an image of at most this many channels is packed densely, not padded to a block
 # Ops whose activations the HTP holds channels-last in channel blocks (QNN converts them from NCHW).
 SPATIAL_OPS = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool",
                "Resize", "Upsample", "BatchNormalization", "InstanceNormalization", "DepthToSpace",
@@ -30,15 +31,16 @@ _CARRIERS = (set(HVX_CLASS) - {"Softmax", "LogSoftmax", "LayerNormalization"}) |
 def blocked_tensors(qops, shapes: dict, graph_inputs=()) -> set[str]:
     """The float-model names of the activations the HTP holds in channel blocks (empty unless the mechanism
     `channel_blocks` is on). `qops` are the QDQ reader's ops in graph order, `shapes` keyed by QDQ value name.
-    A graph input is not: it arrives in the caller's dense layout, and a shallow first convolution (a grey or RGB
-    image) reads it so (the HTP's convolutions of one to four input channels do not pad them to a block)."""
+    A graph input is not: it arrives in the caller's dense layout. Nor is an image of at most four channels (grey,
+    RGB, RGBA: a first convolution's input, a super-resolution net's output image), which the HTP packs densely
+    instead of padding to a block (its shallow-input convolutions read it so)."""
     if not MECHANISMS["channel_blocks"]:
         return set()
     blocked: set[str] = set()
 
     def image_like(operand) -> bool:
         shape = shapes.get(operand.value) or shapes.get(operand.tensor)
-        return shape is not None and len(shape) in (4, 5) and shape[1] is not None
+        return shape is not None and len(shape) in (4, 5) and shape[1] is not None and shape[1] > SHALLOW
 
     operands = [([o for o in q.activations if image_like(o)], [o for o in q.outputs if image_like(o)], q.op_type)
                 for q in qops]
