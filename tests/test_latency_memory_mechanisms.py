@@ -1,6 +1,7 @@
-"""Mechanism `channel_blocks` (docs/latency.md, "Mechanisms"): an image-like activation takes its channels padded to
+"""Two memory mechanisms of the cost formulas. `channel_blocks` (docs/latency.md, "Mechanisms"): an image-like activation takes its channels padded to
 blocks of 32 in memory; with `channel_block_lanes` the vector unit processes the padded elements too. A graph input
-and an attention tensor that no spatial op touches keep their element counts."""
+and an attention tensor that no spatial op touches keep their element counts. Mechanism `vtcm_partial_spill`:
+the part of a working set the usable VTCM holds moves at its rate, the rest at the DDR rate."""
 
 from __future__ import annotations
 
@@ -73,3 +74,29 @@ def test_an_attention_tensor_is_not_padded(monkeypatch):
     monkeypatch.setitem(MECHANISMS, "channel_blocks", True)
     on = estimate_latency(_attention()).ops.set_index("node").loc["scores"]
     assert on["act_bytes"] == off["act_bytes"] == (2 * 4 * 64 * 16 + 4 * 64 * 64) * 2
+
+
+def _big_add():
+    """An Add of two fp16 maps of 8 MiB each: a working set of 24 MiB, beyond any generation's VTCM."""
+    shape = [1, 64, 256, 256]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["y"], name="add")], "m",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("a", "b")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def test_partial_spill_moves_what_vtcm_holds_at_its_rate(monkeypatch):
+    from mpstudio.latency import htp_arch
+
+    arch = htp_arch("75")
+    ddr = arch.ddr_gbs * arch.costs.memory_efficiency * 1e9
+    moved = 3 * 64 * 256 * 256 * 2
+    usable = arch.vtcm_mb * 2**20 / 2
+    monkeypatch.setitem(MECHANISMS, "vtcm_partial_spill", False)
+    off = estimate_latency(_big_add(), arch).ops.set_index("node").loc["add"]
+    assert off["memory_ms"] == pytest.approx(moved / ddr * 1e3)
+    monkeypatch.setitem(MECHANISMS, "vtcm_partial_spill", True)
+    on = estimate_latency(_big_add(), arch).ops.set_index("node").loc["add"]
+    assert on["memory_ms"] == pytest.approx((usable / (arch.costs.vtcm_factor * ddr) + (moved - usable) / ddr) * 1e3)
+    assert on["memory_ms"] < off["memory_ms"]
