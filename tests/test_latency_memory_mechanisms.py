@@ -1,7 +1,8 @@
-"""Two memory mechanisms of the cost formulas. `channel_blocks` (docs/latency.md, "Mechanisms"): an image-like activation takes its channels padded to
-blocks of 32 in memory; with `channel_block_lanes` the vector unit processes the padded elements too. A graph input
-and an attention tensor that no spatial op touches keep their element counts. Mechanism `vtcm_partial_spill`:
-the part of a working set the usable VTCM holds moves at its rate, the rest at the DDR rate."""
+"""Two memory mechanisms of the cost formulas (docs/latency.md, "Mechanisms"). `channel_blocks`: an image-like
+activation takes its channels padded to blocks of 32 in memory; with `channel_block_lanes` the vector unit processes
+the padded elements too; a graph input and an attention tensor that no spatial op touches keep their element
+counts. `vtcm_partial_spill`: the part of a working set the usable VTCM holds moves at its rate, the rest at the DDR
+rate."""
 
 from __future__ import annotations
 
