@@ -1,8 +1,9 @@
-"""Mechanism `channel_blocks`: the HTP keeps an image-like activation (rank 4 or 5, channels on axis 1 in ONNX)
-in channel blocks of 32, in every type (QNN HTP guideline "Avoid low depth activations"), so a tensor of C
-channels takes ceil(C / 32) x 32 channels of memory and of vector lanes: a one-channel 480x640 input moves 32
-times its elements, a 16-channel map twice. The matrix unit's MACs are padded the same way already
-(`latency.work`); this pads the bytes the roofline's memory term moves and the elements vector ops process.
+"""Mechanisms `channel_blocks` and `channel_block_lanes` (both off: measured in docs/latency.md, "Fit"): the HTP
+keeps an image-like activation (rank 4 or 5, channels on axis 1 in ONNX) in channel blocks of 32, in every type
+(QNN HTP guideline "Avoid low depth activations"), so a tensor of C channels takes ceil(C / 32) x 32 channels of
+memory: a 16-channel map moves twice its elements' bytes, a 48-channel one 4/3. The matrix unit's MACs are padded
+the same way already (`latency.work`); `channel_blocks` pads the bytes the roofline's memory term moves, and
+`channel_block_lanes` the elements vector ops process too.
 
 Which tensors have that layout: the inputs and outputs of spatial ops (convolutions, pools, resize, batch norm,
 depth/space moves), and what element-wise ops and data movers make of them (a residual Add, a SiLU, a Concat
