@@ -109,7 +109,7 @@ def _conv_prelu():
 
 
 def test_prelu_is_an_op_of_its_own_overlapped_with_its_conv(monkeypatch):
-    monkeypatch.setitem(MECHANISMS, "prelu_overlaps", True)  # off by default: see docs/latency.md
+    monkeypatch.setitem(MECHANISMS, "prelu_overlaps", True)  # on by default: docs/latency.md, "Fit"
     rows = estimate_latency(_conv_prelu()).ops.set_index("node")
     assert rows.loc["prelu", "engine"] == "hvx"
     # Its vector time hides behind the convolution (`overlap` of it): what remains is its fixed per-op cost and

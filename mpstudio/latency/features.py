@@ -62,7 +62,7 @@ class OpFeatures:
                 "depthwise": cls == "depthwise",
                 "fixed_instr": np.array([_FIXED_INSTR.get(k, 2.0) for k in self.cls], dtype=float),
                 "runs": runs, "moves": runs & (engine != "none"), "io": self.kind == _KINDS.index("io"),
-                "graph": self.kind == _KINDS.index("graph")}
+                "graph": self.kind == _KINDS.index("graph"), "partial_spill": MECHANISMS["vtcm_partial_spill"]}
 
     def costs(self, arch: HtpArch) -> dict[str, np.ndarray]:
         """compute_ms, memory_ms, overhead_ms, hidden_ms and ms of every op on `arch`."""
@@ -82,8 +82,13 @@ class OpFeatures:
         hvx_s = np.where(is_hvx, self.work / 128 * instr * width / (c.hvx_vectors_per_cycle * arch.clock_ghz * 1e9),
                          0.0)
         ddr = arch.ddr_gbs * c.memory_efficiency * 1e9
-        fits = self.act_bytes + self.weight_bytes <= arch.vtcm_mb * 2**20 / 2
-        memory_s = self.act_bytes / np.where(fits, c.vtcm_factor * ddr, ddr) + self.weight_bytes / ddr
+        usable = arch.vtcm_mb * 2**20 / 2
+        if st["partial_spill"]:  # what of the working set the usable VTCM holds moves at its rate, the rest at DDR's
+            resident = np.minimum(self.act_bytes, np.maximum(usable - self.weight_bytes, 0.0))
+            memory_s = resident / (c.vtcm_factor * ddr) + (self.act_bytes - resident + self.weight_bytes) / ddr
+        else:
+            fits = self.act_bytes + self.weight_bytes <= usable
+            memory_s = self.act_bytes / np.where(fits, c.vtcm_factor * ddr, ddr) + self.weight_bytes / ddr
         memory_s = np.where(st["moves"], memory_s, 0.0)
         overhead_s = np.where(st["runs"], c.op_cycles / (arch.clock_ghz * 1e9), 0.0)
         memory_s = np.where(st["io"], self.act_bytes / (c.cpu_io_gbs * 1e9), memory_s)

@@ -55,13 +55,21 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 #     multiply-reduce instruction takes four taps, and each output vector is loaded and stored once), not its
 #     MACs: a 5x5 or 7x7 kernel costs less per tap than a 3x3;
 #   concat_requantize: a quantized Concat first requantizes its inputs (each with a scale of its own) to its
-#     output's scale, an HVX pass of its own over every input element (latency.fusion.concat_requantizations).
-# On: silu_after_depthwise (87 -> 86 of 256 cross-validated rows outside). Off: the others, each of which,
-# measured alone or with the others, left more cross-validation misses than without it (the refit moves other
-# architectures' rows); kept to be measured again with the next formula changes (docs/latency.md, "Fit").
+#     output's scale, an HVX pass of its own over every input element (latency.fusion.concat_requantizations);
+#   channel_blocks: an image-like activation takes its channels padded to blocks of 32 in memory (latency.depth):
+#     a low-depth, high-resolution map moves up to 32x its elements' bytes; channel_block_lanes: with it, the
+#     vector unit processes the padded elements too;
+#   vtcm_partial_spill: the part of an op's working set the usable VTCM (half of it) holds moves at the VTCM rate
+#     and only the rest at the DDR rate (tiling), instead of all of it at DDR once the working set exceeds it.
+# On: silu_after_depthwise (87 -> 86 of 256 cross-validated rows outside) and prelu_overlaps (92 -> 91 with the
+# left-out fits started from nominal values). Off: the others, each of which, measured alone or with the others,
+# left more cross-validation misses than without it (the refit moves other architectures' rows); kept to be
+# measured again with the next formula changes (docs/latency.md, "Fit").
 MECHANISMS = {"layout_look_through": False, "clamp_after_vector": False, "channels_last_transpose": False,
-              "prelu_overlaps": False, "concat_in_place": False, "silu_after_depthwise": True,
-              "depthwise_tap_groups": False, "concat_requantize": False}
+              "prelu_overlaps": True, "concat_in_place": False, "silu_after_depthwise": True,
+              "depthwise_tap_groups": False, "concat_requantize": False,
+              "channel_blocks": False, "channel_block_lanes": False,
+              "vtcm_partial_spill": False}
 
 TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
              "uint4": 4, "int4": 4}

@@ -14,8 +14,9 @@ from onnx import TensorProto, helper
 
 from ..model import load_model
 from ..qdq import read as read_qdq
+from .depth import blocked_elements, blocked_tensors
 from .fusion import concat_requantizations, fuse
-from .ops import HtpOp, type_bytes
+from .ops import MECHANISMS, HtpOp, type_bytes
 from .work import shape_work
 
 
@@ -93,7 +94,8 @@ _SHAPE_OPS = {"Shape", "Constant", "ConstantOfShape", "Range", "Size"}
 def _parse(model: onnx.ModelProto) -> ParsedModel:
     """The ops the HTP runs, read through the one QDQ reader (mpstudio.qdq), with their shapes and work."""
     qdq = read_qdq(model)
-    counter = _ElementCounter(_shapes(model))
+    shapes = _shapes(model)
+    counter = _ElementCounter(shapes, blocked_tensors(qdq.ops, shapes, qdq.graph_inputs))
     ops = [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "QuantizeLinear"]
     ops += [_convert_op(c, counter) for c in qdq.converts]
     ops += [op for op in (_compute_op(o, counter) for o in qdq.ops if o.op_type not in _SHAPE_OPS) if op]
@@ -105,13 +107,18 @@ def _parse(model: onnx.ModelProto) -> ParsedModel:
 
 
 class _ElementCounter:
-    """Elements of a tensor from the inferred shapes; unknown shapes count as one element and are counted."""
+    """Elements of a tensor from the inferred shapes; unknown shapes count as one element and are counted. A tensor
+    of `blocked` (its float-model name) counts its channels padded to whole blocks (mechanism `channel_blocks`)."""
 
-    def __init__(self, shapes: dict[str, tuple]):
-        self.shapes, self.unknown = shapes, 0
+    def __init__(self, shapes: dict[str, tuple], blocked: set[str] = frozenset()):
+        self.shapes, self.unknown, self.blocked = shapes, 0, blocked
 
-    def __call__(self, name: str) -> int:
-        n = _elements(self.shapes.get(name))
+    def __call__(self, name: str, tensor: str = "", lanes: bool = False) -> int:
+        """Elements of `name` as memory holds them; `lanes`: as the vector unit processes them (padded only with
+        mechanism `channel_block_lanes`)."""
+        shape = self.shapes.get(name)
+        padded = tensor in self.blocked and (not lanes or MECHANISMS["channel_block_lanes"])
+        n = blocked_elements(shape) if tensor and padded else _elements(shape)
         if n is None:
             self.unknown += 1
             return 1
@@ -128,9 +135,10 @@ def _io_op(io, elements: _ElementCounter) -> HtpOp:
 
 def _convert_op(convert, elements: _ElementCounter) -> HtpOp:
     """A re-quantization at a precision boundary, priced as an HVX op of its own."""
-    n = elements(convert.value)
+    n = elements(convert.value, convert.tensor)
     return HtpOp(convert.name, "Convert", "hvx", [(convert.tensor, convert.source, n)],
-                 [(convert.tensor, convert.target, n)], work=n, cls="convert", kind="convert")
+                 [(convert.tensor, convert.target, n)], work=elements(convert.value, convert.tensor, lanes=True),
+                 cls="convert", kind="convert")
 
 
 def _htp_type(dtype: str) -> str:
@@ -139,8 +147,10 @@ def _htp_type(dtype: str) -> str:
 
 def _compute_op(qop, elements: _ElementCounter) -> HtpOp | None:
     op = HtpOp(qop.name, qop.op_type, "hvx", [], [])
-    op.inputs = [(o.tensor, _htp_type(o.dtype), elements(o.value)) for o in qop.activations]
-    op.outputs = [(o.tensor, _htp_type(o.dtype), elements(o.value)) for o in qop.outputs]
+    def counted(operands, lanes: bool = False) -> list:
+        return [(o.tensor, _htp_type(o.dtype), elements(o.value, o.tensor, lanes)) for o in operands]
+
+    op.inputs, op.outputs = counted(qop.activations, lanes=True), counted(qop.outputs, lanes=True)
     if not op.outputs:
         return None
     weights = [(o.value, _htp_type(o.dtype)) for o in qop.weights]
@@ -150,7 +160,8 @@ def _compute_op(qop, elements: _ElementCounter) -> HtpOp | None:
     if qop.op_type == "Gather" and weights:  # a table lookup reads only the rows it gathers
         op.weight_bytes = float(op.outputs[0][2] * type_bytes(weights[0][1]))
     op.weight_type = next((t for _, t in weights if t != "int32"), "")  # int32 is a bias
-    shape_work(op, qop.node, shapes, weights)
+    shape_work(op, qop.node, shapes, weights)  # vector work from the elements the lanes process
+    op.inputs, op.outputs = counted(qop.activations), counted(qop.outputs)  # bytes from those memory holds
     return op
 
 
