@@ -5,6 +5,7 @@ same study shows the same."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,8 @@ def opened(page, url):
 
 def shown(page) -> dict:
     """What a tab shows of the session: the current plan line, the target field, the selection, the jobs."""
-    return {"plan": page.locator("div", has_text="current plan:").last.inner_text(),
+    # The Run panel's line begins with "current plan:" (a hint that a base "beats the current plan: ..." does not).
+    return {"plan": page.locator("div", has_text=re.compile(r"^current plan:")).last.inner_text(),
             "target": page.get_by_placeholder("a16w8+10% or a metric value").input_value(),
             "selected": page.get_by_text("tensor(s) selected").first.inner_text()
             if page.get_by_text("tensor(s) selected").count() else "",

@@ -198,8 +198,10 @@ def test_promotions_are_ranked_against_the_per_channel_base(study):
     samples = study.calibration.head(report.isolation.samples)
     reference = run_outputs(study.quantizer.float_path, samples, "cpu")
     own, _ = output_agreement(reference, run_outputs(study.quantizer.generate(base), samples, "cpu"))
-    assert report.isolation.all_8 == pytest.approx(own, abs=1e-3)
-    assert abs(study.sensitivity().isolation.all_8 - own) > 0.01  # a8w8's analysis is another one
+    a8w8, _ = output_agreement(reference, run_outputs(study.quantizer.generate(PrecisionPlan.a8w8()), samples, "cpu"))
+    assert abs(own - a8w8) > 1e-4  # the two bases differ on this model (by 0.001 dB: the tolerance below is finer)
+    assert report.isolation.all_8 == pytest.approx(own, abs=1e-5)
+    assert study.sensitivity().isolation.all_8 == pytest.approx(a8w8, abs=1e-5)  # a8w8's analysis is another one
 
 
 def test_budgets_stop_the_walk(study):
