@@ -50,13 +50,15 @@ def save_inline(view, filename, resources="inline", **kwargs):
     return saved
 
 
-def on_document_thread(model, update) -> None:
+def on_document_thread(model, update, *, next_tick: bool = False) -> None:
     """Run `update`, which changes Bokeh models of `model`'s document, where Bokeh allows it: now, unless the
     document is served and this thread is not its session's (a script or a notebook driving a served studio from
     its own thread); then on the session's event loop, under the document's lock and in one batch. (Bokeh refuses a
-    change made elsewhere, or sends it to the page racing the session's own messages.)"""
+    change made elsewhere, or sends it to the page racing the session's own messages.) `next_tick`: a served
+    document is changed in a next-tick callback even from its own thread (a widget callback, which Panel runs on
+    the event loop without the document's lock)."""
     doc = model.document
-    if doc is None or doc.session_context is None or pn.state._unblocked(doc):
+    if doc is None or doc.session_context is None or (not next_tick and pn.state._unblocked(doc)):
         update()
         return
 

@@ -19,7 +19,7 @@ from bokeh.palettes import RdYlGn11, YlOrRd9
 from bokeh.plotting import figure
 from bokeh.transform import factor_cmap, factor_mark
 
-from .base import View, laid_out_once, shows_errors
+from .base import View, laid_out_once, on_document_thread, shows_errors
 from .graph_label_layer import NodeLabels
 from .source_updates import same_values
 from .state import StudioState
@@ -248,18 +248,7 @@ class GraphView(View):
         """Run `update` (which touches Bokeh models) where that is safe. State changes arrive from widget
         callbacks that Panel runs on the event loop without the document lock, and from worker threads; a
         served figure is changed in a next-tick callback, which holds the lock, and in one batch."""
-        doc = self.figure.document
-        if doc is None or doc.session_context is None:
-            update()
-            return
-
-        def run():
-            with pn.io.hold(doc):
-                update()
-        try:
-            doc.add_next_tick_callback(run)
-        except Exception:  # the session ended: nothing left to draw
-            pass
+        on_document_thread(self.figure, update, next_tick=True)
 
     def _on_layout(self, *_):
         self._in_document(self._draw)
