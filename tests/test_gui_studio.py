@@ -373,10 +373,31 @@ def test_a_saved_page_leaves_out_the_modules_of_models_it_does_not_use(tmp_path)
 
     path = tmp_path / "page.html"
     save_inline(pn.Column(pn.pane.Markdown("text")), path)
-    assert re.findall(r'<script type="module" src="https?://', path.read_text()) == []
+    assert re.findall(r'<script type="module" src="(https?://[^"]+)', path.read_text()) == []
     # A page that has the model keeps its module.
     url = panel.models.vizzu.VizzuChart.__javascript_modules__[0]
     page = (f'<script type="module" src="{url}"></script>'
             '<script>{"type":"object","name":"panel.models.vizzu.VizzuChart"}</script>')
     assert url in unused_module_scripts(page)
     assert url not in unused_module_scripts(page.replace('VizzuChart"', 'Other"'))
+
+
+def test_a_saved_view_carries_no_design_another_part_of_the_process_set(tmp_path):
+    """A design set for the whole process (Fast, by a template or an extension call elsewhere) added its script
+    modules, named by CDN address, to every saved page: offline they fail."""
+    import re
+
+    import panel as pn
+    from panel.theme import Fast
+
+    from mpstudio.widgets.base import save_inline
+
+    path = tmp_path / "page.html"
+    before = pn.config.design
+    pn.config.design = Fast
+    try:
+        save_inline(pn.Column(pn.pane.Markdown("text")), path)
+        assert pn.config.design is Fast  # the process's setting is left as it was
+    finally:
+        pn.config.design = before
+    assert re.findall(r'<script type="module" src="(https?://[^"]+)', path.read_text()) == []

@@ -42,7 +42,14 @@ def save_inline(view, filename, resources="inline", **kwargs):
     inline = resources == "inline"
     if inline:
         resources = INLINE
-    saved = pn.panel(view).save(filename, resources=resources, **kwargs)
+    # A design set for the whole process (a template or an extension call elsewhere) would add its script modules,
+    # named by CDN address, to a page that does not use it: a saved view carries Panel's default design.
+    design = pn.config.design
+    try:
+        pn.config.design = None
+        saved = pn.panel(view).save(filename, resources=resources, **kwargs)
+    finally:
+        pn.config.design = design
     if inline and isinstance(filename, (str, os.PathLike)):
         from .offline_page import make_offline
 
