@@ -48,10 +48,11 @@ def htp_weights(qdq_path: str | os.PathLike) -> HtpWeights | None:
     grid = htp_weight_grid(str(qdq_path))
     if not isinstance(grid, bytes):
         return None
-    names = sorted({init.name.split(_GRID_MARK)[0].removesuffix("_quantized")
-                    for init in onnx.load_from_string(grid).graph.initializer
+    proto = onnx.load_from_string(grid)  # read once: for the names, then rounded in place
+    names = sorted({init.name.split(_GRID_MARK)[0].removesuffix("_quantized") for init in proto.graph.initializer
                     if _GRID_MARK in init.name and not init.name.endswith(("_scale", "_zero_point"))})
-    return HtpWeights(htp_input_rounding(grid), tuple(names))
+    rounded = htp_input_rounding(proto)
+    return HtpWeights(grid if rounded is None else proto.SerializeToString(), tuple(names))
 
 
 def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *, pinned: bool,

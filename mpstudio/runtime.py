@@ -342,9 +342,24 @@ _HTP_REQUANTIZED_WEIGHTS = {"Conv": 0, "MatMul": -1, "Gemm": None}  # op -> its 
 _FUSED_ACTIVATIONS = {"Relu", "Clip"}
 
 
+def _proto(model: str | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    """`model` as a ModelProto: itself, or read from its path or serialized bytes."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    return onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model)
+
+
+def _rewritten(model, proto: onnx.ModelProto, changed: bool):
+    """A rewrite's answer: for a ModelProto (changed in place) the proto, or None when nothing changed; for a path
+    or bytes, the changed model's bytes, or `model` itself."""
+    if isinstance(model, onnx.ModelProto):
+        return proto if changed else None
+    return proto.SerializeToString() if changed else model
+
+
 def _fake_quant_model(model: str | bytes) -> str | bytes:
     """The model the fake-quant numerics run: the HTP's weights and its graph input rounding (read once)."""
-    proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model)
+    proto = _proto(model)
     grid = htp_weight_grid(proto)
     rounded = htp_input_rounding(proto)
     return model if grid is None and rounded is None else proto.SerializeToString()
@@ -354,8 +369,7 @@ def htp_weight_grid(model: str | bytes | onnx.ModelProto) -> str | bytes | None:
     """`model` (a path or serialized bytes) with each uint8 asymmetric per-tensor weight the HTP requantizes
     replaced by what the HTP computes with (a per-channel int8 DequantizeLinear); `model` itself when it has
     none. A ModelProto is changed in place; the answer is then None when nothing changed."""
-    in_place = isinstance(model, onnx.ModelProto)
-    proto = model if in_place else (onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model))
+    proto = _proto(model)
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
@@ -416,9 +430,7 @@ def htp_weight_grid(model: str | bytes | onnx.ModelProto) -> str | bytes | None:
         graph.node.insert(list(graph.node).index(node), dq)
         node.input[1] = name + "_dq"
         changed = True
-    if in_place:
-        return proto if changed else None
-    return proto.SerializeToString() if changed else model
+    return _rewritten(model, proto, changed)
 
 
 # ---- how the HTP rounds a float graph input ------------------------------------------------------------
@@ -439,8 +451,7 @@ def htp_input_rounding(model: str | bytes | onnx.ModelProto) -> str | bytes | on
     point of its grid, which ORT's QuantizeLinear then maps to the HTP's code); `model` itself when it has
     none. A path or bytes come back as bytes when changed; a ModelProto is changed in place, and the answer
     is then the proto, or None when nothing changed."""
-    proto = model if isinstance(model, onnx.ModelProto) else (
-        onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model))
+    proto = _proto(model)
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
     inputs = {i.name for i in graph.input if i.type.tensor_type.elem_type == TensorProto.FLOAT} - set(inits)
@@ -461,9 +472,7 @@ def htp_input_rounding(model: str | bytes | onnx.ModelProto) -> str | bytes | on
             graph.node.insert(at + offset, extra)
         node.input[0] = name
         changed = True
-    if isinstance(model, onnx.ModelProto):
-        return proto if changed else None
-    return proto.SerializeToString() if changed else model
+    return _rewritten(model, proto, changed)
 
 
 def _eight_bit(x: str, scale: str, out: str) -> list:
