@@ -401,3 +401,30 @@ def test_a_saved_view_carries_no_design_another_part_of_the_process_set(tmp_path
     finally:
         pn.config.design = before
     assert re.findall(r'<script type="module" src="(https?://[^"]+)', path.read_text()) == []
+
+
+def test_a_page_saved_while_another_thread_sets_a_design_still_names_no_other_host(tmp_path):
+    """Panel's configuration is shared by a process's threads: a served template sets its design while it renders
+    a session's page, so a page saved meanwhile in another thread was written with the Fast design's CDN script
+    modules and its font's stylesheet (seen in a full run of the suite). The offline rewrite drops every file a
+    design adds; the page is saved with none."""
+    import re
+
+    import panel as pn
+    from bokeh.resources import INLINE
+    from panel.theme import Fast
+
+    from mpstudio.widgets.offline_page import make_offline
+
+    path = tmp_path / "page.html"
+    before = pn.config.design
+    pn.config.design = Fast  # what the other thread had set when Panel wrote the page
+    try:
+        pn.Column(pn.pane.Markdown("text")).save(path, resources=INLINE)
+    finally:
+        pn.config.design = before
+    written = path.read_text()
+    assert "fast_design.js" in written  # the page as Panel wrote it in that moment
+    make_offline(path)
+    page = path.read_text()
+    assert re.findall(r'<(?:script|link)[^>]*\s(?:src|href)="(https?://[^"]+)"', page) == []

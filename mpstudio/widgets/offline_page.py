@@ -72,8 +72,41 @@ def unused_module_scripts(page: str) -> str:
     return _MODULE_SCRIPT.sub(keep, page)
 
 
+@lru_cache(maxsize=1)
+def _design_files() -> frozenset[str]:
+    """The addresses of every file a Panel design (Fast, Material, Bootstrap) adds to a page: scripts, script
+    modules and its fonts' stylesheets."""
+    import param
+    from panel.theme.base import Design
+
+    urls: set[str] = set()
+    for cls in param.concrete_descendents(Design).values():
+        try:
+            resources = cls().resolve_resources(cdn=True, include_theme=False)
+        except Exception:  # a design another package defines, which cannot be resolved here: nothing to drop
+            continue
+        for kind in ("js", "js_modules", "css"):
+            urls.update(str(url) for url in resources.get(kind, {}).values())
+    return frozenset(urls)
+
+
+_DESIGN_TAG = re.compile(r'<script[^>]*\ssrc="(?P<src>https?://[^"]+)"[^>]*></script>\s*'
+                         r'|<link[^>]*\shref="(?P<href>https?://[^"]+)"[^>]*>\s*')
+
+
+def without_design_files(page: str) -> str:
+    """`page`, saved with no design, without the files of a design another thread set for the whole process
+    while it was saved (Panel's configuration is shared by the threads of a process: a served template sets its
+    design while it renders a session's page)."""
+    files = _design_files()
+
+    def keep(match) -> str:
+        return "" if (match["src"] or match["href"]) in files else match.group(0)
+    return _DESIGN_TAG.sub(keep, page)
+
+
 def make_offline(filename) -> None:
     """Rewrite the saved page `filename` in place so it renders without a network."""
     path = Path(filename)
-    page = unused_module_scripts(path.read_text(encoding="utf-8"))
+    page = without_design_files(unused_module_scripts(path.read_text(encoding="utf-8")))
     path.write_text(inline_stylesheets(page), encoding="utf-8")
