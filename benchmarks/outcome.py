@@ -33,9 +33,12 @@ Gates (exit 1 when one fails), judged over the study's stored plans on the sourc
 HTP when the search confirmed there, else the CPU):
 - a stored plan clearly reaches a target the search reports missed (a value within the metric's resolution of the
   target, or whose 95 % interval holds it, is within noise: it answers nothing, as in the search);
-- the recommendation is dominated by a stored plan (at least as good a value at no more estimated latency);
+- the recommendation is dominated by a stored plan (at least as good a value at no more estimated latency; a
+  better value priced within the cost model's resolution of it dominates it too: the search's own rule,
+  `mpstudio.search.choice.dominates`, with latency ties from `mpstudio.latency.resolution`);
 - the search evaluated a plan that a plan stored before it already made pointless: one at no more estimated
-  latency that clearly reaches the target, or the all-16-bit baseline of the same weight form;
+  latency (or within the cost model's resolution of it) that clearly reaches the target, or the all-16-bit
+  baseline of the same weight form;
 - no target of a case is reached by a mixed plan only (the pick reaches it and no all-8-bit baseline does);
 - the whole run takes longer than `--budget-minutes`.
 Printed per search: evaluations (new ones), the estimated latency premium used (the pick's premium over a8w8 as a
@@ -70,11 +73,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mpstudio.data import FeedList  # noqa: E402
+from mpstudio.latency.resolution import no_dearer  # noqa: E402
 from mpstudio.loop.uncertainty import target_verdict  # noqa: E402
 from mpstudio.metrics import metric_spec  # noqa: E402
 from mpstudio.model import prepare_model  # noqa: E402
 from mpstudio.quantize import weight_form  # noqa: E402
 from mpstudio.search import LineProgress, meets, named_baselines, search  # noqa: E402
+from mpstudio.search.choice import dominates  # noqa: E402
 from mpstudio.search.recommend import estimate_ms  # noqa: E402
 from mpstudio.study import Study  # noqa: E402
 
@@ -186,18 +191,10 @@ def stored(study: Study, source: str) -> list:
     return [e for e in (study.store.evaluation(i, source) for i in ids) if e is not None]
 
 
-def better_or_equal(a: float, b: float, higher: bool) -> bool:
-    return a >= b if higher else a <= b
-
-
 def dominated_by(pick, evaluations, higher: bool):
-    """A stored plan at least as good as `pick` at no more estimated latency, strictly better in one, or None."""
-    for e in evaluations:
-        if e.plan_id == pick.plan_id or not better_or_equal(e.value, pick.value, higher):
-            continue
-        if estimate_ms(e) <= estimate_ms(pick) and (e.value != pick.value or estimate_ms(e) < estimate_ms(pick)):
-            return e
-    return None
+    """A stored plan that dominates `pick` by the search's own rule (`choice.dominates`: at least as good at no
+    more estimated latency, a latency tie counting as no more, strictly better in one), or None."""
+    return next((e for e in evaluations if e.plan_id != pick.plan_id and dominates(e, pick, higher)), None)
 
 
 def clearly_reaches(threshold: float, higher: bool) -> Callable:
@@ -216,7 +213,8 @@ def _known(value):
 
 def pointless_evaluations(study: Study, before: list, path, threshold: float, higher: bool,
                           reaches: Callable | None = None) -> list[str]:
-    """The search's new evaluations that a plan stored before each of them already made pointless. `reaches(e)`:
+    """The search's new evaluations that a plan stored before each of them already made pointless (priced no dearer
+    than them, a latency tie counting as no dearer: `latency.resolution.no_dearer`). `reaches(e)`:
     whether a stored plan answers the target (default: its value meets the threshold)."""
     reaches = reaches or (lambda e: meets(e.value, threshold, higher))
     known, found = list(before), []
@@ -227,7 +225,7 @@ def pointless_evaluations(study: Study, before: list, path, threshold: float, hi
             for other in known:
                 reason = ("reaches the target" if reaches(other) else
                           "is the all-16-bit plan of its weights" if ceilings.get(form) is other else None)
-                if reason and other.plan_id != e.plan_id and estimate_ms(other) <= estimate_ms(e):
+                if reason and other.plan_id != e.plan_id and no_dearer(estimate_ms(other), estimate_ms(e)):
                     found.append(f"{e.name} ({estimate_ms(e):.3f} ms) after {other.name} ({estimate_ms(other):.3f} "
                                  f"ms, {other.value:.4f}) {reason}")
                     break

@@ -13,7 +13,8 @@ errors: docs/latency.md. An estimate is never a measurement: everything it retur
 Rooms: `arch` (constants per HTP generation), `ops` (the HTP's op vocabulary and cost classes), `reading`
 (a model as the ops the HTP runs), `work` (an op's MACs and vector work), `fusion` (QNN's fusions),
 `features` (the cost formulas), `estimate` (the estimate and its per-op breakdown), `calibration`
-(recalibration on a device), `promotion` (the cost of changing one tensor's precision).
+(recalibration on a device), `promotion` (the cost of changing one tensor's precision), `resolution` (how finely
+it tells two plans of one model apart: closer estimates are a tie).
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ from .estimate import OP_COLUMNS, LatencyEstimate, estimate_latency
 from .features import OpFeatures, op_features
 from .ops import OP_CLASSES
 from .promotion import promotion_costs, weight_costs
+from .resolution import TIE_FLOOR_MS, TIE_SHARE, clearly_cheaper, no_dearer, resolution_ms, tied
 
 __all__ = [
     "COSTS", "FIT_SOURCE", "HTP_ARCHS", "HTP_ONLY", "LATENCY_SCOPES", "LATENCY_SOURCES", "OP_CLASSES", "OP_COLUMNS",
     "SESSION_RUN", "SPREAD", "WITH_CPU_IO", "Calibration", "CostConstants", "HtpArch", "Latency",
     "LatencyEstimate", "OpFeatures", "Spread", "calibrate", "estimate_latency", "htp_arch", "make_archs",
-    "milliseconds", "op_features", "promotion_costs", "weight_costs",
+    "milliseconds", "op_features", "promotion_costs", "weight_costs", "TIE_FLOOR_MS", "TIE_SHARE", "clearly_cheaper",
+    "no_dearer", "resolution_ms", "tied",
 ]

@@ -10,13 +10,15 @@ The walk:
    progressive analysis did not isolate follow, by their cheap scores. Plan k promotes the first k.
 4. Walk k without assuming accuracy rises with it (`grid`): a coarse geometric grid, then refinement below the
    smallest k that reaches the target, else around the best values, while the evaluation budget allows. A plan
-   whose estimated latency is at or above a stored plan's that reaches the target, or that is as good as the
-   best all-16-bit plan, is never evaluated.
+   whose estimated latency is at or above (or within the cost model's resolution of) a stored plan's that
+   reaches the target, or that is as good as the best all-16-bit plan, is never evaluated.
 5. Confirm on the HTP (by default, when the walk ran on the CPU reference): the pick and its neighbours on
    the front are evaluated on the HTP; where CPU and HTP disagree the result says so.
 6. Recommend over every plan the study holds for the confirming backend (else the walk's), not only the walk's
    path (`choice`): the cheapest that reaches the target, else the most accurate within the latency budget,
    never a plan another stored plan dominates; the result lists the plans considered and why the pick.
+   Estimated latencies closer than the cost model resolves (`latency.resolution`: 1 % of the dearer, at least
+   one op's fixed cost) are a tie, and a tie goes to the better value, in the pick and in the pruning alike.
 Every evaluation lands in the study as it finishes, and a search is recorded by its spec: rerunning an
 interrupted search replays it against the stored results and continues where it stopped.
 

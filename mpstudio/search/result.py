@@ -178,7 +178,8 @@ class SearchResult:
             lines.append(f"  plan {c.plan_id:>4} {c.name[:28]:<28} {self.metric} {c.value:.4f} {spread:>18} {ms:>10}  "
                          f"{c.verdict}")
         if self.skipped:
-            lines.append("not evaluated (a stored plan as good for no more estimated latency): "
+            lines.append("not evaluated (a stored plan as good for no more estimated latency, as far as the cost model "
+                         "resolves): "
                          + ", ".join(f"{k} promoted (plan {plan_id} {name})" for k, plan_id, name in self.skipped))
         return lines
 
