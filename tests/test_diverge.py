@@ -25,7 +25,7 @@ pytestmark = [requires_qnn, pytest.mark.htp]
 UPSTREAM = ["conv_out", "square", "divisor"]
 
 
-def make_reciprocal_model(epsilon: float = 1e-3, op: str = "Reciprocal") -> onnx.ModelProto:
+def make_reciprocal_model(epsilon: float = 1e-3, op: str = "Reciprocal", size: int = 16) -> onnx.ModelProto:
     """x -> /stem/Conv -> conv_out -> Mul(itself) -> square -> Add(epsilon) -> divisor -> `op` -> inverse
     -> Sigmoid -> y.
 
@@ -33,6 +33,7 @@ def make_reciprocal_model(epsilon: float = 1e-3, op: str = "Reciprocal") -> onnx
     `divisor` is never zero in float but its smallest values round to code 0 in uint8, where ORT computes
     1/0 = inf and saturates at the top of the range and the HTP does not (measured: up to 252 codes apart;
     away from 0 it is still up to 28 codes off near 1). With `op="Sigmoid"` the same chain agrees everywhere.
+    `size`: the input's height and width.
     """
     weight = np.random.default_rng(0).normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32)
     nodes = [
@@ -44,23 +45,23 @@ def make_reciprocal_model(epsilon: float = 1e-3, op: str = "Reciprocal") -> onnx
     ]
     graph = helper.make_graph(
         nodes, "reciprocal_net",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, size, size])],
         initializer=[numpy_helper.from_array(weight, "w"),
                      numpy_helper.from_array(np.array(epsilon, np.float32), "epsilon")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
 
 
-def feeds(n: int = 4):
+def feeds(n: int = 4, size: int = 16):
     rng = np.random.default_rng(1)
-    return [{"x": rng.normal(0, 1, (1, 1, 16, 16)).astype(np.float32)} for _ in range(n)]
+    return [{"x": rng.normal(0, 1, (1, 1, size, size)).astype(np.float32)} for _ in range(n)]
 
 
-def make_study(folder, op: str = "Reciprocal") -> Study:
+def make_study(folder, op: str = "Reciprocal", size: int = 16) -> Study:
     model = folder.parent / f"{folder.name}.onnx"
     folder.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(make_reciprocal_model(op=op), model)
-    return Study.create(folder, model, FeedList(feeds()), name="reciprocal net")
+    onnx.save(make_reciprocal_model(op=op, size=size), model)
+    return Study.create(folder, model, FeedList(feeds(size=size)), name="reciprocal net")
 
 
 @pytest.fixture(scope="module")
