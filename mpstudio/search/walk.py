@@ -152,7 +152,8 @@ class Walk:
             cap = largest(lambda k: self._fits(plan_k(k), latency_budget_ms), cap)
             if cap == 0:
                 return self._result(f"no promotion fits the latency budget of {latency_budget_ms} ms", order)
-        # Plans dearer than a stored plan that reaches the target, or than the best all-16-bit plan, are pointless.
+        # Plans dearer than a stored plan that reaches the target, or than the best all-16-bit plan, or priced within
+        # the cost model's resolution of one (a tie, which the better value wins), are pointless.
         cap = largest(lambda k: k == 0 or self.pointless(plan_k(k)) is None, cap)
         if cap == 0:
             return self._result("every promotion costs at least as much as a stored plan that is as good", order)
