@@ -156,7 +156,8 @@ class Walk:
         # the cost model's resolution of one (a tie, which the better value wins), are pointless.
         cap = largest(lambda k: k == 0 or self.pointless(plan_k(k)) is None, cap)
         if cap == 0:
-            return self._result("every promotion costs at least as much as a stored plan that is as good", order)
+            return self._result("every promotion costs at least as much as a stored plan that is as good, or is "
+                                "priced within the cost model's resolution of one", order)
         self.grid = PrefixGrid(self, plan_k, cap, known)
         reason = self.grid.run(self._guess(predicted, known, self.baselines, self.threshold, cap))
         return self._result(reason, order)
