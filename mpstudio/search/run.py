@@ -83,8 +83,9 @@ def search(
     isolation evaluation (`Study.sensitivity`); the calibration and evaluation samples are the study's own
     (`Study.create(calibration_samples=..., evaluation_samples=...)`), as every plan of a study is scored on
     the same data. Progress goes to `progress(done, total, message)`, else to stderr as plain lines unless
-    `quiet`. The recommendation is chosen over every stored plan (`choice.choose`); plans much better
-    for little more latency are listed either way (`better_for_little_more`).
+    `quiet`. The recommendation is chosen over every stored plan (`choice.choose`; estimated latencies within
+    the cost model's resolution are a tie, which goes to the better value); plans much better for little more
+    latency are listed either way (`better_for_little_more`).
 
     `confirm` ("htp", the default, or None): when the walk's `backend` is another one (the CPU reference),
     up to `confirm_plans` plans of its front are evaluated on that backend through `runner` (the local HTP
