@@ -415,7 +415,9 @@ def test_a_page_saved_while_another_thread_sets_a_design_still_names_no_other_ho
     from panel.theme import Fast
 
     from mpstudio.widgets.offline_page import make_offline
+    from mpstudio.widgets.studio import _fast_without_web_font
 
+    _fast_without_web_font()  # as in a process that served the studio: a second design class named "Fast"
     path = tmp_path / "page.html"
     before = pn.config.design
     pn.config.design = Fast  # what the other thread had set when Panel wrote the page

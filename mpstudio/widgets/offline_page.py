@@ -72,15 +72,18 @@ def unused_module_scripts(page: str) -> str:
     return _MODULE_SCRIPT.sub(keep, page)
 
 
-@lru_cache(maxsize=1)
 def _design_files() -> frozenset[str]:
     """The addresses of every file a Panel design (Fast, Material, Bootstrap) adds to a page: scripts, script
     modules and its fonts' stylesheets."""
-    import param
     from panel.theme.base import Design
 
+    classes, seen = [Design], []
+    while classes:  # every subclass, including those that share a name (the studio's own Fast is named as Panel's)
+        cls = classes.pop()
+        seen.append(cls)
+        classes.extend(cls.__subclasses__())
     urls: set[str] = set()
-    for cls in param.concrete_descendents(Design).values():
+    for cls in seen:
         try:
             resources = cls().resolve_resources(cdn=True, include_theme=False)
         except Exception:  # a design another package defines, which cannot be resolved here: nothing to drop
