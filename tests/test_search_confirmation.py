@@ -48,6 +48,10 @@ def test_walk_front_stops_at_a_plan_within_noise():
     assert front_order([True, True, N, N, False, True, True], at=2) == [2, 3, 4, 5]
     assert front_order([True, True, N, N, True], at=2, mixed=4) == [2, 3]
     assert front_order([True, True, N, True], at=2, mixed=3) == [2]
+    # ... then an all-16-bit plan that costs little more (before `near`), never a dearer one.
+    assert front_order([True, True, N, N, True, True], at=2, mixed=4, near=5) == [2, 3, 4]
+    assert front_order([True, True, N, N, False, True], at=2, mixed=4, near=6) == [2, 3, 4, 5]
+    assert front_order([True, True, N, True], at=2, mixed=3, near=3) == [2]
     assert front_order([True, True, N, N, N, True], at=2, budget=2) == [2, 3]
     # The pick clearly misses: dearer plans until one reaches, or is within noise.
     assert front_order([True, True, False, False, True, True], at=2) == [2, 3, 4]

@@ -1,7 +1,7 @@
 """The HTP confirmation of a search: the walk's pick evaluated on the HTP, then its neighbours (cheaper plans of
 the walk's front when the pick reaches the target there, every dearer plan the walk evaluated when it clearly
-misses, the dearer partial promotions when it is within noise of the target), a pick within noise reported as
-such, and the recommendation made on the HTP's numbers."""
+misses, the dearer partial promotions when it is within noise of the target, then an all-16-bit plan that costs
+little more), a pick within noise reported as such, and the recommendation made on the HTP's numbers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..loop.build_failures import BuildFailed, BuildFailure
 from ..loop.front import pareto_mask
 from .choice import choose, stored_evaluations
 from .evidence import MISSES, REACHES, WITHIN_NOISE
-from .recommend import better_for_little_more, estimate_ms
+from .recommend import LITTLE_MORE, better_for_little_more, estimate_ms
 from .result import Confirmation, SearchResult
 from .walk import Walk
 
@@ -27,7 +27,8 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
     walk's backend may have been pessimistic); when it clearly misses, the next dearer ones until one reaches it
     or is within noise of it; when it is within noise (it meets or misses the threshold by less than the metric's
     resolution, or the threshold lies inside its interval: `evidence.TargetEvidence`), the dearer partial
-    promotions until one clearly reaches it, never all-16-bit; when none does, the result says so. At most
+    promotions until one clearly reaches it, then the all-16-bit plans estimated at most `LITTLE_MORE` (10 %) above
+    the pick (a clear answer for little more; no dearer jump); when none does, the result says so. At most
     `max_plans` evaluations (`walk_front`). A plan the backend cannot build is infeasible there: it is stored as
     such (`loop.build_failures`), passed over for the next candidate, and listed in the result.
     The recommendation is then chosen over every plan the study holds from `backend` (`choice.choose`, so only
@@ -73,7 +74,8 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
     try:
         # The all-16-bit plans are the dearest candidates (`confirmation_order`): the first of them ends the rest.
         mixed = next((i for i in range(at + 1, len(front)) if _all_sixteen(walk, front[i])), len(front))
-        walk_front(len(front), at, check, lambda: len(done) >= max_plans, mixed)
+        near = mixed + sum(1 for e in front[mixed:] if estimate_ms(e) <= estimate_ms(front[at]) * (1 + LITTLE_MORE))
+        walk_front(len(front), at, check, lambda: len(done) >= max_plans, mixed, near)
     except MpstudioError as exc:  # the walk's result stands; what was confirmed before the failure counts
         failure = (f"the confirmation on the HTP stopped after {len(done)} plan(s): {exc} (rerun the search to "
                    "continue it; --no-confirm skips it)")
@@ -86,21 +88,24 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
                       tuple(unbuilt))
 
 
-def walk_front(n: int, at: int, check, full, mixed: int | None = None) -> None:
+def walk_front(n: int, at: int, check, full, mixed: int | None = None, near: int | None = None) -> None:
     """Confirm along `n` candidate plans (cheapest first: `confirmation_order`) from the pick at `at`: `check(i)`
     says whether plan i reaches the target on the confirming backend (True), clearly misses it (False), is within
     noise of it (`WITHIN_NOISE`) or cannot be built there (None); `full()` whether the budget is spent; the
-    candidates from `mixed` on (default none) are all-16-bit plans. The first plan that builds, from the pick on
+    candidates from `mixed` on (default none) are all-16-bit plans, those before `near` (default `mixed`) costing
+    little more than the pick. The first plan that builds, from the pick on
     (dearer ones first, then cheaper), sets the direction: when it reaches the target, cheaper plans follow while
     they reach it too (the walk's backend may have been pessimistic); when it clearly misses, dearer ones until one
     reaches it or is within noise of it; when it is within noise, the dearer partial promotions while the budget
     lasts, until one clearly reaches it (a plan the samples can tell from the target, at a small step in cost),
-    never all-16-bit (a difference the samples cannot tell calls for no jump to it). Plans that cannot be built
+    then the all-16-bit plans that cost little more (before `near`), never a dearer one (a difference the samples
+    cannot tell calls for no jump to it). Plans that cannot be built
     are passed over; when no dearer plan that builds reaches the target and some dearer ones could not be built,
     the cheaper ones follow (while they reach it, once one does): they are what is left to recommend from."""
     tried: set[int] = set()
     unbuilt: set[int] = set()
     mixed = n if mixed is None else mixed
+    near = mixed if near is None else near
 
     def verdict(i: int):
         tried.add(i)
@@ -120,7 +125,7 @@ def walk_front(n: int, at: int, check, full, mixed: int | None = None) -> None:
     if anchor is None:
         return
     if reaches == WITHIN_NOISE:
-        for i in range(anchor + 1, mixed):
+        for i in range(anchor + 1, near):
             if full():
                 return
             if i not in tried and verdict(i) is True:
