@@ -9,9 +9,10 @@ with q the uint16 input codes (the zero point not subtracted) and w the weight c
 
 (the product sum shifted right by 8 bits, the zero point's term rounded to the same 256 steps, the int32 bias with
 its low 8 bits dropped toward zero), then requantizes that to the output as the graph writes it. Over random
-inputs this predicts the HTP's output codes but at 0.3-0.7 % (one step), where the exact sum misses 16-46 %;
-depthwise 3x3 and 5x5, regular 3x3 (stride 1 and 2) and 1x1 Convs and Gemm alike. A depthwise Conv with a stride
-above one follows neither rule and is left exact. 8-bit activations are exact (their bias is not truncated).
+inputs this predicts the HTP's output codes but at 0.1-0.7 % (one step), where the exact sum misses 16-46 %;
+depthwise 3x3 and 5x5 (stride 1, or 2 along one axis), regular 3x3 (stride 1 and 2) and 1x1 Convs and Gemm
+alike. A depthwise Conv strided along both axes follows neither rule and is left exact. 8-bit activations are
+exact (their bias is not truncated).
 
 Why it matters: the bias' low bits are a per-channel constant the network carries downstream. On PP-OCRv4's
 recognizer at all-16-bit, following this rule in the first depthwise Conv alone takes the CPU's output from 20.5 dB
@@ -86,8 +87,8 @@ def _operands(node, inits, producers, consumers):
         if codes.shape[0] != channels or _attribute(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
             return None
         group = _attribute(node, "group", 1)
-        if group > 1 and group == channels and max(_attribute(node, "strides", [1])) > 1:
-            return None  # a strided depthwise Conv follows another rule on the HTP (not known): left exact
+        if group > 1 and group == channels and min(_attribute(node, "strides", [1])) > 1:
+            return None  # a depthwise Conv strided along both axes follows another rule (not known): left exact
     else:
         if (_attribute(node, "transA", 0) or _attribute(node, "alpha", 1.0) != 1.0
                 or _attribute(node, "beta", 1.0) != 1.0 or codes.ndim != 2):

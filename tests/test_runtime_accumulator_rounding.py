@@ -14,6 +14,7 @@ from mpstudio.runtime import create_session, htp_accumulator_rounding
 CASES = {
     "depthwise 3x3": dict(op="Conv", channels=16, group=16, kernel=3),
     "depthwise 5x5": dict(op="Conv", channels=16, group=16, kernel=5),
+    "depthwise 3x3, stride (2, 1)": dict(op="Conv", channels=16, group=16, kernel=3, stride=(2, 1)),
     "regular 3x3": dict(op="Conv", channels=8, group=1, kernel=3),
     "regular 3x3, stride 2": dict(op="Conv", channels=8, group=1, kernel=3, stride=2),
     "pointwise": dict(op="Conv", channels=16, group=1, kernel=1),
@@ -34,7 +35,7 @@ def one_op(op="Conv", channels=16, group=1, kernel=3, stride=1, bits=16, seed=0)
     shape = [1, channels, 12, 12] if op == "Conv" else [6, channels]
     x = ((rng.integers(0, top + 1, shape) - x_zero) * x_scale).astype(np.float32)
     node = (helper.make_node("Conv", ["xd", "wd", "bd"], ["y"], group=group, pads=[kernel // 2] * 4,
-                             kernel_shape=[kernel, kernel], strides=[stride, stride]) if op == "Conv"
+                             kernel_shape=[kernel, kernel], strides=list(np.broadcast_to(stride, 2))) if op == "Conv"
             else helper.make_node("Gemm", ["xd", "wd", "bd"], ["y"], transB=1))
 
     def model(y_scale, y_zero):
@@ -95,7 +96,7 @@ def test_the_rewrite_computes_the_measured_rule_exactly():
 
 
 @pytest.mark.parametrize("kwargs", [dict(bits=8), dict(op="Conv", channels=16, group=16, kernel=3, stride=2)],
-                         ids=["8-bit activations", "strided depthwise"])
+                         ids=["8-bit activations", "depthwise strided along both axes"])
 def test_what_the_rule_does_not_cover_is_left_alone(kwargs):
     model, _, _ = one_op(**kwargs)
     assert htp_accumulator_rounding(model) is model
