@@ -4,7 +4,8 @@ Two things keep an exported plan from reproducing the study's numbers unless the
 calibrates activations on its own unless their parameters are pinned in the overrides, and the HTP requantizes
 the uint8 per-tensor weights it cannot multiply by as they are (`runtime.htp_weight_grid`), which the study's CPU
 numerics take into account and ORT's CPU run of the plain QDQ model does not (nor the HTP's rounding of float
-graph inputs, `runtime.htp_input_rounding`). This module writes the model with the HTP's weights (and input rounding) beside the
+graph inputs, `runtime.htp_input_rounding`, nor how it rounds a 16-bit Conv's or Gemm's accumulator,
+`runtime.htp_accumulator_rounding`). This module writes the model with the HTP's weights (and roundings) beside the
 plain one and the notes (`<name>.README.md`) saying which file holds what and what to pass for each to reproduce
 the study.
 """
@@ -24,7 +25,7 @@ from .errors import MpstudioError
 
 from .plan import PrecisionPlan
 from .quantize import QUANT_TYPES
-from .runtime import htp_input_rounding, htp_weight_grid
+from .runtime import htp_accumulator_rounding, htp_input_rounding, htp_weight_grid
 
 # The CPU session settings of the study's numerics (runtime.DEFAULT_CPU_NUMERICS, "fake-quant"): quantization
 # simulated in float as the graph writes it, without ORT's QDQ fusions or the NCHWc kernels.
@@ -43,7 +44,8 @@ class HtpWeights:
 
 def htp_weights(qdq_path: str | os.PathLike) -> HtpWeights | None:
     """`qdq_path` with each uint8 per-tensor weight the HTP requantizes on its grid, and its float graph inputs
-    rounded as the HTP rounds them (`runtime.htp_input_rounding`), as the study's CPU numerics run it; None when the HTP takes
+    rounded as the HTP rounds them (`runtime.htp_input_rounding`) and its 16-bit accumulators rounded as the HTP
+    rounds them (`runtime.htp_accumulator_rounding`), as the study's CPU numerics run it; None when the HTP takes
     every weight as the model stores it."""
     grid = htp_weight_grid(str(qdq_path))
     if not isinstance(grid, bytes):
@@ -52,7 +54,8 @@ def htp_weights(qdq_path: str | os.PathLike) -> HtpWeights | None:
     names = sorted({init.name.split(_GRID_MARK)[0].removesuffix("_quantized") for init in proto.graph.initializer
                     if _GRID_MARK in init.name and not init.name.endswith(("_scale", "_zero_point"))})
     rounded = htp_input_rounding(proto)
-    return HtpWeights(grid if rounded is None else proto.SerializeToString(), tuple(names))
+    accumulated = htp_accumulator_rounding(proto)
+    return HtpWeights(grid if rounded is None and accumulated is None else proto.SerializeToString(), tuple(names))
 
 
 def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *, pinned: bool,
@@ -85,18 +88,21 @@ def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *
         if weights is None:
             notes.append(f"{stem}.qdq.onnx is the model the study scored; the HTP takes its weights as stored. The "
                          f"study's CPU numerics round its float inputs as the HTP does "
-                         f"(mpstudio.runtime.htp_input_rounding), which ORT's CPU EP does not by itself.")
+                         f"(mpstudio.runtime.htp_input_rounding) and round 16-bit Convs' and Gemms' accumulators as the HTP does "
+                         f"(mpstudio.runtime.htp_accumulator_rounding), which ORT's CPU EP does not by itself.")
         else:
             shown = ", ".join(weights.weights[:5]) + (", ..." if len(weights.weights) > 5 else "")
             notes.append(
                 f"{stem}.qdq.onnx is ORT's quantizer output (what the overrides reproduce and the encodings "
                 f"describe): give it to the HTP, which requantizes {len(weights.weights)} of its uint8 per-tensor "
                 f"weights ({shown}) per channel itself. {stem}.htp.qdq.onnx holds the weights the HTP computes "
-                f"with (int8 per channel) and rounds its float inputs as the HTP does: ONNX Runtime's CPU EP on "
+                f"with (int8 per channel) and rounds its float inputs and 16-bit accumulators as the HTP does: ONNX "
+                f"Runtime's CPU EP on "
                 f"it, with session config "
                 f"{CPU_SESSION_CONFIG} and disabled_optimizers={list(CPU_DISABLED_OPTIMIZERS)}, gives the study's "
-                f"numbers; on {stem}.qdq.onnx it does not. mpstudio.runtime.htp_weight_grid and "
-                f"mpstudio.runtime.htp_input_rounding make one from the other.")
+                f"numbers; on {stem}.qdq.onnx it does not. mpstudio.runtime.htp_weight_grid, "
+                f"mpstudio.runtime.htp_input_rounding and mpstudio.runtime.htp_accumulator_rounding make one from "
+                f"the other.")
     return notes
 
 

@@ -25,6 +25,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import MpstudioError
+from .htp_accumulator import follow_accumulator_rounding
 
 BACKENDS = ("cpu", "htp")
 QNN_PROVIDER = "QNNExecutionProvider"
@@ -35,8 +36,9 @@ DEFAULT_HTP_ARCH = "75"
 # kernels. "basic": basic graph optimizations only (constant folding, no QDQ fusion, no NCHWc).
 # "fake-quant": quantization simulated in float exactly as the graph writes it (ORT's QDQ transformations
 # off) and no NCHWc, whose blocked kernels sum in another order depending on the graph around each Conv;
-# weights the HTP requantizes are taken on the HTP's grid (`htp_weight_grid`), and float graph inputs are rounded
-# to their codes as the HTP rounds them (`htp_input_rounding`).
+# weights the HTP requantizes are taken on the HTP's grid (`htp_weight_grid`), float graph inputs are rounded
+# to their codes as the HTP rounds them (`htp_input_rounding`), and 16-bit Convs and Gemms round their accumulator
+# as the HTP does (`htp_accumulator_rounding`).
 # Which one predicts the HTP best is measured by benchmarks/fidelity.py (docs/benchmarks.md); DEFAULT_CPU_NUMERICS
 # is its pick. fake-quant is also the sensitivity engine's numerics, and unlike the fused integer kernels it
 # does not depend on the CPU's instruction set (ORT's int8 kernels round differently without VNNI).
@@ -358,11 +360,21 @@ def _rewritten(model, proto: onnx.ModelProto, changed: bool):
 
 
 def _fake_quant_model(model: str | bytes) -> str | bytes:
-    """The model the fake-quant numerics run: the HTP's weights and its graph input rounding (read once)."""
+    """The model the fake-quant numerics run: the HTP's weights, its graph input rounding and its 16-bit
+    accumulator rounding (read once)."""
     proto = _proto(model)
     grid = htp_weight_grid(proto)
     rounded = htp_input_rounding(proto)
-    return model if grid is None and rounded is None else proto.SerializeToString()
+    accumulated = htp_accumulator_rounding(proto)
+    return model if grid is None and rounded is None and accumulated is None else proto.SerializeToString()
+
+
+def htp_accumulator_rounding(model: str | bytes | onnx.ModelProto) -> str | bytes | onnx.ModelProto | None:
+    """`model` with each 16-bit Conv and Gemm computing its accumulator as the HTP rounds it (the product sum
+    shifted right by 8 bits, the int32 bias' low 8 bits dropped: `htp_accumulator`); `model` itself when it has
+    none. A ModelProto is changed in place; the answer is then the proto, or None when nothing changed."""
+    proto = _proto(model)
+    return _rewritten(model, proto, follow_accumulator_rounding(proto))
 
 
 def htp_weight_grid(model: str | bytes | onnx.ModelProto) -> str | bytes | None:

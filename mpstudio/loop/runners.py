@@ -18,8 +18,9 @@ from .inprocess import run_outputs
 # Names the CPU numerics too, so results of another numerics (older studies) are never mixed with these.
 # "HTP weights": since the CPU numerics compute with the weights the HTP really uses (runtime.htp_weight_grid),
 # their results carry another name than the earlier ones, so one study never mixes the two on a front; the same
-# for "input rounding", the graph inputs rounded to their codes as the HTP rounds them (runtime.htp_input_rounding).
-CPU_SOURCE = f"ORT CPU QDQ ({DEFAULT_CPU_NUMERICS}, HTP weights and input rounding)"
+# for "input rounding", the graph inputs rounded to their codes as the HTP rounds them (runtime.htp_input_rounding),
+# and for "accumulators", 16-bit Convs and Gemms rounding their sums as the HTP does (runtime.htp_accumulator_rounding).
+CPU_SOURCE = f"ORT CPU QDQ ({DEFAULT_CPU_NUMERICS}, HTP weights, input rounding and accumulators)"
 
 
 class InProcess:
