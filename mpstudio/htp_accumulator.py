@@ -33,16 +33,22 @@ _SIXTEEN_BIT = (TensorProto.UINT16,)
 _SHIFT = 256.0
 
 
-def follow_accumulator_rounding(proto: onnx.ModelProto) -> bool:
-    """Rewrite, in place, each 16-bit Conv and Gemm the HTP rounds (see the module docstring) to compute what the
-    HTP computes; True when any was rewritten."""
-    graph = proto.graph
+def graph_links(graph: onnx.GraphProto) -> tuple[dict, dict, dict[str, list]]:
+    """A graph's initializers by name, each tensor's producing node, and each tensor's consuming nodes."""
     inits = {i.name: i for i in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
     consumers: dict[str, list] = {}
     for n in graph.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
+    return inits, producers, consumers
+
+
+def follow_accumulator_rounding(proto: onnx.ModelProto) -> bool:
+    """Rewrite, in place, each 16-bit Conv and Gemm the HTP rounds (see the module docstring) to compute what the
+    HTP computes; True when any was rewritten."""
+    graph = proto.graph
+    inits, producers, consumers = graph_links(graph)
     changed = False
     for node in list(graph.node):
         if node.op_type not in ("Conv", "Gemm"):

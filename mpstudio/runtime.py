@@ -25,7 +25,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import MpstudioError
-from .htp_accumulator import follow_accumulator_rounding
+from .htp_accumulator import follow_accumulator_rounding, graph_links
 
 BACKENDS = ("cpu", "htp")
 QNN_PROVIDER = "QNNExecutionProvider"
@@ -383,12 +383,7 @@ def htp_weight_grid(model: str | bytes | onnx.ModelProto) -> str | bytes | None:
     none. A ModelProto is changed in place; the answer is then None when nothing changed."""
     proto = _proto(model)
     graph = proto.graph
-    inits = {i.name: i for i in graph.initializer}
-    producers = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    inits, producers, consumers = graph_links(graph)
 
     def zero_point_bits(dq_or_q) -> int | None:
         zp = inits.get(dq_or_q.input[2]) if len(dq_or_q.input) > 2 else None
