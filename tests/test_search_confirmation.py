@@ -138,6 +138,22 @@ def test_confirmation_order_puts_every_dearer_plan_before_all_16_bit(tmp_path):
         assert [e.name for e in order][at + 1:] == ["a8w8+3x16"]
 
 
+def test_at_one_latency_the_better_all_16_bit_plan_is_confirmed_first():
+    """a16w8 and a16w8-pc are priced alike; after a pick within noise the confirmation has room for one of them
+    (on the recognizer it took a16w8, CER 0.141, while a16w8-pc reached the target at 0.0031)."""
+    from mpstudio.sources import Latency
+    from mpstudio.store import Evaluation
+
+    def plan(plan_id, name, value, ms):
+        return Evaluation(plan_id, f"h{plan_id}", name, "cpu", "cpu", "CER", value, False, None, None, 96, 1.0,
+                          (Latency(ms, "estimate", "HTP v75 (cost model)"),))
+    pick = plan(3, "a8w8-pc+143x16", 0.065, 2.394)
+    stored = [plan(1, "a8w8-pc", 0.107, 1.528), plan(2, "a16w8", 0.152, 2.427), pick,
+              plan(4, "a16w8-pc", 0.0031, 2.427)]
+    order, at = confirmation_order(stored, pick, False, lambda e: e.name.startswith("a16w8"))
+    assert [e.name for e in order][at:] == ["a8w8-pc+143x16", "a16w8-pc", "a16w8"]
+
+
 @pytest.mark.htp
 @requires_qnn
 def test_a_clear_miss_on_the_htp_tries_the_cpu_dominated_plans_before_all_16_bit(tmp_path):

@@ -156,9 +156,9 @@ def confirmation_order(stored, pick: Evaluation, higher_is_better: bool, all_six
     """The plans a confirmation may try, in the order `walk_front` reads them, and the pick's place among them.
     Before the pick: the plans of the front of `stored` (one accuracy source; value against estimated latency)
     cheaper than it, cheapest first. After it: every other stored plan at least as dear and within the latency
-    budget, by estimated latency, the ones the front leaves out included (the confirming backend can order two
-    plans differently from the walk's), with the plans `all_sixteen(e)` says keep every activation at 16 bits
-    last, so that a partial promotion is tried before all-16-bit."""
+    budget, by estimated latency (at one latency, the better value first), the ones the front leaves out included
+    (the confirming backend can order two plans differently from the walk's), with the plans `all_sixteen(e)`
+    says keep every activation at 16 bits last, so that a partial promotion is tried before all-16-bit."""
     unique = list({e.plan_id: e for e in stored}.values())
     if all(e.plan_id != pick.plan_id for e in unique):
         unique.append(pick)
@@ -170,7 +170,9 @@ def confirmation_order(stored, pick: Evaluation, higher_is_better: bool, all_six
     taken = {e.plan_id for e in cheaper} | {pick.plan_id}
     dearer = [e for e in unique if e.plan_id not in taken and estimate_ms(e) >= estimate_ms(pick)
               and (latency_budget_ms is None or estimate_ms(e) <= latency_budget_ms)]
-    dearer.sort(key=lambda e: (bool(all_sixteen(e)), *key(e)))
+    # At one estimated latency the better value first: a16w8-pc before a16w8 when per-channel weights won.
+    better_first = -1.0 if higher_is_better else 1.0
+    dearer.sort(key=lambda e: (bool(all_sixteen(e)), estimate_ms(e), better_first * e.value, e.plan_id))
     return [*cheaper, pick, *dearer], len(cheaper)
 
 
