@@ -72,8 +72,8 @@ def _array(inits, name):
 
 
 def _operands(node, inits, producers, consumers):
-    """(input scale, input zero point, weight codes, weight scales, bias codes) of a Conv/Gemm the rule covers,
-    or None."""
+    """(input codes' tensor, input scale, input zero point, weight codes, weight scales, bias codes) of a Conv/Gemm
+    the rule covers, or None."""
     if len(node.input) < 3 or not node.input[2]:
         return None
     x_dq, w_dq, b_dq = (producers.get(name) for name in node.input[:3])
@@ -105,7 +105,8 @@ def _operands(node, inits, producers, consumers):
     accumulator_step = float(x_scale) * w_scale.astype(np.float64).reshape(-1)
     if not np.allclose(b_scale.astype(np.float64).reshape(-1), accumulator_step, rtol=1e-5, atol=0):
         return None
-    return float(x_scale), int(x_zero), codes, w_scale.astype(np.float64).reshape(-1), bias.astype(np.int64)
+    return (x_dq.input[0], float(x_scale), int(x_zero), codes, w_scale.astype(np.float64).reshape(-1),
+            bias.astype(np.int64))
 
 
 def _sixteen_bit_output(node, consumers, inits) -> bool:
@@ -125,8 +126,9 @@ def _attribute(node, name, default):
     return default
 
 
-def _rewritten_nodes(node, x_scale, x_zero, codes, w_scale, bias, graph):
-    """The nodes computing the HTP's result of `node` from its dequantized input, or None."""
+def _rewritten_nodes(node, x_codes, x_scale, x_zero, codes, w_scale, bias, graph):
+    """The nodes computing the HTP's result of `node` from its input's uint16 codes (`x_codes`, what its input's
+    DequantizeLinear reads), or None."""
     p = f"{node.name or node.output[0]}/htp_accumulator/"
     channels = bias.size
     if node.op_type == "Conv":
@@ -138,7 +140,6 @@ def _rewritten_nodes(node, x_scale, x_zero, codes, w_scale, bias, graph):
         shape = [channels]
     constant = (np.floor(-x_zero * weight_sums / _SHIFT + 0.5) + np.sign(bias) * (np.abs(bias) // int(_SHIFT)))
     constants = [
-        numpy_helper.from_array(np.float32(x_scale), p + "x_scale"),
         numpy_helper.from_array(np.float32(x_zero), p + "x_zero"),
         numpy_helper.from_array(np.float32(_SHIFT), p + "shift"),
         numpy_helper.from_array(codes.astype(np.float32), p + "w_codes"),
@@ -146,11 +147,7 @@ def _rewritten_nodes(node, x_scale, x_zero, codes, w_scale, bias, graph):
         numpy_helper.from_array((_SHIFT * x_scale * w_scale).astype(np.float32).reshape(shape), p + "step"),
     ]
     graph.initializer.extend(constants)
-    nodes = [
-        helper.make_node("Div", [node.input[0], p + "x_scale"], [p + "ratio"], name=p + "Ratio"),
-        helper.make_node("Round", [p + "ratio"], [p + "centred"], name=p + "Centred"),
-        helper.make_node("Add", [p + "centred", p + "x_zero"], [p + "q"], name=p + "Codes"),
-    ]
+    nodes = [helper.make_node("Cast", [x_codes], [p + "q"], name=p + "Codes", to=TensorProto.FLOAT)]
     codes_in = p + "q"
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if node.op_type == "Conv":
