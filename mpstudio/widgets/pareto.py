@@ -93,7 +93,8 @@ class ParetoPlot(View):
     def _figure(self):
         fig = figure(tools="pan,wheel_zoom,box_zoom,reset", sizing_mode="stretch_both", min_height=PLOT_MIN_HEIGHT,
                      min_width=300, toolbar_location="above", name="pareto")
-        fig.step("x", "y", source=self.front, mode="after", line_color="#d62728", line_width=2, line_alpha=0.7)
+        fig.step("x", "y", source=self.front, mode="after", line_color="#d62728", line_width=2, line_alpha=0.7,
+                 name="front")
         points = fig.scatter("latency_ms", "value", source=self.points, marker="marker", size="size",
                              fill_color="color", line_color="#222", selection_line_color="#d6008f",
                              selection_line_width=3, nonselection_fill_alpha=0.9, nonselection_line_alpha=0.9,
