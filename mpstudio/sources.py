@@ -19,6 +19,16 @@ MEASURED, ESTIMATE, EMULATOR = "measured", "estimate", "emulator"
 LATENCY_SOURCES = (ESTIMATE, EMULATOR, MEASURED)
 RUN_LATENCY_SOURCES = (MEASURED, EMULATOR)  # what timing a run on an agent can give
 
+# How the CPU's accuracy source ends ("ORT CPU QDQ (<numerics>, " before it, `loop.runners.CPU_SOURCE`): it names
+# what of the HTP's arithmetic the CPU numerics follow, so results of an earlier mpstudio's numerics carry another.
+CPU_NUMERICS_TAIL = "HTP weights, input rounding and accumulators)"
+
+
+def superseded_source(source: str) -> bool:
+    """True for the CPU results of an earlier mpstudio's numerics (a study kept from before a rounding rule was
+    followed): neither the current CPU numerics nor another backend."""
+    return source.startswith("ORT CPU QDQ (") and not source.endswith(CPU_NUMERICS_TAIL)
+
 
 # What a figure includes. The cost model prices the HTP's graph alone ("HTP only") or adds the graph-input
 # quantize and output dequantize ORT's QNN EP leaves to the CPU; an agent times whole session runs.

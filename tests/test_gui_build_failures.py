@@ -75,6 +75,7 @@ def test_the_plot_marks_plans_that_cannot_be_built(study):
         assert crosses["value"][row[lrn16]] < min(plot.points.data["value"])
         assert all(LRN_NODE in reason and "3110" in reason for reason in crosses["reason"])
         assert set(crosses["where"]) == {"HTP v75"} and plot._unbuilt_item.visible
+        assert plot._legend.nrows == 2  # a fourth key: two rows, not a legend wider than the frame
         # On another latency axis the plan that has no point has no latency to be drawn at.
         state.latency_source = "emulator"
         state.refresh_evaluations()

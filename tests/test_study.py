@@ -114,6 +114,31 @@ def test_front_uses_one_latency_source_and_the_metric_direction(chain_study):
     assert "a16w8" in text and "estimate" in text and "front" in text
 
 
+def test_results_of_an_earlier_numerics_neither_make_the_front_nor_cross_check_it(chain_study):
+    """A study kept from an earlier mpstudio holds CPU results of its numerics: more of them than of the current
+    numerics, yet the front is of the current CPU numerics, and they are not shown as another backend's check."""
+    from mpstudio.store import AccuracyRecord
+
+    old_source = "ORT CPU QDQ (fake-quant, HTP weights)"  # the name of the numerics before input rounding
+    plans = [PrecisionPlan.a8w8(), PrecisionPlan.a16w8()]
+    tensors = [t for t in chain_study.graph.activations() if t.startswith("block")]
+    plans += [PrecisionPlan.a8w8().promote(tensors[:k]) for k in (2, 6)]
+    evaluations = [chain_study.evaluate(plan) for plan in plans]
+    for evaluation in evaluations:  # every plan again under the old name, and one more plan only under it
+        chain_study.store.record(evaluation.plan_id, AccuracyRecord(
+            "cpu", old_source, evaluation.metric, evaluation.value - 0.5, True, None, None, 6, 0.1))
+    for k in (3, 4):  # plans only the old numerics scored: it has the most plans
+        plan = PrecisionPlan.a8w8().promote(tensors[:k])
+        plan_id = chain_study.add_plan(plan, "search")
+        chain_study.store.record(plan_id, AccuracyRecord("cpu", old_source, evaluations[0].metric, 1.0, True, None,
+                                                         None, 6, 0.1), latencies=[chain_study.estimate(plan)])
+    assert len(chain_study.front("estimate", accuracy_source=old_source)) == 6
+    front = chain_study.front("estimate")
+    assert set(front["accuracy_source"]) == {CPU_SOURCE} and len(front) == 4
+    assert chain_study.cross_checks("estimate", front).empty
+    assert old_source not in chain_study.summary()
+
+
 def test_jobs_left_running_by_a_dead_process_are_pending_again(chain_study, tmp_path):
     job = chain_study.submit(PrecisionPlan.a16w8())
     assert chain_study.submit(PrecisionPlan.a16w8()) == job  # no duplicate queueing

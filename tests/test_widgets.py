@@ -466,3 +466,14 @@ def test_baseline_labels_on_the_pareto_plot_do_not_cover_each_other():
     assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), boxes
     top = ys.index(max(ys))
     assert labels["dy"][top] < 0, "the highest baseline's name runs under the legend"
+
+
+def test_the_legend_names_another_accuracy_source_briefly():
+    """The cross-checks' key names a short source, else says what it is: a CPU source's name is longer than the
+    plot's frame is wide (the triangles' tooltips name each)."""
+    from mpstudio.loop.runners import CPU_SOURCE
+    from mpstudio.widgets.pareto import _checks_label
+
+    assert _checks_label(["HTP emulator on vm"]) == "on HTP emulator on vm"
+    assert _checks_label([CPU_SOURCE]) == "same plan, other accuracy source"
+    assert _checks_label(["HTP on sm8650", CPU_SOURCE]) == "same plan, 2 other accuracy sources"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..data import Cancelled, DataSource, Feed, Progress
 from ..runtime import DEFAULT_CPU_NUMERICS
-from ..sources import Latency
+from ..sources import CPU_NUMERICS_TAIL, Latency
 from .inprocess import run_outputs
 
 # Names the CPU numerics too, so results of another numerics (older studies) are never mixed with these.
@@ -20,7 +20,7 @@ from .inprocess import run_outputs
 # their results carry another name than the earlier ones, so one study never mixes the two on a front; the same
 # for "input rounding", the graph inputs rounded to their codes as the HTP rounds them (runtime.htp_input_rounding),
 # and for "accumulators", 16-bit Convs and Gemms rounding their sums as the HTP does (runtime.htp_accumulator_rounding).
-CPU_SOURCE = f"ORT CPU QDQ ({DEFAULT_CPU_NUMERICS}, HTP weights, input rounding and accumulators)"
+CPU_SOURCE = f"ORT CPU QDQ ({DEFAULT_CPU_NUMERICS}, {CPU_NUMERICS_TAIL}"
 
 
 class InProcess:

@@ -139,13 +139,14 @@ class ParetoPlot(View):
         # before its colours, and a legend painted in between reads a colour past the end (a RangeError).
         measured_key = fig.scatter(x=[], y=[], marker="circle", size=10, fill_color="#d62728", line_color="#222",
                                    name="measured_key")
-        fig.add_layout(Legend(items=[LegendItem(label="measured", renderers=[measured_key]),
+        self._legend = Legend(items=[LegendItem(label="measured", renderers=[measured_key]),
                                      LegendItem(label="predicted", renderers=[predicted]),
                                      LegendItem(label="measured so far (95 % interval)", renderers=[partial]),
                                      self._checks_item, self._unbuilt_item],
                               orientation="horizontal", label_text_font_size="11px",
                               glyph_height=14, glyph_width=14, spacing=6, padding=4, margin=4,
-                              background_fill_alpha=0.7, border_line_alpha=0, name="pareto_legend"), "above")
+                              background_fill_alpha=0.7, border_line_alpha=0, name="pareto_legend")
+        fig.add_layout(self._legend, "above")
         fig.x_range.range_padding = fig.y_range.range_padding = 0.25  # room for the baselines' labels
         fig.xaxis.axis_label = "latency (ms)"
         fig.yaxis.axis_label = "accuracy"
@@ -170,14 +171,16 @@ class ParetoPlot(View):
             checks_data = _empty(_CHECKS)
         else:
             checks_data = {c: checks[c].tolist() for c in _CHECKS}
-            sources = list(dict.fromkeys(checks["other_source"]))
-            self._checks_item.label = {"value": "on " + ", ".join(sources)}
+            self._checks_item.label = {"value": _checks_label(list(dict.fromkeys(checks["other_source"])))}
         self._checks_item.visible = bool(checks_data["plan_id"])
         # Read with the evaluations they go with (a refresh of the evaluations is a refresh of these too).
         unbuilt = _unbuilt(study.build_failures() if study is not None else [], data, self.state.latency_source)
         self._unbuilt_item.visible = bool(unbuilt["plan_id"])
         if unbuilt["plan_id"]:
             self._unbuilt_item.label = {"value": "cannot build on " + ", ".join(dict.fromkeys(unbuilt["where"]))}
+        # One row holds the three constant keys; with a fourth or fifth the legend takes two rows, not the width
+        # of the frame and more (it would run out over the views on the plot's left).
+        self._legend.nrows = 2 if self._checks_item.visible or self._unbuilt_item.visible else "auto"
         self._syncing = True
         try:
             update_source(self.checks, checks_data)
@@ -280,6 +283,19 @@ def _points(frame: pd.DataFrame) -> dict[str, list]:
         "latency_label": frame["latency_label"].tolist(),
         "interval": [_interval(lo, hi) for lo, hi in zip(frame["latency_low_ms"], frame["latency_high_ms"])],
     }
+
+
+# The legend's key for another accuracy source's values of the same plans: its name when short, else what it is
+# (the triangles' tooltips name each source).
+_CHECKS_LABEL_CHARS = 32
+
+
+def _checks_label(sources: list[str]) -> str:
+    if len(sources) == 1 and len(sources[0]) <= _CHECKS_LABEL_CHARS:
+        return f"on {sources[0]}"
+    if len(sources) == 1:
+        return "same plan, other accuracy source"
+    return f"same plan, {len(sources)} other accuracy sources"
 
 
 def _unbuilt(failures, points: dict[str, list], latency_source: str) -> dict[str, list]:
