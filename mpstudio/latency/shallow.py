@@ -47,7 +47,7 @@ def shallow_inputs(ops: list[HtpOp], qops, shapes: dict, graph_inputs) -> list[H
         slot, operand = reads[0]
         name, dtype, elements = op.inputs[slot]
         if TYPE_BITS.get(dtype, 16) <= 8:
-            if not MECHANISMS["shallow_input_packing"]:
+            if not MECHANISMS["shallow_input_packing"] or len(shape) != 4:
                 continue
             taps = int(math.prod(int(d) for d in weight[2:]))
             op.hmx_macs = op.hmx_macs // (_blocks(channels) * taps) * _blocks(channels * taps)
