@@ -267,8 +267,10 @@ def _yolo5_decode(net: Net, out: str, rows: int, cols: int, stride: int, classes
                                                          net.const(np.float32(2.0))]), four]),
                            net.const(anchors[i - 2], "anchor")]) for i in (2, 3)]
     objectness = net.op("Sigmoid", [_pick(net, pred, 4)])
-    parts = [net.op("Unsqueeze", [p, net.const(np.array([2], np.int64), "axes")]) for p in centre + size + [objectness]]
-    scores = net.op("Sigmoid", [net.op("Slice", [pred, *(net.const(np.array([v], np.int64)) for v in (5, width, 2))])])
+    parts = [net.op("Unsqueeze", [p, net.const(np.array([2], np.int64), "axes")])
+             for p in centre + size + [objectness]]
+    bounds = [net.const(np.array([v], np.int64)) for v in (5, width, 2)]
+    scores = net.op("Sigmoid", [net.op("Slice", [pred, *bounds])])
     return net.op("Concat", [net.op("Concat", parts, axis=2), scores], axis=2)
 
 
