@@ -63,7 +63,8 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 #     and only the rest at the DDR rate (tiling), instead of all of it at DDR once the working set exceeds it;
 #   shallow_input: a graph-input image of at most four channels enters its first convolution packed in 8 bits (taps
 #     and channels share the matrix unit's depth) and converted to channel blocks of 32 in 16 bits and fp16
-#     (latency.shallow); shallow_input_packing: with it, the 8-bit packing (without it, only the 16-bit/fp16 part).
+#     (latency.shallow); shallow_input_packing: with it, the 8-bit packing (without it, only the 16-bit/fp16 part);
+#   tiny_ops: an op whose operands fit one 64 KB tile pays a quarter of the fixed per-op cost (latency.features).
 # On: silu_after_depthwise (87 -> 86 of 256 cross-validated rows outside) and prelu_overlaps (92 -> 91 with the
 # left-out fits started from nominal values). Off: the others, each of which, measured alone or with the others,
 # left more cross-validation misses than without it (the refit moves other architectures' rows); kept to be
@@ -74,7 +75,7 @@ MECHANISMS = {"layout_look_through": False, "clamp_after_vector": False, "channe
               "depthwise_tap_groups": False, "concat_requantize": False,
               "channel_blocks": False, "channel_block_lanes": False,
               "vtcm_partial_spill": False, "shallow_input": False,
-              "shallow_input_packing": False}
+              "shallow_input_packing": False, "tiny_ops": False}
 
 TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
              "uint4": 4, "int4": 4}
