@@ -246,8 +246,55 @@ def _double_blaze(net: Net, x: str, cin: int, cout: int, k: int = 5) -> str:
     return net.op("Relu", [net.op("Add", [h, skip])])
 
 
+def _pick(net: Net, x: str, index: int) -> str:
+    """x[..., index] (a Gather on the last axis, as the exporter writes an integer index)."""
+    return net.op("Gather", [x, net.const(np.array(index, np.int64), "i")], axis=-1)
+
+
+def _yolo5_decode(net: Net, out: str, rows: int, cols: int, stride: int, classes: int) -> str:
+    """The zoo's GearGuardNet._decode_scale: [1, cells x 3, 5 + classes] of centre, size, objectness and class
+    scores from one scale's raw map (sigmoids, grid offsets, anchor sizes), as exported."""
+    n, width = rows * cols * 3, classes + 5
+    pred = net.reshape(net.op("Transpose", [out], perm=[0, 2, 3, 1]), [1, n, width])
+    grid = net.rng.uniform(0, max(rows, cols), (2, 1, n)).astype(np.float32)
+    anchors = net.rng.uniform(10, 400, (2, 1, n)).astype(np.float32)
+    two, half, four = (net.const(np.float32(v)) for v in (2.0, 0.5, 4.0))
+    centre = [net.op("Mul", [net.op("Add", [net.op("Sub", [net.op("Mul", [net.op("Sigmoid", [_pick(net, pred, i)]),
+                                                                          two]), half]),
+                                             net.const(grid[i], "grid")]), net.const(np.float32(stride))])
+              for i in (0, 1)]
+    size = [net.op("Mul", [net.op("Mul", [net.op("Pow", [net.op("Sigmoid", [_pick(net, pred, i)]),
+                                                         net.const(np.float32(2.0))]), four]),
+                           net.const(anchors[i - 2], "anchor")]) for i in (2, 3)]
+    objectness = net.op("Sigmoid", [_pick(net, pred, 4)])
+    parts = [net.op("Unsqueeze", [p, net.const(np.array([2], np.int64), "axes")])
+             for p in centre + size + [objectness]]
+    bounds = [net.const(np.array([v], np.int64)) for v in (5, width, 2)]
+    scores = net.op("Sigmoid", [net.op("Slice", [pred, *bounds])])
+    return net.op("Concat", [net.op("Concat", parts, axis=2), scores], axis=2)
+
+
+def _detect_postprocess(net: Net, detections: str, count: int, classes: int) -> tuple[str, str, str]:
+    """The zoo's yolo detect_postprocess: corner boxes, class scores times objectness, the best class's score and
+    index."""
+    def cut(start: int, end: int) -> str:
+        return net.op("Slice", [detections, *(net.const(np.array([v], np.int64)) for v in (start, end, 2))])
+
+    boxes, conf, scores = cut(0, 4), cut(4, 5), cut(5, 5 + classes)
+    cx, cy = _pick(net, boxes, 0), _pick(net, boxes, 1)
+    w, h = (net.op("Mul", [_pick(net, boxes, i), net.const(np.float32(0.5))]) for i in (2, 3))
+    corners = [net.op(op, [c, d]) for op, c, d in (("Sub", cx, w), ("Sub", cy, h), ("Add", cx, w), ("Add", cy, h))]
+    boxes = net.op("Concat", [net.op("Unsqueeze", [c, net.const(np.array([2], np.int64), "axes")]) for c in corners],
+                   axis=2)
+    scores = net.op("Mul", [scores, conf])
+    best = net.op("ReduceMax", [scores], axes=[-1], keepdims=0)  # opset 17: axes an attribute
+    index = net.op("Cast", [net.op("ArgMax", [scores], axis=-1, keepdims=0)], to=TensorProto.INT32)
+    return boxes, best, index
+
+
 def gear_guard_net(height: int = 320, width: int = 192, classes: int = 2) -> onnx.ModelProto:
-    """The zoo's GearGuardNet (YOLOv5-style, DoubleBlaze blocks, width 0.5, depth 0.33) with its anchor decode."""
+    """The zoo's GearGuardNet (YOLOv5-style, DoubleBlaze blocks, width 0.5, depth 0.33) with the anchor decode and
+    the post-processing its published model runs on the device (boxes as corners, scores, class index)."""
     net = Net(20)
 
     def blocks(y: str, cin: int, cout: int, n: int) -> str:
@@ -266,15 +313,15 @@ def gear_guard_net(height: int = 320, width: int = 192, classes: int = 2) -> onn
     p3 = blocks(net.op("Concat", [net.resize(h14, 2.0, mode="nearest"), b4], axis=1), 256, 128, 1)
     p4 = blocks(net.op("Concat", [net.conv(p3, 128, 128, 3, 2, act="relu"), h14], axis=1), 256, 256, 1)
     p5 = blocks(net.op("Concat", [net.conv(p4, 256, 256, 3, 2, act="relu"), h10], axis=1), 512, 512, 1)
-    decoded, count = [], 0
-    for feat, ch, stride in ((p3, 128, 8), (p4, 256, 16), (p5, 512, 32)):
-        cells = (height // stride) * (width // stride)
-        out = net.op("Transpose", [net.conv(feat, ch, 3 * (classes + 5), 1)], perm=[0, 2, 3, 1])
-        decoded.append(net.op("Sigmoid", [net.reshape(out, [1, cells * 3, classes + 5])]))
-        count += cells * 3
-    _rename(net, net.op("Concat", decoded, axis=1), "detections")
+    decoded = [_yolo5_decode(net, net.conv(feat, ch, 3 * (classes + 5), 1), height // stride, width // stride,
+                             stride, classes) for feat, ch, stride in ((p3, 128, 8), (p4, 256, 16), (p5, 512, 32))]
+    count = sum(3 * (height // s) * (width // s) for s in (8, 16, 32))
+    boxes, scores, class_idx = _detect_postprocess(net, net.op("Concat", decoded, axis=1), count, classes)
+    for tensor, name in ((boxes, "boxes"), (scores, "scores"), (class_idx, "class_idx")):
+        _rename(net, tensor, name)
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, height, width])]
-    return net.model("gear_guard_net", inputs, _out("detections", [1, count, classes + 5]))
+    return net.model("gear_guard_net", inputs, _out("boxes", [1, count, 4]) + _out("scores", [1, count])
+                     + [helper.make_tensor_value_info("class_idx", TensorProto.INT32, [1, count])])
 
 
 MORE_ARCHITECTURES = (

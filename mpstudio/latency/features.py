@@ -16,6 +16,9 @@ from .reading import float_io_ops, parsed_model
 
 # HVX instructions per 128-byte vector of the cost classes whose count is not a fitted constant.
 _FIXED_INSTR = {"simple": 1.0, "arith": 2.0, "resize": 4.0, "reduce": 1.0, "pool": 1.0}
+# Mechanism `tiny_ops` (assumptions): an op whose operands fit one 64 KB tile runs whole on one thread (no split
+# across the HTP's threads, no join), for a quarter of the fixed per-op cost.
+TINY_BYTES, TINY_SHARE = 64 * 1024, 0.25
 
 
 def _act_type(types: Iterable[str]) -> str:
@@ -62,7 +65,9 @@ class OpFeatures:
                 "depthwise": cls == "depthwise",
                 "fixed_instr": np.array([_FIXED_INSTR.get(k, 2.0) for k in self.cls], dtype=float),
                 "runs": runs, "moves": runs & (engine != "none"), "io": self.kind == _KINDS.index("io"),
-                "graph": self.kind == _KINDS.index("graph"), "partial_spill": MECHANISMS["vtcm_partial_spill"]}
+                "graph": self.kind == _KINDS.index("graph"), "partial_spill": MECHANISMS["vtcm_partial_spill"],
+                "fixed_share": np.where(runs & (self.act_bytes + self.weight_bytes <= TINY_BYTES)
+                                        & MECHANISMS["tiny_ops"], TINY_SHARE, 1.0)}
 
     def costs(self, arch: HtpArch) -> dict[str, np.ndarray]:
         """compute_ms, memory_ms, overhead_ms, hidden_ms and ms of every op on `arch`."""
@@ -90,7 +95,7 @@ class OpFeatures:
             fits = self.act_bytes + self.weight_bytes <= usable
             memory_s = self.act_bytes / np.where(fits, c.vtcm_factor * ddr, ddr) + self.weight_bytes / ddr
         memory_s = np.where(st["moves"], memory_s, 0.0)
-        overhead_s = np.where(st["runs"], c.op_cycles / (arch.clock_ghz * 1e9), 0.0)
+        overhead_s = np.where(st["runs"], c.op_cycles * st["fixed_share"] / (arch.clock_ghz * 1e9), 0.0)
         memory_s = np.where(st["io"], self.act_bytes / (c.cpu_io_gbs * 1e9), memory_s)
         overhead_s = np.where(st["graph"], c.graph_overhead_us * 1e-6, overhead_s)
         compute_s = hmx_s + hvx_s

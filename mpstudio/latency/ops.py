@@ -60,16 +60,22 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 #     a low-depth, high-resolution map moves up to 32x its elements' bytes; channel_block_lanes: with it, the
 #     vector unit processes the padded elements too;
 #   vtcm_partial_spill: the part of an op's working set the usable VTCM (half of it) holds moves at the VTCM rate
-#     and only the rest at the DDR rate (tiling), instead of all of it at DDR once the working set exceeds it.
+#     and only the rest at the DDR rate (tiling), instead of all of it at DDR once the working set exceeds it;
+#   shallow_input: a graph-input image of at most four channels enters its first convolution packed in 8 bits (taps
+#     and channels share the matrix unit's depth) and converted to channel blocks of 32 in 16 bits and fp16
+#     (latency.shallow); shallow_input_packing: with it, the 8-bit packing (without it, only the 16-bit/fp16 part);
+#   tiny_ops: an op whose operands fit one 64 KB tile pays a quarter of the fixed per-op cost (latency.features).
 # On: silu_after_depthwise (87 -> 86 of 256 cross-validated rows outside) and prelu_overlaps (92 -> 91 with the
 # left-out fits started from nominal values). Off: the others, each of which, measured alone or with the others,
 # left more cross-validation misses than without it (the refit moves other architectures' rows); kept to be
-# measured again with the next formula changes (docs/latency.md, "Fit").
+# measured again with the next formula changes (docs/latency.md, "Fit"). shallow_input with its packing left fewer
+# (94 -> 90 of 256; 69 with concat_requantize) but took architectures out that were in (ResNet-50, Real-ESRGAN).
 MECHANISMS = {"layout_look_through": False, "clamp_after_vector": False, "channels_last_transpose": False,
               "prelu_overlaps": True, "concat_in_place": False, "silu_after_depthwise": True,
               "depthwise_tap_groups": False, "concat_requantize": False,
               "channel_blocks": False, "channel_block_lanes": False,
-              "vtcm_partial_spill": False}
+              "vtcm_partial_spill": False, "shallow_input": False,
+              "shallow_input_packing": False, "tiny_ops": False}
 
 TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
              "uint4": 4, "int4": 4}

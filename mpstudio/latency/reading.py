@@ -17,6 +17,7 @@ from ..qdq import read as read_qdq
 from .depth import blocked_elements, blocked_tensors
 from .fusion import concat_requantizations, fuse
 from .ops import MECHANISMS, HtpOp, type_bytes
+from .shallow import shallow_inputs
 from .work import shape_work
 
 
@@ -98,7 +99,8 @@ def _parse(model: onnx.ModelProto) -> ParsedModel:
     counter = _ElementCounter(shapes, blocked_tensors(qdq.ops, shapes, qdq.graph_inputs))
     ops = [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "QuantizeLinear"]
     ops += [_convert_op(c, counter) for c in qdq.converts]
-    ops += [op for op in (_compute_op(o, counter) for o in qdq.ops if o.op_type not in _SHAPE_OPS) if op]
+    computed = [op for op in (_compute_op(o, counter) for o in qdq.ops if o.op_type not in _SHAPE_OPS) if op]
+    ops += shallow_inputs(computed, qdq.ops, shapes, qdq.graph_inputs) + computed
     ops += concat_requantizations(ops)
     ops += [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "DequantizeLinear"]
     fuse(ops)
@@ -172,8 +174,9 @@ def float_io_ops(parsed: ParsedModel) -> list[HtpOp]:
         for name, _, n in op.inputs:
             if name in parsed.graph_inputs:
                 node = f"{name} cast fp32->fp16"
-                ops[node] = HtpOp(node, "Cast", "hvx", [(name, "float32", n)], [(name, "float16", n)], work=n,
-                                  cls="convert", kind="convert")
+                # the first reader's count: a convolution may read the input padded (mechanism shallow_input)
+                ops.setdefault(node, HtpOp(node, "Cast", "hvx", [(name, "float32", n)], [(name, "float16", n)],
+                                           work=n, cls="convert", kind="convert"))
         for name, _, n in op.outputs:
             if name in parsed.graph_outputs:
                 node = f"{name} cast fp16->fp32"
