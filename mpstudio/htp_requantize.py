@@ -1,8 +1,8 @@
 """How the HTP requantizes the accumulator of an 8-bit Conv or Gemm, written into a QDQ model for ORT's CPU EP.
 
 Measured on the HTP emulator with one-op models (tests/test_runtime_requantize_rounding.py): a Conv or Gemm whose
-input and output are 8-bit activations and whose weights are symmetric int8 codes (per channel, or per tensor)
-does not requantize its int32 accumulator exactly. With acc = sum((q - input zero point) * w) + bias in units of
+input and output are 8-bit activations and whose weights are int8 codes (symmetric, per channel or per tensor,
+or uint8 per tensor around a zero point, within int8 of it) does not requantize its int32 accumulator exactly. With acc = sum((q - input zero point) * w) + bias in units of
 the accumulator's step (input scale x weight scale) and M = input scale x weight scale / output scale (per output
 channel), write M = m * 2^e with m in [1, 2). The HTP computes the output code as
 
@@ -102,7 +102,14 @@ def _operands(node, inits, producers, consumers):
         return None
     if x_zero.dtype != np.uint8 or x_zero.size != 1 or x_scale.size != 1:
         return None
-    if codes.dtype != np.int8 or np.any(w_zero != 0) or bias.dtype != np.int32:
+    if bias.dtype != np.int32:
+        return None
+    if codes.dtype == np.uint8 and w_zero.size == 1 and w_scale.size == 1:
+        # a uint8 per-tensor weight (ORT's QNN default) the HTP takes as it is: its codes around the zero point
+        codes = codes.astype(np.int64) - int(w_zero.reshape(-1)[0])
+        if codes.min() < -128 or codes.max() > 127:
+            return None  # requantized by the HTP (runtime.htp_weight_grid writes what it computes with)
+    elif codes.dtype != np.int8 or np.any(w_zero != 0):
         return None
     output = _output_encoding(node, inits, consumers)
     if output is None:

@@ -1,0 +1,130 @@
+"""The fake-quant CPU numerics requantize an 8-bit Conv's or Gemm's accumulator as the HTP does
+(runtime.htp_accumulator_rounding, mpstudio.htp_requantize): the accumulator shifted right to about 1/16 of an output
+step with half its dropped step added back, times a multiplier of 12 significant bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import IR, requires_qnn
+from onnx import TensorProto, helper, numpy_helper
+
+from mpstudio.htp_requantize import requantize_constants
+from mpstudio.runtime import create_session, htp_accumulator_rounding
+
+CASES = {
+    "depthwise 3x3": dict(op="Conv", channels=16, group=16, kernel=3),
+    "depthwise 5x5": dict(op="Conv", channels=16, group=16, kernel=5),
+    "depthwise 3x3, stride (2, 1)": dict(op="Conv", channels=16, group=16, kernel=3, stride=(2, 1)),
+    "regular 3x3": dict(op="Conv", channels=8, group=1, kernel=3),
+    "regular 3x3, stride 2": dict(op="Conv", channels=8, group=1, kernel=3, stride=2),
+    "pointwise": dict(op="Conv", channels=16, group=1, kernel=1),
+    "pointwise, Relu": dict(op="Conv", channels=16, group=1, kernel=1, relu=True),
+    "pointwise, per-tensor int8 weights": dict(op="Conv", channels=16, group=1, kernel=1, weights="per-tensor"),
+    "pointwise, uint8 asymmetric weights": dict(op="Conv", channels=16, group=1, kernel=1, weights="uint8"),
+    "gemm": dict(op="Gemm", channels=32),
+}
+
+
+def one_op(op="Conv", channels=16, group=1, kernel=3, stride=1, relu=False, weights="per-channel", seed=0):
+    """x -> Q -> DQ -> Conv/Gemm (int8 weights, int32 bias) [-> Relu] -> Q -> DQ at 8 bits, the output encoding
+    fitted to the exact result, as ORT's quantizer writes a layer's (multipliers near 2^-12); and an input."""
+    rng = np.random.default_rng(seed)
+    x_scale, x_zero = 0.05, 133
+    shape_w = (channels, channels // group, kernel, kernel) if op == "Conv" else (channels, channels)
+    if weights == "uint8":  # ORT's QNN default: uint8 per tensor around a zero point, within int8 of it
+        w_zero = np.uint8(rng.integers(100, 156))
+        codes = (rng.integers(-120, 100, shape_w) + int(w_zero)).astype(np.uint8)
+        w_scale = np.float32(rng.uniform(0.005, 0.05))
+        w_zeros = w_zero
+    else:
+        codes = rng.integers(-127, 128, shape_w).astype(np.int8)
+        w_scale = (rng.uniform(0.005, 0.05, channels) if weights == "per-channel"
+                   else np.full(1, rng.uniform(0.005, 0.05))).astype(np.float32)
+        w_zeros = np.zeros(w_scale.size, np.int8)
+        if weights == "per-tensor":
+            w_scale, w_zeros = w_scale[0], w_zeros[0]
+    bias = rng.integers(-300_000, 300_000, channels).astype(np.int32)
+    shape = [1, channels, 12, 12] if op == "Conv" else [6, channels]
+    x = ((rng.integers(0, 256, shape) - x_zero) * x_scale).astype(np.float32)
+    node = (helper.make_node("Conv", ["xd", "wd", "bd"], ["y"], group=group, pads=[kernel // 2] * 4,
+                             kernel_shape=[kernel, kernel], strides=list(np.broadcast_to(stride, 2))) if op == "Conv"
+            else helper.make_node("Gemm", ["xd", "wd", "bd"], ["y"], transB=1))
+
+    def model(y_scale, y_zero):
+        inits = [numpy_helper.from_array(np.asarray(a), n) for a, n in [
+            (np.float32(x_scale), "sx"), (np.uint8(x_zero), "zx"), (codes, "wq"), (w_scale, "sw"),
+            (w_zeros, "zw"), (bias, "bq"), ((np.float32(x_scale) * np.asarray(w_scale, np.float32)), "sb"),
+            (np.zeros(np.size(w_scale), np.int32).reshape(np.shape(w_scale)), "zb"), (np.float32(y_scale), "so"),
+            (np.uint8(y_zero), "zo")]]
+        axis = {"axis": 0} if np.size(w_scale) > 1 else {}
+        nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+                 helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+                 helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"], **axis),
+                 helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bd"], **axis), node]
+        if relu:
+            node.output[0] = "conv"
+            nodes.append(helper.make_node("Relu", ["conv"], ["y"]))
+        nodes += [helper.make_node("QuantizeLinear", ["y", "so", "zo"], ["yq"]),
+                  helper.make_node("DequantizeLinear", ["yq", "so", "zo"], ["out"])]
+        graph = helper.make_graph(nodes, "one_op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                                  [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=IR)
+
+    unquantized = model(1.0, 0)
+    del unquantized.graph.node[-2:]
+    unquantized.graph.output[0].name = "y"
+    y = create_session(unquantized.SerializeToString(), numerics="basic").run(None, {"x": x})[0]
+    low, high = min(0.0, float(np.percentile(y, 0.5))), max(0.0, float(np.percentile(y, 99.5)))
+    y_scale = (high - low) / 255
+    return model(y_scale, int(np.clip(np.round(-low / y_scale), 0, 255))).SerializeToString(), x, y_scale
+
+
+def codes(model: bytes, x: np.ndarray, step: float, **session) -> np.ndarray:
+    return np.round(create_session(model, **session).run(["out"], {"x": x})[0] / step)
+
+
+@requires_qnn
+@pytest.mark.htp
+@pytest.mark.parametrize("case", list(CASES))
+def test_cpu_codes_follow_the_htp(case):
+    model, x, step = one_op(**CASES[case])
+    htp = codes(model, x, step, backend="htp", provider_options={"htp_arch": "75"})
+    cpu = codes(model, x, step)
+    assert np.mean(cpu != htp) < 0.001 and np.abs(cpu - htp).max() <= 1, case
+    # ORT's exact requantization differs on these: the rule is not a no-op
+    assert np.mean(codes(model, x, step, numerics="basic") != htp) > 0.005, case
+
+
+def test_the_rewrite_computes_the_measured_rule_exactly():
+    """The rewritten model's codes are those of the integer rule, computed here in int64."""
+    model, x, step = one_op(channels=16, group=1, kernel=1, seed=3)
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load_from_string(model).graph.initializer}
+    weights, w_scale, bias = inits["wq"].astype(np.int64)[:, :, 0, 0], inits["sw"].astype(np.float64), inits["bq"]
+    x_scale, x_zero = float(inits["sx"]), int(inits["zx"])
+    y_scale, y_zero = float(inits["so"]), int(inits["zo"])
+    q = np.round(x[0] / np.float32(x_scale)).astype(np.int64)  # the centred codes
+    accumulator = np.einsum("oc,chw->ohw", weights, q) + bias[:, None, None]
+    step, multiplier = requantize_constants(x_scale, w_scale, y_scale)
+    shift = np.round(-np.log2(step)).astype(np.int64)  # step = 2^-shift; the shift is right when negative
+    assert np.all(shift < 0)  # layers' multipliers near 2^-12 drop 8 bits
+    shifted = np.right_shift(accumulator, -shift[:, None, None])  # arithmetic: floor
+    expected = np.clip(np.floor((shifted + 0.5) * multiplier[:, None, None] + 0.5) + y_zero, 0, 255)
+    got = codes(model, x, step=y_scale)[0] + y_zero
+    assert np.array_equal(got, expected)
+
+
+def test_twelve_bit_multiplier():
+    """2^k x M keeps 12 significant bits: its mantissa (times 2^11) is an integer in [2048, 4096]."""
+    step, multiplier = requantize_constants(0.05, np.array([0.013, 0.0037, 0.021]), 0.31)
+    mantissa = multiplier / 2.0 ** np.floor(np.log2(multiplier)) * 2048
+    assert np.array_equal(mantissa, np.round(mantissa)) and np.all((mantissa >= 2048) & (mantissa <= 4096))
+    assert np.all(step * 0.05 * np.array([0.013, 0.0037, 0.021]) / 0.31 >= 1 / 16)
+
+
+@pytest.mark.parametrize("kwargs", [dict(op="Conv", channels=16, group=16, kernel=3, stride=2)],
+                         ids=["depthwise strided along both axes"])
+def test_what_the_rule_does_not_cover_is_left_alone(kwargs):
+    model, _, _ = one_op(**kwargs)
+    assert htp_accumulator_rounding(model) is model
