@@ -136,3 +136,76 @@ def test_twelve_bit_multiplier():
 def test_what_the_rule_does_not_cover_is_left_alone(kwargs):
     model, _, _ = one_op(**kwargs)
     assert htp_accumulator_rounding(model) is model
+
+
+ADD_CASES = {
+    "same shapes": dict(),
+    "broadcast per channel": dict(b_shape=[1, 8, 1, 1]),
+    "a constant operand": dict(constant=True),
+    "an input scale far below the other": dict(ratio=0.05),
+}
+
+
+def add_model(b_shape=(1, 8, 16, 16), constant=False, ratio=None, seed=0):
+    """a, b -> Q -> DQ -> Add -> Q -> DQ at 8 bits, random encodings, the output's fitted to the sum's range; the
+    inputs (b's codes an initializer when `constant`)."""
+    rng = np.random.default_rng(seed)
+    a_scale, a_zero = float(rng.uniform(0.01, 0.1)), int(rng.integers(0, 256))
+    b_scale = a_scale * (ratio if ratio else float(rng.uniform(0.3, 3))), int(rng.integers(0, 256))
+    b_scale, b_zero = b_scale
+    a = ((rng.integers(0, 256, (1, 8, 16, 16)) - a_zero) * np.float32(a_scale)).astype(np.float32)
+    b_codes = rng.integers(0, 256, b_shape).astype(np.uint8)
+    total = (a + (b_codes.astype(np.float32) - b_zero) * np.float32(b_scale)).ravel()
+    low, high = min(0.0, float(np.percentile(total, 1))), max(0.0, float(np.percentile(total, 99)))
+    y_scale = (high - low) / 255
+    y_zero = int(np.clip(np.round(-low / y_scale), 0, 255))
+    inits = [numpy_helper.from_array(np.asarray(v), n) for v, n in [
+        (np.float32(a_scale), "sa"), (np.uint8(a_zero), "za"), (np.float32(b_scale), "sb"), (np.uint8(b_zero), "zb"),
+        (np.float32(y_scale), "so"), (np.uint8(y_zero), "zo")]]
+    nodes = [helper.make_node("QuantizeLinear", ["a", "sa", "za"], ["aq"]),
+             helper.make_node("DequantizeLinear", ["aq", "sa", "za"], ["ad"])]
+    inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 8, 16, 16])]
+    feeds = {"a": a}
+    if constant:
+        inits.append(numpy_helper.from_array(b_codes, "bq"))
+    else:
+        nodes.append(helper.make_node("QuantizeLinear", ["b", "sb", "zb"], ["bq"]))
+        inputs.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b_shape)))
+        feeds["b"] = ((b_codes.astype(np.float32) - b_zero) * np.float32(b_scale)).astype(np.float32)
+    nodes += [helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bd"]),
+              helper.make_node("Add", ["ad", "bd"], ["y"]),
+              helper.make_node("QuantizeLinear", ["y", "so", "zo"], ["yq"]),
+              helper.make_node("DequantizeLinear", ["yq", "so", "zo"], ["out"])]
+    graph = helper.make_graph(nodes, "add", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=IR)
+    return model.SerializeToString(), feeds, y_scale
+
+
+def add_codes(model: bytes, feeds: dict, step: float, **session) -> np.ndarray:
+    return np.round(create_session(model, **session).run(["out"], feeds)[0] / step)
+
+
+@requires_qnn
+@pytest.mark.htp
+@pytest.mark.parametrize("case", list(ADD_CASES))
+def test_cpu_add_codes_follow_the_htp(case):
+    mismatch = []
+    for seed in range(3):
+        model, feeds, step = add_model(**ADD_CASES[case], seed=seed)
+        htp = add_codes(model, feeds, step, backend="htp", provider_options={"htp_arch": "75"})
+        cpu = add_codes(model, feeds, step)
+        assert np.array_equal(cpu, htp), (case, seed, np.mean(cpu != htp))
+        mismatch.append(np.mean(add_codes(model, feeds, step, numerics="basic") != htp))
+    assert max(mismatch) > 0.001, case  # the exact sum differs: the rule is not a no-op
+
+
+@requires_qnn
+@pytest.mark.htp
+def test_an_add_of_a_one_element_constant_is_left_exact():
+    """x + 3 in a hard-swish: the HTP adds a one-element constant exactly, and the rewrite leaves it so."""
+    for seed in range(3):
+        model, feeds, step = add_model(b_shape=[1], constant=True, seed=seed)
+        assert htp_accumulator_rounding(model) is model
+        htp = add_codes(model, feeds, step, backend="htp", provider_options={"htp_arch": "75"})
+        assert np.array_equal(add_codes(model, feeds, step, numerics="basic"), htp)
