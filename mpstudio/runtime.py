@@ -40,7 +40,7 @@ DEFAULT_HTP_ARCH = "75"
 # weights the HTP requantizes are taken on the HTP's grid (`htp_weight_grid`), float graph inputs are rounded
 # to their codes as the HTP rounds them (`htp_input_rounding`), and Convs and Gemms round their accumulator as the
 # HTP does (`htp_accumulator_rounding`: 16-bit sums shifted right by 8 bits, 8-bit requantization by a shifted
-# accumulator and a 12-bit multiplier).
+# accumulator and a 12-bit multiplier; 8-bit Adds by the HTP's integer multipliers).
 # Which one predicts the HTP best is measured by benchmarks/fidelity.py (docs/benchmarks.md); DEFAULT_CPU_NUMERICS
 # is its pick. fake-quant is also the sensitivity engine's numerics, and unlike the fused integer kernels it
 # does not depend on the CPU's instruction set (ORT's int8 kernels round differently without VNNI).
@@ -374,7 +374,8 @@ def _fake_quant_model(model: str | bytes) -> str | bytes:
 def htp_accumulator_rounding(model: str | bytes | onnx.ModelProto) -> str | bytes | onnx.ModelProto | None:
     """`model` with each 16-bit Conv and Gemm computing its accumulator as the HTP rounds it (the product sum
     shifted right by 8 bits, the int32 bias' low 8 bits dropped: `htp_accumulator`) and each 8-bit one requantizing
-    it as the HTP does (the accumulator shifted to about 1/16 output step, a 12-bit multiplier: `htp_requantize`);
+    it as the HTP does (the accumulator shifted to about 1/16 output step, a 12-bit multiplier), and each 8-bit Add
+    with the HTP's integer multipliers (`htp_requantize`);
     `model` itself when it has none. A ModelProto is changed in place; the answer is then the proto, or None when
     nothing changed."""
     proto = _proto(model)
