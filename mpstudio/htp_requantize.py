@@ -1,10 +1,12 @@
-"""How the HTP requantizes the accumulator of an 8-bit Conv or Gemm, written into a QDQ model for ORT's CPU EP.
+"""How the HTP requantizes an 8-bit Conv's or Gemm's accumulator and adds two 8-bit tensors, written into a QDQ
+model for ORT's CPU EP.
 
 Measured on the HTP emulator with one-op models (tests/test_runtime_requantize_rounding.py): a Conv or Gemm whose
 input and output are 8-bit activations and whose weights are int8 codes (symmetric, per channel or per tensor,
-or uint8 per tensor around a zero point, within int8 of it) does not requantize its int32 accumulator exactly. With acc = sum((q - input zero point) * w) + bias in units of
-the accumulator's step (input scale x weight scale) and M = input scale x weight scale / output scale (per output
-channel), write M = m * 2^e with m in [1, 2). The HTP computes the output code as
+or uint8 per tensor around a zero point, within int8 of it) does not requantize its int32 accumulator exactly.
+With acc = sum((q - input zero point) * w) + bias in units of the accumulator's step (input scale x weight
+scale) and M = input scale x weight scale / output scale (per output channel), write M = m * 2^e with m in
+[1, 2). The HTP computes the output code as
 
     floor((floor(acc / 2^k) + 1/2) * 2^k * M12 + 1/2) + output zero point,   k = -e - 4
 
