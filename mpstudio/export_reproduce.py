@@ -44,9 +44,9 @@ class HtpWeights:
 
 def htp_weights(qdq_path: str | os.PathLike) -> HtpWeights | None:
     """`qdq_path` with each uint8 per-tensor weight the HTP requantizes on its grid, and its float graph inputs
-    rounded as the HTP rounds them (`runtime.htp_input_rounding`) and its Convs' and Gemms' accumulators rounded as the HTP
-    rounds them (`runtime.htp_accumulator_rounding`), as the study's CPU numerics run it; None when the HTP takes
-    every weight as the model stores it."""
+    rounded as the HTP rounds them (`runtime.htp_input_rounding`) and its Convs' and Gemms' accumulators rounded
+    as the HTP rounds them (`runtime.htp_accumulator_rounding`), as the study's CPU numerics run it; None when the
+    HTP takes every weight as the model stores it."""
     grid = htp_weight_grid(str(qdq_path))
     if not isinstance(grid, bytes):
         return None
