@@ -4,7 +4,7 @@ Two things keep an exported plan from reproducing the study's numbers unless the
 calibrates activations on its own unless their parameters are pinned in the overrides, and the HTP requantizes
 the uint8 per-tensor weights it cannot multiply by as they are (`runtime.htp_weight_grid`), which the study's CPU
 numerics take into account and ORT's CPU run of the plain QDQ model does not (nor the HTP's rounding of float
-graph inputs, `runtime.htp_input_rounding`, nor how it rounds a 16-bit Conv's or Gemm's accumulator,
+graph inputs, `runtime.htp_input_rounding`, nor how it rounds a Conv's or Gemm's accumulator,
 `runtime.htp_accumulator_rounding`). This module writes the model with the HTP's weights (and roundings) beside the
 plain one and the notes (`<name>.README.md`) saying which file holds what and what to pass for each to reproduce
 the study.
@@ -44,9 +44,9 @@ class HtpWeights:
 
 def htp_weights(qdq_path: str | os.PathLike) -> HtpWeights | None:
     """`qdq_path` with each uint8 per-tensor weight the HTP requantizes on its grid, and its float graph inputs
-    rounded as the HTP rounds them (`runtime.htp_input_rounding`) and its 16-bit accumulators rounded as the HTP
-    rounds them (`runtime.htp_accumulator_rounding`), as the study's CPU numerics run it; None when the HTP takes
-    every weight as the model stores it."""
+    rounded as the HTP rounds them (`runtime.htp_input_rounding`) and its Convs' and Gemms' accumulators rounded
+    as the HTP rounds them (`runtime.htp_accumulator_rounding`), as the study's CPU numerics run it; None when the
+    HTP takes every weight as the model stores it."""
     grid = htp_weight_grid(str(qdq_path))
     if not isinstance(grid, bytes):
         return None
@@ -88,7 +88,7 @@ def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *
         if weights is None:
             notes.append(f"{stem}.qdq.onnx is the model the study scored; the HTP takes its weights as stored. The "
                          f"study's CPU numerics round its float inputs as the HTP does "
-                         f"(mpstudio.runtime.htp_input_rounding) and round 16-bit Convs' and Gemms' accumulators as the HTP does "
+                         f"(mpstudio.runtime.htp_input_rounding) and round Convs' and Gemms' accumulators as the HTP does "
                          f"(mpstudio.runtime.htp_accumulator_rounding), which ORT's CPU EP does not by itself.")
         else:
             shown = ", ".join(weights.weights[:5]) + (", ..." if len(weights.weights) > 5 else "")
@@ -96,7 +96,7 @@ def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *
                 f"{stem}.qdq.onnx is ORT's quantizer output (what the overrides reproduce and the encodings "
                 f"describe): give it to the HTP, which requantizes {len(weights.weights)} of its uint8 per-tensor "
                 f"weights ({shown}) per channel itself. {stem}.htp.qdq.onnx holds the weights the HTP computes "
-                f"with (int8 per channel) and rounds its float inputs and 16-bit accumulators as the HTP does: ONNX "
+                f"with (int8 per channel) and rounds its float inputs, accumulators and requantization as the HTP does: ONNX "
                 f"Runtime's CPU EP on "
                 f"it, with session config "
                 f"{CPU_SESSION_CONFIG} and disabled_optimizers={list(CPU_DISABLED_OPTIMIZERS)}, gives the study's "

@@ -11,8 +11,8 @@ with q the uint16 input codes (the zero point not subtracted) and w the weight c
 its low 8 bits dropped toward zero), then requantizes that to the output as the graph writes it. Over random
 inputs this predicts the HTP's output codes but at 0.1-0.7 % (one step), where the exact sum misses 16-46 %;
 depthwise 3x3 and 5x5 (stride 1, or 2 along one axis), regular 3x3 (stride 1 and 2) and 1x1 Convs and Gemm
-alike. A depthwise Conv strided along both axes follows neither rule and is left exact. 8-bit activations are
-exact (their bias is not truncated).
+alike. A depthwise Conv strided along both axes follows neither rule and is left exact. 8-bit activations keep
+their sum and bias whole but requantize them with a shifted accumulator and a 12-bit multiplier (`htp_requantize`).
 
 Why it matters: the bias' low bits are a per-channel constant the network carries downstream. On PP-OCRv4's
 recognizer at all-16-bit, following this rule in the first depthwise Conv alone takes the CPU's output from 20.5 dB

@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .errors import MpstudioError
 from .htp_accumulator import follow_accumulator_rounding, graph_links
+from .htp_requantize import follow_requantize_rounding
 
 BACKENDS = ("cpu", "htp")
 QNN_PROVIDER = "QNNExecutionProvider"
@@ -37,8 +38,9 @@ DEFAULT_HTP_ARCH = "75"
 # "fake-quant": quantization simulated in float exactly as the graph writes it (ORT's QDQ transformations
 # off) and no NCHWc, whose blocked kernels sum in another order depending on the graph around each Conv;
 # weights the HTP requantizes are taken on the HTP's grid (`htp_weight_grid`), float graph inputs are rounded
-# to their codes as the HTP rounds them (`htp_input_rounding`), and 16-bit Convs and Gemms round their accumulator
-# as the HTP does (`htp_accumulator_rounding`).
+# to their codes as the HTP rounds them (`htp_input_rounding`), and Convs and Gemms round their accumulator as the
+# HTP does (`htp_accumulator_rounding`: 16-bit sums shifted right by 8 bits, 8-bit requantization by a shifted
+# accumulator and a 12-bit multiplier; 8-bit Adds by the HTP's integer multipliers).
 # Which one predicts the HTP best is measured by benchmarks/fidelity.py (docs/benchmarks.md); DEFAULT_CPU_NUMERICS
 # is its pick. fake-quant is also the sensitivity engine's numerics, and unlike the fused integer kernels it
 # does not depend on the CPU's instruction set (ORT's int8 kernels round differently without VNNI).
@@ -371,10 +373,15 @@ def _fake_quant_model(model: str | bytes) -> str | bytes:
 
 def htp_accumulator_rounding(model: str | bytes | onnx.ModelProto) -> str | bytes | onnx.ModelProto | None:
     """`model` with each 16-bit Conv and Gemm computing its accumulator as the HTP rounds it (the product sum
-    shifted right by 8 bits, the int32 bias' low 8 bits dropped: `htp_accumulator`); `model` itself when it has
-    none. A ModelProto is changed in place; the answer is then the proto, or None when nothing changed."""
+    shifted right by 8 bits, the int32 bias' low 8 bits dropped: `htp_accumulator`) and each 8-bit one requantizing
+    it as the HTP does (the accumulator shifted to about 1/16 output step, a 12-bit multiplier), and each 8-bit Add
+    with the HTP's integer multipliers (`htp_requantize`);
+    `model` itself when it has none. A ModelProto is changed in place; the answer is then the proto, or None when
+    nothing changed."""
     proto = _proto(model)
-    return _rewritten(model, proto, follow_accumulator_rounding(proto))
+    sixteen = follow_accumulator_rounding(proto)
+    eight = follow_requantize_rounding(proto)
+    return _rewritten(model, proto, sixteen or eight)
 
 
 def htp_weight_grid(model: str | bytes | onnx.ModelProto) -> str | bytes | None:

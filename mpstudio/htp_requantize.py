@@ -1,0 +1,261 @@
+"""How the HTP requantizes an 8-bit Conv's or Gemm's accumulator and adds two 8-bit tensors, written into a QDQ
+model for ORT's CPU EP.
+
+Measured on the HTP emulator with one-op models (tests/test_runtime_requantize_rounding.py): a Conv or Gemm whose
+input and output are 8-bit activations and whose weights are int8 codes (symmetric, per channel or per tensor,
+or uint8 per tensor around a zero point, within int8 of it) does not requantize its int32 accumulator exactly.
+With acc = sum((q - input zero point) * w) + bias in units of the accumulator's step (input scale x weight
+scale) and M = input scale x weight scale / output scale (per output channel), write M = m * 2^e with m in
+[1, 2). The HTP computes the output code as
+
+    floor((floor(acc / 2^k) + 1/2) * 2^k * M12 + 1/2) + output zero point,   k = -e - 4
+
+where M12 is M rounded to 12 significant bits: the accumulator shifted right by k bits (its low bits dropped,
+then half of the dropped step added back) and multiplied by a 12-bit multiplier. For the small multipliers of
+real layers (M around 2^-12) k is 8: the accumulator keeps a step of about 1/16 output step, so the exact sum's
+codes differ from the HTP's at 1-4 % of the outputs (one step, near rounding ties); this rule predicts every one
+of them over random regular, depthwise (3x3, 5x5, stride 1 or 2 along one axis) and pointwise Convs and Gemms.
+A depthwise Conv strided along both axes requantizes exactly (as the 16-bit rule's exception) and is left so.
+
+An 8-bit Add of two 8-bit operands (codes q_a, q_b; A, B their scales over the output scale) computes, with
+2^s = 2^(13 - e) for e the exponent of A + B, integer multipliers m_a = round(A * 2^s), m_b = round(B * 2^s) and
+the zero points' constant kept to 256 of those steps, c = 256 * round((z_y * 2^s - z_a * m_a - z_b * m_b) / 256):
+
+    floor((q_a * m_a + q_b * m_b + c) / 2^s + 1/2)
+
+(every code of 6 x 65,536 operand pairs, where the exact sum misses 0.03-0.8 %; broadcast and constant operands
+alike). An Add of a one-element constant (hard-swish's x + 3) is exact on the HTP and is left so.
+
+Why it matters: one step at 2 % of a layer's outputs is far inside the quantization noise, but a network whose
+output turns on a few borderline samples (PaddleOCR's text-direction classifier: an 8-bit MobileNetV3 with
+hard-swish and squeeze-excite gates) carries those steps to the class probability, and the plans' order on the
+CPU then follows its own rounding instead of the HTP's (docs/benchmarks.md).
+
+The rewrite computes the accumulator from the input's uint8 codes (one Cast where its DequantizeLinear reads
+them) and the weight and bias codes in float32, exact for sums below 2^24, then the shift and the multiplier in
+float64, and writes the output value on its grid (code x scale) for the QuantizeLinear that follows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .htp_accumulator import graph_links
+
+_FUSED = ("Relu", "Clip")
+_MULTIPLIER_BITS = 12
+_EXTRA_BITS = 4
+_ADD_BITS = 13  # an Add's multipliers: 2^(13 - e) for e the exponent of their sum
+_ADD_CONSTANT_STEP = 256.0  # its constant (zero points) is kept to 256 of those steps
+
+
+def follow_requantize_rounding(proto: onnx.ModelProto) -> bool:
+    """Rewrite, in place, each 8-bit Conv, Gemm and Add the HTP requantizes (see the module docstring) to compute
+    what the HTP computes; True when any was rewritten."""
+    graph = proto.graph
+    inits, producers, consumers = graph_links(graph)
+    changed = False
+    for node in list(graph.node):
+        if node.op_type in ("Conv", "Gemm"):
+            found = _operands(node, inits, producers, consumers)
+            added = None if found is None else _rewritten_nodes(node, *found, graph)
+        elif node.op_type == "Add":
+            found = _add_operands(node, inits, producers, consumers)
+            added = None if found is None else _add_nodes(node, *found, graph)
+        else:
+            continue
+        if added is None:
+            continue
+        at = list(graph.node).index(node)
+        graph.node.remove(node)
+        for offset, extra in enumerate(added):
+            graph.node.insert(at + offset, extra)
+        changed = True
+    return changed
+
+
+def _array(inits, name):
+    return numpy_helper.to_array(inits[name]) if name in inits else None
+
+
+def _attribute(node, name, default):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _output_encoding(node, inits, consumers) -> tuple[float, int] | None:
+    """(scale, zero point) of the one 8-bit encoding all QuantizeLinears after `node` (through a fused Relu/Clip)
+    write, or None."""
+    users = consumers.get(node.output[0], [])
+    while len(users) == 1 and users[0].op_type in _FUSED:
+        users = consumers.get(users[0].output[0], [])
+    if not users or any(u.op_type != "QuantizeLinear" or len(u.input) < 3 for u in users):
+        return None
+    encodings = set()
+    for u in users:
+        scale, zero = _array(inits, u.input[1]), _array(inits, u.input[2])
+        if scale is None or zero is None or zero.dtype != np.uint8 or scale.size != 1 or zero.size != 1:
+            return None
+        encodings.add((float(scale.reshape(-1)[0]), int(zero.reshape(-1)[0])))
+    return encodings.pop() if len(encodings) == 1 else None
+
+
+def _operands(node, inits, producers, consumers):
+    """(input codes' tensor, input scale, input zero point, weight codes, weight scales, bias codes, output scale)
+    of a Conv/Gemm the rule covers, or None."""
+    if len(node.input) < 3 or not node.input[2]:
+        return None
+    x_dq, w_dq, b_dq = (producers.get(name) for name in node.input[:3])
+    if any(p is None or p.op_type != "DequantizeLinear" or len(p.input) < 3 for p in (x_dq, w_dq, b_dq)):
+        return None
+    x_zero, x_scale = _array(inits, x_dq.input[2]), _array(inits, x_dq.input[1])
+    codes, w_scale, w_zero = (_array(inits, name) for name in w_dq.input[:3])
+    bias, b_scale = _array(inits, b_dq.input[0]), _array(inits, b_dq.input[1])
+    if any(a is None for a in (x_zero, x_scale, codes, w_scale, w_zero, bias, b_scale)):
+        return None
+    if x_zero.dtype != np.uint8 or x_zero.size != 1 or x_scale.size != 1:
+        return None
+    if bias.dtype != np.int32:
+        return None
+    if codes.dtype == np.uint8 and w_zero.size == 1 and w_scale.size == 1:
+        # a uint8 per-tensor weight (ORT's QNN default) the HTP takes as it is: its codes around the zero point
+        codes = codes.astype(np.int64) - int(w_zero.reshape(-1)[0])
+        if codes.min() < -128 or codes.max() > 127:
+            return None  # requantized by the HTP (runtime.htp_weight_grid writes what it computes with)
+    elif codes.dtype != np.int8 or np.any(w_zero != 0):
+        return None
+    output = _output_encoding(node, inits, consumers)
+    if output is None:
+        return None
+    channels = bias.size
+    if node.op_type == "Conv":
+        if codes.shape[0] != channels or _attribute(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            return None
+        group = _attribute(node, "group", 1)
+        if group > 1 and group == channels and min(_attribute(node, "strides", [1])) > 1:
+            return None  # a depthwise Conv strided along both axes requantizes exactly on the HTP
+    else:
+        if (_attribute(node, "transA", 0) or _attribute(node, "alpha", 1.0) != 1.0
+                or _attribute(node, "beta", 1.0) != 1.0 or codes.ndim != 2):
+            return None
+        if codes.shape[0 if _attribute(node, "transB", 0) else 1] != channels:
+            return None
+    if w_scale.size not in (1, channels):
+        return None
+    w_scale = np.broadcast_to(w_scale.astype(np.float64).reshape(-1), channels)
+    if b_scale.size not in (1, channels):
+        return None
+    # ORT's quantizer writes the int32 bias on the accumulator's grid (input scale x weight scale); where the HTP's
+    # weight grid (runtime.htp_weight_grid) widened a channel's weight scale, the HTP takes the bias onto the wider
+    # grid, rounded to nearest (one-op models with widened channels: 0.07 % of codes off, as with any rounding)
+    accumulator_step = np.float64(np.float32(x_scale)) * w_scale
+    ratio = np.broadcast_to(b_scale.astype(np.float64).reshape(-1), channels) / accumulator_step
+    bias = np.where(np.isclose(ratio, 1.0, rtol=1e-5, atol=0), bias.astype(np.float64),
+                    np.round(bias.astype(np.float64) * ratio))
+    if np.abs(bias).max(initial=0) >= 2 ** 24:
+        return None  # not exact in float32
+    return (x_dq.input[0], float(x_scale), int(x_zero), codes, w_scale, bias, output[0])
+
+
+def requantize_constants(x_scale: float, w_scale: np.ndarray, y_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per output channel: the HTP's accumulator shift step 2^k and the multiplier from a shifted step to output
+    steps (2^k x M rounded to 12 significant bits), both float64."""
+    multiplier = np.float64(np.float32(x_scale)) * np.asarray(w_scale, np.float64) / np.float64(np.float32(y_scale))
+    exponent = np.floor(np.log2(multiplier))
+    rounded = np.round(multiplier / 2.0 ** exponent * 2.0 ** (_MULTIPLIER_BITS - 1)) \
+        * 2.0 ** (exponent - _MULTIPLIER_BITS + 1)
+    step = 2.0 ** (-exponent - _EXTRA_BITS)
+    return step, step * rounded
+
+
+def _rewritten_nodes(node, x_codes, x_scale, x_zero, codes, w_scale, bias, y_scale, graph):
+    """The nodes computing the HTP's output value of `node` (on its output grid) from its input's uint8 codes."""
+    p = f"{node.name or node.output[0]}/htp_requantize/"
+    channels = bias.size
+    shape = [1, channels] + [1] * (codes.ndim - 2) if node.op_type == "Conv" else [channels]
+    step, multiplier = requantize_constants(x_scale, w_scale, y_scale)
+    graph.initializer.extend([
+        numpy_helper.from_array(np.float32(x_zero), p + "x_zero"),
+        numpy_helper.from_array(codes.astype(np.float32), p + "w_codes"),
+        numpy_helper.from_array(bias.astype(np.float32), p + "b_codes"),
+        numpy_helper.from_array(step.reshape(shape), p + "step"),
+        numpy_helper.from_array(multiplier.reshape(shape), p + "multiplier"),
+        numpy_helper.from_array(np.float64(0.5), p + "half"),
+        numpy_helper.from_array(np.float64(y_scale), p + "y_scale"),
+    ])
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return [
+        helper.make_node("Cast", [x_codes], [p + "q"], name=p + "Codes", to=TensorProto.FLOAT),
+        helper.make_node("Sub", [p + "q", p + "x_zero"], [p + "centred"], name=p + "Centred"),
+        # zero padding of the centred codes is the zero point's padding of the codes, as the HTP pads
+        helper.make_node(node.op_type, [p + "centred", p + "w_codes", p + "b_codes"], [p + "sum"],
+                         name=p + "Sum", **attributes),
+        helper.make_node("Cast", [p + "sum"], [p + "accumulator"], name=p + "Accumulator", to=TensorProto.DOUBLE),
+        helper.make_node("Div", [p + "accumulator", p + "step"], [p + "ratio"], name=p + "Ratio"),
+        helper.make_node("Floor", [p + "ratio"], [p + "shifted"], name=p + "Shifted"),
+        helper.make_node("Add", [p + "shifted", p + "half"], [p + "centre"], name=p + "Centre"),
+        helper.make_node("Mul", [p + "centre", p + "multiplier"], [p + "steps"], name=p + "Steps"),
+        helper.make_node("Add", [p + "steps", p + "half"], [p + "biased"], name=p + "RoundUp"),
+        helper.make_node("Floor", [p + "biased"], [p + "code"], name=p + "Code"),
+        helper.make_node("Mul", [p + "code", p + "y_scale"], [p + "value"], name=p + "Value"),
+        helper.make_node("Cast", [p + "value"], [node.output[0]], name=p + "ToFloat", to=TensorProto.FLOAT),
+    ]
+
+
+# ---- Add ---------------------------------------------------------------------------------------------------------
+def _add_operands(node, inits, producers, consumers):
+    """((codes' tensor, scale, zero point) of both inputs, (output scale, zero point)) of an 8-bit Add the rule
+    covers, or None."""
+    if len(node.input) != 2:
+        return None
+    inputs = []
+    for name in node.input:
+        dq = producers.get(name)
+        if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 3:
+            return None
+        scale, zero = _array(inits, dq.input[1]), _array(inits, dq.input[2])
+        if scale is None or zero is None or zero.dtype != np.uint8 or scale.size != 1 or zero.size != 1:
+            return None
+        if dq.input[0] in inits and int(np.prod(inits[dq.input[0]].dims)) == 1:
+            return None  # a one-element constant (hard-swish's + 3) is added exactly on the HTP
+        inputs.append((dq.input[0], float(scale.reshape(-1)[0]), int(zero.reshape(-1)[0])))
+    output = _output_encoding(node, inits, consumers)
+    return None if output is None else (inputs, output)
+
+
+def add_constants(a_scale: float, a_zero: int, b_scale: float, b_zero: int, y_scale: float, y_zero: int):
+    """The HTP's integer Add: (multiplier of a's codes, of b's codes, constant, 2^s) with the output code
+    floor((q_a * m_a + q_b * m_b + constant) / 2^s + 1/2)."""
+    a, b = (np.float64(np.float32(v)) / np.float64(np.float32(y_scale)) for v in (a_scale, b_scale))
+    shift = 2.0 ** (_ADD_BITS - np.floor(np.log2(a + b)))
+    m_a, m_b = np.round(a * shift), np.round(b * shift)
+    constant = _ADD_CONSTANT_STEP * np.round((y_zero * shift - a_zero * m_a - b_zero * m_b) / _ADD_CONSTANT_STEP)
+    return float(m_a), float(m_b), float(constant), float(shift)
+
+
+def _add_nodes(node, inputs, output, graph):
+    """The nodes computing the HTP's output value of an 8-bit Add (on its output grid) from its inputs' codes."""
+    p = f"{node.name or node.output[0]}/htp_requantize/"
+    (a, a_scale, a_zero), (b, b_scale, b_zero) = inputs
+    y_scale, y_zero = output
+    m_a, m_b, constant, shift = add_constants(a_scale, a_zero, b_scale, b_zero, y_scale, y_zero)
+    graph.initializer.extend(numpy_helper.from_array(np.float64(v), p + n) for v, n in [
+        (m_a, "m_a"), (m_b, "m_b"), (constant + 0.5 * shift - y_zero * shift, "constant"), (shift, "shift"),
+        (y_scale, "y_scale")])
+    return [
+        helper.make_node("Cast", [a], [p + "qa"], name=p + "CodesA", to=TensorProto.DOUBLE),
+        helper.make_node("Cast", [b], [p + "qb"], name=p + "CodesB", to=TensorProto.DOUBLE),
+        helper.make_node("Mul", [p + "qa", p + "m_a"], [p + "ta"], name=p + "TermA"),
+        helper.make_node("Mul", [p + "qb", p + "m_b"], [p + "tb"], name=p + "TermB"),
+        helper.make_node("Add", [p + "ta", p + "tb"], [p + "sum"], name=p + "Sum"),
+        # + 1/2 output step and - the output zero point, in 2^-s steps: floor gives the code minus the zero point
+        helper.make_node("Add", [p + "sum", p + "constant"], [p + "biased"], name=p + "Constant"),
+        helper.make_node("Div", [p + "biased", p + "shift"], [p + "ratio"], name=p + "Ratio"),
+        helper.make_node("Floor", [p + "ratio"], [p + "code"], name=p + "Code"),
+        helper.make_node("Mul", [p + "code", p + "y_scale"], [p + "value"], name=p + "Value"),
+        helper.make_node("Cast", [p + "value"], [node.output[0]], name=p + "ToFloat", to=TensorProto.FLOAT),
+    ]
