@@ -40,6 +40,7 @@ from .model import PreparedModel
 from .plan import PrecisionPlan
 from .quantize import Quantizer
 from .runtime import BACKENDS
+from .sources import superseded_source
 from .store import DB_FILE, EVALUATION_COLUMNS, Evaluation, StudyStore
 from .store_builds import BuildRows
 from .study_records import StudyRecords
@@ -319,7 +320,8 @@ class Study(StudyRecords):
     def front(self, latency_source: str = "estimate", accuracy_source: str | None = None) -> pd.DataFrame:
         """The evaluations of `latency_source` and one accuracy source with a `pareto` column: True on the
         accuracy/latency front (`loop.front.front` says which accuracy source by default)."""
-        return fronts.front(self.evaluations(), latency_source, accuracy_source, self.higher_is_better)
+        return fronts.front(self.evaluations(), latency_source, accuracy_source, self.higher_is_better,
+                            superseded_source)
 
     def cross_checks(self, latency_source: str = "estimate", front: pd.DataFrame | None = None) -> pd.DataFrame:
         """Plans of `front(latency_source)` (pass it when you have it) another accuracy source scored too, e.g. a
@@ -327,7 +329,7 @@ class Study(StudyRecords):
         front = self.front(latency_source) if front is None else front
         if front.empty:  # nothing to check: the store is not read again
             return pd.DataFrame(columns=fronts.CROSS_CHECK_COLUMNS)
-        return fronts.cross_checks(front, self.evaluations(), latency_source)
+        return fronts.cross_checks(front, self.evaluations(), latency_source, superseded_source)
 
     def summary(self, latency_source: str = "estimate") -> str:
         """A plain-text table of every evaluation and the front, for `mpstudio study show`."""

@@ -8,8 +8,6 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ..sources import superseded_source
-
 CROSS_CHECK_COLUMNS = ["plan_id", "name", "latency_ms", "value", "other_value", "other_source"]
 
 
@@ -43,18 +41,19 @@ def pareto_mask(accuracy: Sequence[float], latency: Sequence[float], higher_is_b
 
 
 def front(evaluations: pd.DataFrame, latency_source: str, accuracy_source: str | None,
-          higher_is_better: bool) -> pd.DataFrame:
+          higher_is_better: bool, superseded=lambda source: False) -> pd.DataFrame:
     """`evaluations` of one latency source and one accuracy source with a `pareto` column, sorted by latency.
 
     CPU and HTP accuracies are never mixed on one front. By default the accuracy source is the one with the most
-    plans, CPU results of an earlier mpstudio's numerics only when there is nothing else; for measured and emulator
+    plans, sources `superseded(source)` (CPU results of an earlier mpstudio's numerics, `sources.superseded_source`)
+    only when there is nothing else; for measured and emulator
     latency, which only HTP runs give, the HTP accuracy of those same runs when there is one. Measured latencies of
     several devices: the device with the most (each device is its own axis).
     """
     frame = evaluations[evaluations["latency_source"] == latency_source]
     if accuracy_source is None and len(frame):
         counts = frame["accuracy_source"].value_counts()
-        current = [s for s in counts.index if not superseded_source(s)]
+        current = [s for s in counts.index if not superseded(s)]
         counts = counts[current] if current else counts
         on_htp = [s for s in counts.index if s.startswith("HTP")]
         accuracy_source = on_htp[0] if on_htp and latency_source != "estimate" else counts.index[0]
@@ -65,15 +64,16 @@ def front(evaluations: pd.DataFrame, latency_source: str, accuracy_source: str |
     return frame.sort_values(["latency_ms", "value"]).reset_index(drop=True)
 
 
-def cross_checks(front: pd.DataFrame, evaluations: pd.DataFrame, latency_source: str) -> pd.DataFrame:
+def cross_checks(front: pd.DataFrame, evaluations: pd.DataFrame, latency_source: str,
+                 superseded=lambda source: False) -> pd.DataFrame:
     """Plans of `front` (of `latency_source`) that another accuracy source scored too in `evaluations` (e.g. a
-    search's HTP confirmation of plans the front has from the CPU; never an earlier mpstudio's CPU numerics).
+    search's HTP confirmation of plans the front has from the CPU; never a source `superseded(source)`).
     Columns: `CROSS_CHECK_COLUMNS`."""
     if front.empty:
         return pd.DataFrame(columns=CROSS_CHECK_COLUMNS)
     others = evaluations[(evaluations["latency_source"] == latency_source)
                          & (evaluations["accuracy_source"] != front["accuracy_source"].iloc[0])
-                         & ~evaluations["accuracy_source"].map(superseded_source).astype(bool)]
+                         & ~evaluations["accuracy_source"].map(superseded).astype(bool)]
     merged = front[["plan_id", "name", "latency_ms", "value"]].merge(
         others[["plan_id", "value", "accuracy_source"]].rename(
             columns={"value": "other_value", "accuracy_source": "other_source"}), on="plan_id")
