@@ -25,9 +25,11 @@ class PrefixGrid:
         self.skipped: dict[int, Evaluation] = {}  # k -> the stored plan that made it pointless
         self.unbuilt: set[int] = set()  # k whose plan the walk's backend cannot build: passed over
 
-    def run(self, prior: int | None = None) -> str:
-        """Walk until evidence or the budget stops it; returns why it stopped."""
-        for batch in _chunks(self.grid(prior), self._width()):
+    def run(self, prior: int | None = None, points: list[int] | None = None) -> str:
+        """Walk until evidence or the budget stops it; returns why it stopped. The first points are `grid(prior)`,
+        or `points` when given (the top-down walk's, spread over estimated latency)."""
+        first = self.grid(prior) if points is None else sorted(k for k in set(points) if k not in self.known)
+        for batch in _chunks(first, self._width()):
             if self.walk.left() <= 0:
                 return "evaluation budget"
             self._try(batch)

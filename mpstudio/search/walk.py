@@ -23,6 +23,7 @@ from .order import apply_steps, mixed_order, promotion_order
 from .recommend import better_for_little_more
 from .result import SearchResult
 from .targets import Target, meets, target_plan
+from .topdown import latency_points, reserve, top_down_order
 from .weights import PER_CHANNEL_GAIN_DB, base_plan as weight_base
 
 if TYPE_CHECKING:  # the study face is only named in annotations
@@ -159,8 +160,52 @@ class Walk:
             return self._result("every promotion costs at least as much as a stored plan that is as good, or is "
                                 "priced within the cost model's resolution of one", order)
         self.grid = PrefixGrid(self, plan_k, cap, known)
-        reason = self.grid.run(self._guess(predicted, known, self.baselines, self.threshold, cap))
+        # The top-down walk needs an all-16-bit counterpart of the base; the bottom-up one leaves it a share of
+        # the evaluations, which it takes only when no partial promotion clearly reaches the target.
+        down = top if steps is None and every and top in self.baselines else None
+        held = reserve(self.left()) if down is not None else 0
+        self.budget -= held
+        try:
+            reason = self.grid.run(self._guess(predicted, known, self.baselines, self.threshold, cap))
+        finally:
+            self.budget += held
+        if down is not None and self.left() > 0 and not self._partial_reaches():
+            reason += "; top-down walk: " + self._top_down(report, base_plan, base, down)
         return self._result(reason, order)
+
+    def _partial_reaches(self) -> bool:
+        """Whether a stored partial promotion (a plan with overrides) clearly reaches the target."""
+        return any(self.reaches(e) and self.study.plan(e.plan_id).overrides for e in self.stored())
+
+    def _top_down(self, report, base_plan: PrecisionPlan, base: Evaluation, top: str) -> str:
+        """Walk the demotions from the all-16-bit plan `top` (`topdown`); returns why it stopped."""
+        order = top_down_order(self.study, report, base_plan)
+        if not set(order) >= set(self.study.graph.activations()):
+            return "the demotion order does not cover every activation"
+        plans = {0: base_plan}
+
+        def plan_k(k: int) -> PrecisionPlan:
+            if k not in plans:  # named by what it demotes from the all-16-bit plan
+                plans[k] = base_plan.promote(order[:k], name=f"{top}-{len(order) - k}x8")
+            return plans[k]
+
+        known: dict[int, Evaluation] = {0: base, len(order): self.baselines[top]}
+        cap = len(order)
+        if self.latency_budget_ms is not None:
+            cap = largest(lambda k: self._fits(plan_k(k), self.latency_budget_ms), cap)
+        cap = largest(lambda k: k == 0 or self.pointless(plan_k(k)) is None, cap)
+        if cap == 0:
+            return "every demotion prefix is priced at or above a stored plan that is as good"
+        low, high = self.study.estimate(base_plan), self.study.estimate(self.study.plan(self.baselines[top].plan_id))
+        if low is None or high is None:
+            return "no latency estimate to spread its points over"
+
+        def estimate_ms(k: int) -> float | None:
+            latency = self.study.estimate(plan_k(k))
+            return None if latency is None else latency.ms
+
+        self.down_grid = PrefixGrid(self, plan_k, cap, known)
+        return self.down_grid.run(points=latency_points(estimate_ms, cap, low.ms, high.ms))
 
     def _fits(self, plan: PrecisionPlan, budget: float) -> bool:
         latency = self.study.estimate(plan)
@@ -199,10 +244,8 @@ class Walk:
                             verdict=self.evidence.verdict(best))
 
     def _skipped(self) -> tuple:
-        grid = getattr(self, "grid", None)
-        if grid is None:
-            return ()
-        return tuple((k, e.plan_id, e.name) for k, e in sorted(grid.skipped.items()))
+        grids = [g for g in (getattr(self, "grid", None), getattr(self, "down_grid", None)) if g is not None]
+        return tuple((k, e.plan_id, e.name) for g in grids for k, e in sorted(g.skipped.items()))
 
     # ---- targets and recommendations (beside the walk) ----
     isolation_samples = 8
