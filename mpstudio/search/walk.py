@@ -38,6 +38,7 @@ class Walk:
     def __init__(self, study: Study, search_id: int, backend: str, runner, budget: int, progress, cancel):
         self.study, self.search_id, self.backend, self.runner = study, search_id, backend, runner
         self.budget, self.progress, self.cancel = budget, progress, cancel
+        self.held = 0  # evaluations the bottom-up walk leaves for the top-down one (`topdown.reserve`)
         self.path: list[Evaluation] = []
         self.unbuilt: list = []  # of BuildFailure: plans the walk's backend could not build
         self.new = 0
@@ -50,7 +51,8 @@ class Walk:
 
     # ---- evaluations ----
     def left(self) -> int:
-        return self.budget - len(self.path)
+        """Evaluations left, less those held for the top-down walk while the bottom-up one runs."""
+        return self.budget - len(self.path) - self.held
 
     def evaluate(self, plans: list[PrecisionPlan], pass_over: bool = False) -> list:
         """Evaluate `plans` (in parallel over the agents), counted against the budget, stored in the study. With
@@ -161,21 +163,17 @@ class Walk:
                                 "priced within the cost model's resolution of one", order)
         self.grid = PrefixGrid(self, plan_k, cap, known)
         # The top-down walk needs an all-16-bit counterpart of the base; the bottom-up one leaves it a share of
-        # the evaluations, which it takes only when no partial promotion clearly reaches the target.
-        down = top if steps is None and every and top in self.baselines else None
-        held = reserve(self.left()) if down is not None else 0
-        self.budget -= held
+        # the evaluations. It looks for a cheaper plan than any stored one that reaches the target (dearer ones
+        # are pointless), so it runs whatever the bottom-up walk found.
+        down = top if steps is None and top in self.baselines else None
+        self.held = reserve(self.left()) if down is not None else 0
         try:
             reason = self.grid.run(self._guess(predicted, known, self.baselines, self.threshold, cap))
         finally:
-            self.budget += held
-        if down is not None and self.left() > 0 and not self._partial_reaches():
+            self.held = 0
+        if down is not None and self.left() > 0:
             reason += "; top-down walk: " + self._top_down(report, base_plan, base, down)
         return self._result(reason, order)
-
-    def _partial_reaches(self) -> bool:
-        """Whether a stored partial promotion (a plan with overrides) clearly reaches the target."""
-        return any(self.reaches(e) and self.study.plan(e.plan_id).overrides for e in self.stored())
 
     def _top_down(self, report, base_plan: PrecisionPlan, base: Evaluation, top: str) -> str:
         """Walk the demotions from the all-16-bit plan `top` (`topdown`); returns why it stopped."""
