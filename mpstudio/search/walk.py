@@ -1,7 +1,8 @@
 """The walk of one search: the baselines (both weight forms when per-channel weights are in play) and the
 target first, the sensitivity analysis only when no all-8-bit baseline answers, then a walk over prefixes of the
 promotion order that does not assume accuracy rises with k (`grid`), within the evaluation and latency budgets;
-and the recommendation over every plan the study holds (`choice`)."""
+then, with the evaluations it left, a top-down walk over demotions from the all-16-bit plan (`topdown`); and the
+recommendation over every plan the study holds (`choice`)."""
 
 from __future__ import annotations
 
