@@ -203,7 +203,9 @@ class Walk:
             latency = self.study.estimate(plan_k(k))
             return None if latency is None else latency.ms
 
-        self.down_grid = PrefixGrid(self, plan_k, cap, known)
+        # A demotion prefix may be a plan the bottom-up walk evaluated: known, not evaluated (nor counted) again.
+        counted = {e.plan_hash: e for e in self.path}
+        self.down_grid = PrefixGrid(self, plan_k, cap, known, reuse=lambda plan: counted.get(plan.hash))
         return self.down_grid.run(points=latency_points(estimate_ms, cap, low.ms, high.ms))
 
     def _fits(self, plan: PrecisionPlan, budget: float) -> bool:
