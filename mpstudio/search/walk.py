@@ -163,18 +163,23 @@ class Walk:
             return self._result("every promotion costs at least as much as a stored plan that is as good, or is "
                                 "priced within the cost model's resolution of one", order)
         self.grid = PrefixGrid(self, plan_k, cap, known)
-        # The top-down walk needs an all-16-bit counterpart of the base; the bottom-up one leaves it a share of
-        # the evaluations. It looks for a cheaper plan than any stored one that reaches the target (dearer ones
-        # are pointless), so it runs whatever the bottom-up walk found.
+        prior = self._guess(predicted, known, self.baselines, self.threshold, cap)
         down = top if steps is None and top in self.baselines else None
-        self.held = reserve(self.left()) if down is not None else 0
+        return self._result(self._walks(prior, report, base_plan, base, down), order)
+
+    def _walks(self, prior: int, report, base_plan: PrecisionPlan, base: Evaluation, top: str | None) -> str:
+        """The bottom-up walk (`self.grid`), then the top-down one from the all-16-bit plan `top` when there is
+        one, with the share of the evaluations the bottom-up walk left it. The top-down walk looks for a plan
+        cheaper than any stored one that reaches the target (dearer ones are pointless), so it runs whatever
+        the bottom-up walk found. Returns why they stopped."""
+        self.held = reserve(self.left()) if top is not None else 0
         try:
-            reason = self.grid.run(self._guess(predicted, known, self.baselines, self.threshold, cap))
+            reason = self.grid.run(prior)
         finally:
             self.held = 0
-        if down is not None and self.left() > 0:
-            reason += "; top-down walk: " + self._top_down(report, base_plan, base, down)
-        return self._result(reason, order)
+        if top is not None and self.left() > 0:
+            reason += "; top-down walk: " + self._top_down(report, base_plan, base, top)
+        return reason
 
     def _top_down(self, report, base_plan: PrecisionPlan, base: Evaluation, top: str) -> str:
         """Walk the demotions from the all-16-bit plan `top` (`topdown`); returns why it stopped."""
