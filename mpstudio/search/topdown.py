@@ -77,20 +77,30 @@ def top_down_order(study: Study, report, base_plan: PrecisionPlan) -> list[str]:
 def latency_points(estimate_ms: Callable[[int], float | None], cap: int, low_ms: float, high_ms: float,
                    shares=LATENCY_SHARES) -> list[int]:
     """The largest k in [1, cap] estimated at most each share of the way from `low_ms` to `high_ms` (bisection on
-    the estimates, which grow with k; no evaluation)."""
-    from .grid import largest
+    the estimates, which grow with k; no evaluation). Every estimate brackets the later shares' bisections (each
+    one generates a plan's QDQ model: seconds on a large model)."""
+    seen: dict[int, float] = {}
+
+    def ms(k: int) -> float:
+        if k not in seen:
+            value = estimate_ms(k)
+            seen[k] = float("inf") if value is None else value
+        return seen[k]
 
     points = set()
-    for share in shares:
+    for share in sorted(shares):
         limit = low_ms + share * (high_ms - low_ms)
-
-        def fits(k: int, limit=limit) -> bool:
-            ms = estimate_ms(k)
-            return ms is not None and ms <= limit
-
-        k = largest(fits, cap)
-        if k > 0:
-            points.add(k)
+        lo = max((k for k, v in seen.items() if v <= limit), default=0)
+        hi = min((k for k, v in seen.items() if v > limit), default=cap + 1)
+        if hi == cap + 1:
+            if ms(cap) <= limit:
+                lo = cap
+            hi = cap
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if ms(mid) <= limit else (lo, mid)
+        if lo > 0:
+            points.add(lo)
     return sorted(points)
 
 

@@ -40,6 +40,7 @@ class Walk:
         self.study, self.search_id, self.backend, self.runner = study, search_id, backend, runner
         self.budget, self.progress, self.cancel = budget, progress, cancel
         self.held = 0  # evaluations the bottom-up walk leaves for the top-down one (`topdown.reserve`)
+        self._estimates: dict[str, float] = {}  # plan hash -> estimated ms (`estimate_ms`)
         self.path: list[Evaluation] = []
         self.unbuilt: list = []  # of BuildFailure: plans the walk's backend could not build
         self.new = 0
@@ -205,22 +206,28 @@ class Walk:
             return "no latency estimate to spread its points over"
 
         def estimate_ms(k: int) -> float | None:
-            latency = self.study.estimate(plan_k(k))
-            return None if latency is None else latency.ms
+            ms = self.estimate_ms(plan_k(k))
+            return None if math.isinf(ms) else ms
 
         # A demotion prefix may be a plan the bottom-up walk evaluated: known, not evaluated (nor counted) again.
         counted = {e.plan_hash: e for e in self.path}
         self.down_grid = PrefixGrid(self, plan_k, cap, known, reuse=lambda plan: counted.get(plan.hash))
         return self.down_grid.run(points=latency_points(estimate_ms, cap, low.ms, high.ms))
 
+    def estimate_ms(self, plan: PrecisionPlan) -> float:
+        """The cost model's latency of `plan` (inf without one), estimated once per plan: the walks' bisections
+        over k ask for the same plans (each estimate generates the plan's QDQ model)."""
+        if plan.hash not in self._estimates:
+            latency = self.study.estimate(plan)
+            self._estimates[plan.hash] = latency.ms if latency is not None else math.inf
+        return self._estimates[plan.hash]
+
     def _fits(self, plan: PrecisionPlan, budget: float) -> bool:
-        latency = self.study.estimate(plan)
-        return latency is not None and latency.ms <= budget
+        return self.estimate_ms(plan) <= budget
 
     def pointless(self, plan: PrecisionPlan) -> Evaluation | None:
         """The stored plan that makes evaluating `plan` pointless (`choice.pointless_because`), or None."""
-        latency = self.study.estimate(plan)
-        ms = latency.ms if latency is not None else math.inf
+        ms = self.estimate_ms(plan)
         sign = 1.0 if self.hib else -1.0
         ceiling = max((sign * e.value for name, e in self.baselines.items() if name.startswith("a16w8")
                        and weight_form(self.study.plan(e.plan_id)) == self.ceiling_form), default=None)
