@@ -218,7 +218,10 @@ def pointless_evaluations(study: Study, before: list, path, threshold: float, hi
     whether a stored plan answers the target (default: its value meets the threshold)."""
     reaches = reaches or (lambda e: meets(e.value, threshold, higher))
     known, found = list(before), []
-    ceilings = {weight_form(study.plan(e.plan_id)): e for e in before if e.name.startswith("a16w8")}
+    # The all-16-bit baselines, which promote nothing one by one: the top-down walk names its partial plans
+    # after them ("a16w8-pc-251x8").
+    ceilings = {weight_form(study.plan(e.plan_id)): e for e in before
+                if e.name.startswith("a16w8") and not study.plan(e.plan_id).overrides}
     for e in path:
         if not e.cached:
             form = weight_form(study.plan(e.plan_id))

@@ -103,3 +103,17 @@ def test_a_plan_within_noise_of_the_target_makes_no_dearer_evaluation_pointless(
     assert clearly(cheap)
     found = outcome.pointless_evaluations(study, [cheap], [partial], a16.value - 2.0, True, clearly)
     assert len(found) == 1 and "reaches the target" in found[0]
+
+
+def test_a_partial_plan_named_from_all_16_bit_is_no_ceiling(study, outcome):
+    """The top-down walk names its plans by what they demote from all-16-bit ("a16w8-pc-251x8"): such a partial
+    plan, stored before, makes a dearer evaluation pointless only by reaching the target, never as "the
+    all-16-bit plan of its weights" (the gate once went by the name)."""
+    one = [t for t in study.graph.activations() if t.endswith("_conv")][:1]
+    named = study.evaluate(PrecisionPlan.a8w8().promote(one, name="a16w8-9x8"))
+    partial = study.evaluate(PrecisionPlan.a8w8().promote(_every_conv_and_y(study), name="partial"))
+    assert _ms(named) < _ms(partial)  # the premise, as measured
+    assert outcome.pointless_evaluations(study, [named], [partial], threshold=1000.0, higher=True) == []
+    a16 = study.evaluate(PrecisionPlan.a16w8())
+    found = outcome.pointless_evaluations(study, [named, a16], [partial], threshold=1000.0, higher=True)
+    assert len(found) == 1 and "a16w8 " in found[0] and "all-16-bit plan of its weights" in found[0]

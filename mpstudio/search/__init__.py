@@ -12,6 +12,12 @@ The walk:
    smallest k that reaches the target, else around the best values, while the evaluation budget allows. A plan
    whose estimated latency is at or above (or within the cost model's resolution of) a stored plan's that
    reaches the target, or that is as good as the best all-16-bit plan, is never evaluated.
+4b. Then walk top-down (`topdown`) with the share of the evaluations the first walk left: from the all-16-bit
+   plan, demote the tensors whose 8 bits add the least noise (measured against the all-16-bit plan where the
+   analysis isolated them, else their own quantization noise) per ms saved, and take the cheapest prefix that
+   still reaches the target. Where the error is the sum of many small contributions, or comes from tensors
+   that only help together, single promotions from the all-8-bit plan show nothing while single demotions
+   still price every tensor.
 5. Confirm on the HTP (by default, when the walk ran on the CPU reference): the pick and its neighbours on
    the front are evaluated on the HTP; where CPU and HTP disagree the result says so.
 6. Recommend over every plan the study holds for the confirming backend (else the walk's), not only the walk's
@@ -23,7 +29,8 @@ Every evaluation lands in the study as it finishes, and a search is recorded by 
 interrupted search replays it against the stored results and continues where it stopped.
 
 Its rooms: `targets` (what to reach, the baselines a target may name), `order` (the promotion order and the
-mixed weight order, the plans a prefix makes), `walk` (the walk and its recommendation), `recommend` (the
+mixed weight order, the plans a prefix makes), `walk` (the walk and its recommendation), `grid` (the walk over k),
+`topdown` (the top-down walk's order and first points), `recommend` (the
 closest plan, much better for little more), `confirmation` (the HTP confirmation), `result` (what a search found,
 in words and JSON), `run` (the entry point, `search`) and `resuming` (killed searches continued).
 """

@@ -20,14 +20,18 @@ BEST_REGIONS = 2
 class PrefixGrid:
     """One walk over k. `walk` supplies evaluate / left / reaches / pointless / workers (see `walk.Walk`)."""
 
-    def __init__(self, walk, plan_k: Callable[[int], object], cap: int, known: dict[int, Evaluation]):
+    def __init__(self, walk, plan_k: Callable[[int], object], cap: int, known: dict[int, Evaluation],
+                 reuse: Callable[[object], Evaluation | None] | None = None):
         self.walk, self.plan_k, self.cap, self.known = walk, plan_k, cap, known
+        self.reuse = reuse  # a plan's evaluation this search already counted (another walk's), or None
         self.skipped: dict[int, Evaluation] = {}  # k -> the stored plan that made it pointless
         self.unbuilt: set[int] = set()  # k whose plan the walk's backend cannot build: passed over
 
-    def run(self, prior: int | None = None) -> str:
-        """Walk until evidence or the budget stops it; returns why it stopped."""
-        for batch in _chunks(self.grid(prior), self._width()):
+    def run(self, prior: int | None = None, points: list[int] | None = None) -> str:
+        """Walk until evidence or the budget stops it; returns why it stopped. The first points are `grid(prior)`,
+        or `points` when given (the top-down walk's, spread over estimated latency)."""
+        first = self.grid(prior) if points is None else sorted(k for k in set(points) if k not in self.known)
+        for batch in _chunks(first, self._width()):
             if self.walk.left() <= 0:
                 return "evaluation budget"
             self._try(batch)
@@ -59,6 +63,10 @@ class PrefixGrid:
         todo = []
         for k in sorted(set(ks)):
             if k in self.known or k in self.skipped or k in self.unbuilt or not 0 < k <= self.cap:
+                continue
+            counted = self.reuse(self.plan_k(k)) if self.reuse is not None else None
+            if counted is not None:
+                self.known[k] = counted
                 continue
             why = self.walk.pointless(self.plan_k(k))
             if why is not None:

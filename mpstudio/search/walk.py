@@ -1,7 +1,8 @@
 """The walk of one search: the baselines (both weight forms when per-channel weights are in play) and the
 target first, the sensitivity analysis only when no all-8-bit baseline answers, then a walk over prefixes of the
 promotion order that does not assume accuracy rises with k (`grid`), within the evaluation and latency budgets;
-and the recommendation over every plan the study holds (`choice`)."""
+then, with the evaluations it left, a top-down walk over demotions from the all-16-bit plan (`topdown`); and the
+recommendation over every plan the study holds (`choice`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .order import apply_steps, mixed_order, promotion_order
 from .recommend import better_for_little_more
 from .result import SearchResult
 from .targets import Target, meets, target_plan
+from .topdown import latency_points, reserve, top_down_order
 from .weights import PER_CHANNEL_GAIN_DB, base_plan as weight_base
 
 if TYPE_CHECKING:  # the study face is only named in annotations
@@ -37,6 +39,8 @@ class Walk:
     def __init__(self, study: Study, search_id: int, backend: str, runner, budget: int, progress, cancel):
         self.study, self.search_id, self.backend, self.runner = study, search_id, backend, runner
         self.budget, self.progress, self.cancel = budget, progress, cancel
+        self.held = 0  # evaluations the bottom-up walk leaves for the top-down one (`topdown.reserve`)
+        self._estimates: dict[str, float] = {}  # plan hash -> estimated ms (`estimate_ms`)
         self.path: list[Evaluation] = []
         self.unbuilt: list = []  # of BuildFailure: plans the walk's backend could not build
         self.new = 0
@@ -49,7 +53,8 @@ class Walk:
 
     # ---- evaluations ----
     def left(self) -> int:
-        return self.budget - len(self.path)
+        """Evaluations left, less those held for the top-down walk while the bottom-up one runs."""
+        return self.budget - len(self.path) - self.held
 
     def evaluate(self, plans: list[PrecisionPlan], pass_over: bool = False) -> list:
         """Evaluate `plans` (in parallel over the agents), counted against the budget, stored in the study. With
@@ -159,17 +164,70 @@ class Walk:
             return self._result("every promotion costs at least as much as a stored plan that is as good, or is "
                                 "priced within the cost model's resolution of one", order)
         self.grid = PrefixGrid(self, plan_k, cap, known)
-        reason = self.grid.run(self._guess(predicted, known, self.baselines, self.threshold, cap))
-        return self._result(reason, order)
+        prior = self._guess(predicted, known, self.baselines, self.threshold, cap)
+        down = top if steps is None and top in self.baselines else None
+        return self._result(self._walks(prior, report, base_plan, base, down), order)
+
+    def _walks(self, prior: int, report, base_plan: PrecisionPlan, base: Evaluation, top: str | None) -> str:
+        """The bottom-up walk (`self.grid`), then the top-down one from the all-16-bit plan `top` when there is
+        one, with the share of the evaluations the bottom-up walk left it. The top-down walk looks for a plan
+        cheaper than any stored one that reaches the target (dearer ones are pointless), so it runs whatever
+        the bottom-up walk found. Returns why they stopped."""
+        self.held = reserve(self.left()) if top is not None else 0
+        try:
+            reason = self.grid.run(prior)
+        finally:
+            self.held = 0
+        if top is not None and self.left() > 0:
+            reason += "; top-down walk: " + self._top_down(report, base_plan, base, top)
+        return reason
+
+    def _top_down(self, report, base_plan: PrecisionPlan, base: Evaluation, top: str) -> str:
+        """Walk the demotions from the all-16-bit plan `top` (`topdown`); returns why it stopped."""
+        order = top_down_order(self.study, report, base_plan)
+        if not set(order) >= set(self.study.graph.activations()):
+            return "the demotion order does not cover every activation"
+        plans = {0: base_plan}
+
+        def plan_k(k: int) -> PrecisionPlan:
+            if k not in plans:  # named by what it demotes from the all-16-bit plan
+                plans[k] = base_plan.promote(order[:k], name=f"{top}-{len(order) - k}x8")
+            return plans[k]
+
+        known: dict[int, Evaluation] = {0: base, len(order): self.baselines[top]}
+        cap = len(order)
+        if self.latency_budget_ms is not None:
+            cap = largest(lambda k: self._fits(plan_k(k), self.latency_budget_ms), cap)
+        cap = largest(lambda k: k == 0 or self.pointless(plan_k(k)) is None, cap)
+        if cap == 0:
+            return "every demotion prefix is priced at or above a stored plan that is as good"
+        low, high = self.study.estimate(base_plan), self.study.estimate(self.study.plan(self.baselines[top].plan_id))
+        if low is None or high is None:
+            return "no latency estimate to spread its points over"
+
+        def estimate_ms(k: int) -> float | None:
+            ms = self.estimate_ms(plan_k(k))
+            return None if math.isinf(ms) else ms
+
+        # A demotion prefix may be a plan the bottom-up walk evaluated: known, not evaluated (nor counted) again.
+        counted = {e.plan_hash: e for e in self.path}
+        self.down_grid = PrefixGrid(self, plan_k, cap, known, reuse=lambda plan: counted.get(plan.hash))
+        return self.down_grid.run(points=latency_points(estimate_ms, cap, low.ms, high.ms))
+
+    def estimate_ms(self, plan: PrecisionPlan) -> float:
+        """The cost model's latency of `plan` (inf without one), estimated once per plan: the walks' bisections
+        over k ask for the same plans (each estimate generates the plan's QDQ model)."""
+        if plan.hash not in self._estimates:
+            latency = self.study.estimate(plan)
+            self._estimates[plan.hash] = latency.ms if latency is not None else math.inf
+        return self._estimates[plan.hash]
 
     def _fits(self, plan: PrecisionPlan, budget: float) -> bool:
-        latency = self.study.estimate(plan)
-        return latency is not None and latency.ms <= budget
+        return self.estimate_ms(plan) <= budget
 
     def pointless(self, plan: PrecisionPlan) -> Evaluation | None:
         """The stored plan that makes evaluating `plan` pointless (`choice.pointless_because`), or None."""
-        latency = self.study.estimate(plan)
-        ms = latency.ms if latency is not None else math.inf
+        ms = self.estimate_ms(plan)
         sign = 1.0 if self.hib else -1.0
         ceiling = max((sign * e.value for name, e in self.baselines.items() if name.startswith("a16w8")
                        and weight_form(self.study.plan(e.plan_id)) == self.ceiling_form), default=None)
@@ -199,10 +257,8 @@ class Walk:
                             verdict=self.evidence.verdict(best))
 
     def _skipped(self) -> tuple:
-        grid = getattr(self, "grid", None)
-        if grid is None:
-            return ()
-        return tuple((k, e.plan_id, e.name) for k, e in sorted(grid.skipped.items()))
+        grids = [g for g in (getattr(self, "grid", None), getattr(self, "down_grid", None)) if g is not None]
+        return tuple((k, e.plan_id, e.name) for g in grids for k, e in sorted(g.skipped.items()))
 
     # ---- targets and recommendations (beside the walk) ----
     isolation_samples = 8
