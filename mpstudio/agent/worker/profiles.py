@@ -48,12 +48,17 @@ def profile_ops(request: dict, feeds: dict, workdir: Path, intra_op_threads: int
     return OpProfile(ops=tuple(ops), unit=unit, source=source, device=device, backend=backend, runs=runs)
 
 
+_REWRITTEN = re.compile(r"/htp_(?:requantize|accumulator)/.*$")
+
+
 def _map_op(sources: list[str], qnn_op: str, model_nodes: dict[str, str]) -> tuple[str, str, tuple[str, ...]]:
     """(node, op_type, onnx_nodes) for a profiled op: its main ONNX node is the first that is not a Q/DQ."""
     known: list[str] = []
-    # ORT's graph rewrites suffix node names with "_token_N"; the stem is the ONNX node.
+    # ORT's graph rewrites suffix node names with "_token_N"; the stem is the ONNX node. The CPU numerics write a
+    # node's HTP arithmetic as nodes named "<node>/htp_requantize/..." or "<node>/htp_accumulator/...": theirs.
     for name in sources or [qnn_op]:
         stem = name if name in model_nodes else re.sub(r"(_token_\d+)+$", "", name)
+        stem = stem if stem in model_nodes else _REWRITTEN.sub("", stem)
         if stem in model_nodes and stem not in known:
             known.append(stem)
     if not known:
