@@ -44,19 +44,13 @@ def graph_links(graph: onnx.GraphProto) -> tuple[dict, dict, dict[str, list]]:
     return inits, producers, consumers
 
 
-def follow_accumulator_rounding(proto: onnx.ModelProto) -> bool:
-    """Rewrite, in place, each 16-bit Conv and Gemm the HTP rounds (see the module docstring) to compute what the
-    HTP computes; True when any was rewritten."""
-    graph = proto.graph
+def rewrite_nodes(graph: onnx.GraphProto, rewrite) -> bool:
+    """Replace, in place and in order, each node for which `rewrite(node, inits, producers, consumers, graph)`
+    (`graph_links`) returns the nodes computing it instead (None: kept); True when any was replaced."""
     inits, producers, consumers = graph_links(graph)
     changed = False
     for node in list(graph.node):
-        if node.op_type not in ("Conv", "Gemm"):
-            continue
-        found = _operands(node, inits, producers, consumers)
-        if found is None:
-            continue
-        added = _rewritten_nodes(node, *found, graph)
+        added = rewrite(node, inits, producers, consumers, graph)
         if added is None:
             continue
         at = list(graph.node).index(node)
@@ -67,8 +61,29 @@ def follow_accumulator_rounding(proto: onnx.ModelProto) -> bool:
     return changed
 
 
-def _array(inits, name):
+def follow_accumulator_rounding(proto: onnx.ModelProto) -> bool:
+    """Rewrite, in place, each 16-bit Conv and Gemm the HTP rounds (see the module docstring) to compute what the
+    HTP computes; True when any was rewritten."""
+    def rewrite(node, inits, producers, consumers, graph):
+        found = _operands(node, inits, producers, consumers) if node.op_type in ("Conv", "Gemm") else None
+        return None if found is None else _rewritten_nodes(node, *found, graph)
+    return rewrite_nodes(proto.graph, rewrite)
+
+
+def initializer_array(inits, name):
+    """The value of initializer `name` of `inits` (`graph_links`), or None when it is not one."""
     return numpy_helper.to_array(inits[name]) if name in inits else None
+
+
+def node_attribute(node, name, default):
+    """The value of `node`'s attribute `name`, or `default`."""
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+_array, _attribute = initializer_array, node_attribute
 
 
 def _operands(node, inits, producers, consumers):
@@ -117,13 +132,6 @@ def _sixteen_bit_output(node, consumers, inits) -> bool:
         return False
     zeros = [inits.get(u.input[2]) for u in users]
     return all(z is not None and z.data_type in _SIXTEEN_BIT for z in zeros)
-
-
-def _attribute(node, name, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 def _rewritten_nodes(node, x_codes, x_scale, x_zero, codes, w_scale, bias, graph):

@@ -42,7 +42,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .htp_accumulator import graph_links
+from .htp_accumulator import initializer_array as _array
+from .htp_accumulator import node_attribute as _attribute
+from .htp_accumulator import rewrite_nodes
 
 _FUSED = ("Relu", "Clip")
 _MULTIPLIER_BITS = 12
@@ -54,37 +56,15 @@ _ADD_CONSTANT_STEP = 256.0  # its constant (zero points) is kept to 256 of those
 def follow_requantize_rounding(proto: onnx.ModelProto) -> bool:
     """Rewrite, in place, each 8-bit Conv, Gemm and Add the HTP requantizes (see the module docstring) to compute
     what the HTP computes; True when any was rewritten."""
-    graph = proto.graph
-    inits, producers, consumers = graph_links(graph)
-    changed = False
-    for node in list(graph.node):
+    def rewrite(node, inits, producers, consumers, graph):
         if node.op_type in ("Conv", "Gemm"):
             found = _operands(node, inits, producers, consumers)
-            added = None if found is None else _rewritten_nodes(node, *found, graph)
-        elif node.op_type == "Add":
+            return None if found is None else _rewritten_nodes(node, *found, graph)
+        if node.op_type == "Add":
             found = _add_operands(node, inits, producers, consumers)
-            added = None if found is None else _add_nodes(node, *found, graph)
-        else:
-            continue
-        if added is None:
-            continue
-        at = list(graph.node).index(node)
-        graph.node.remove(node)
-        for offset, extra in enumerate(added):
-            graph.node.insert(at + offset, extra)
-        changed = True
-    return changed
-
-
-def _array(inits, name):
-    return numpy_helper.to_array(inits[name]) if name in inits else None
-
-
-def _attribute(node, name, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
+            return None if found is None else _add_nodes(node, *found, graph)
+        return None
+    return rewrite_nodes(proto.graph, rewrite)
 
 
 def _output_encoding(node, inits, consumers) -> tuple[float, int] | None:
