@@ -86,9 +86,10 @@ def node_attribute(node, name, default):
 _array, _attribute = initializer_array, node_attribute
 
 
-def _operands(node, inits, producers, consumers):
-    """(input codes' tensor, input scale, input zero point, weight codes, weight scales, bias codes) of a Conv/Gemm
-    the rule covers, or None."""
+def dequantized_operands(node, inits, producers):
+    """(input DequantizeLinear, its zero point, its scale, weight codes, weight scales, weight zero points, bias
+    codes, bias scales) of a Conv or Gemm whose input, weight and bias are each dequantized, the weight and bias from
+    initializers, or None."""
     if len(node.input) < 3 or not node.input[2]:
         return None
     x_dq, w_dq, b_dq = (producers.get(name) for name in node.input[:3])
@@ -99,23 +100,36 @@ def _operands(node, inits, producers, consumers):
     bias, b_scale = _array(inits, b_dq.input[0]), _array(inits, b_dq.input[1])
     if any(a is None for a in (x_zero, x_scale, codes, w_scale, w_zero, bias, b_scale)):
         return None
+    return x_dq, x_zero, x_scale, codes, w_scale, w_zero, bias, b_scale
+
+
+def plain_layout(node, codes, channels: int) -> bool:
+    """A Conv without auto_pad, not a depthwise strided along both axes (the HTP rounds those another way), or a Gemm
+    without transposed input, alpha or beta, whose weight `codes` hold `channels` output channels."""
+    if node.op_type == "Conv":
+        if codes.shape[0] != channels or _attribute(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            return False
+        group = _attribute(node, "group", 1)
+        return not (group > 1 and group == channels and min(_attribute(node, "strides", [1])) > 1)
+    if (_attribute(node, "transA", 0) or _attribute(node, "alpha", 1.0) != 1.0
+            or _attribute(node, "beta", 1.0) != 1.0 or codes.ndim != 2):
+        return False
+    return codes.shape[0 if _attribute(node, "transB", 0) else 1] == channels
+
+
+def _operands(node, inits, producers, consumers):
+    """(input codes' tensor, input scale, input zero point, weight codes, weight scales, bias codes) of a Conv/Gemm
+    the rule covers, or None."""
+    found = dequantized_operands(node, inits, producers)
+    if found is None:
+        return None
+    x_dq, x_zero, x_scale, codes, w_scale, w_zero, bias, b_scale = found
     if x_zero.dtype != np.uint16 or x_zero.size != 1 or x_scale.size != 1 or not _sixteen_bit_output(node, consumers, inits):
         return None
     if codes.dtype != np.int8 or np.any(w_zero != 0) or bias.dtype != np.int32 or w_scale.size != bias.size:
         return None
-    channels = bias.size
-    if node.op_type == "Conv":
-        if codes.shape[0] != channels or _attribute(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-            return None
-        group = _attribute(node, "group", 1)
-        if group > 1 and group == channels and min(_attribute(node, "strides", [1])) > 1:
-            return None  # a depthwise Conv strided along both axes follows another rule (not known): left exact
-    else:
-        if (_attribute(node, "transA", 0) or _attribute(node, "alpha", 1.0) != 1.0
-                or _attribute(node, "beta", 1.0) != 1.0 or codes.ndim != 2):
-            return None
-        if codes.shape[0 if _attribute(node, "transB", 0) else 1] != channels:
-            return None
+    if not plain_layout(node, codes, bias.size):
+        return None
     # the int32 bias is on the accumulator's grid (input scale x weight scale), as ORT's quantizer writes it
     accumulator_step = float(x_scale) * w_scale.astype(np.float64).reshape(-1)
     if not np.allclose(b_scale.astype(np.float64).reshape(-1), accumulator_step, rtol=1e-5, atol=0):

@@ -44,7 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .htp_accumulator import initializer_array as _array
 from .htp_accumulator import node_attribute as _attribute
-from .htp_accumulator import rewrite_nodes
+from .htp_accumulator import dequantized_operands, plain_layout, rewrite_nodes
 
 _FUSED = ("Relu", "Clip")
 _MULTIPLIER_BITS = 12
@@ -87,16 +87,10 @@ def _output_encoding(node, inits, consumers) -> tuple[float, int] | None:
 def _operands(node, inits, producers, consumers):
     """(input codes' tensor, input scale, input zero point, weight codes, weight scales, bias codes, output scale)
     of a Conv/Gemm the rule covers, or None."""
-    if len(node.input) < 3 or not node.input[2]:
+    found = dequantized_operands(node, inits, producers)
+    if found is None:
         return None
-    x_dq, w_dq, b_dq = (producers.get(name) for name in node.input[:3])
-    if any(p is None or p.op_type != "DequantizeLinear" or len(p.input) < 3 for p in (x_dq, w_dq, b_dq)):
-        return None
-    x_zero, x_scale = _array(inits, x_dq.input[2]), _array(inits, x_dq.input[1])
-    codes, w_scale, w_zero = (_array(inits, name) for name in w_dq.input[:3])
-    bias, b_scale = _array(inits, b_dq.input[0]), _array(inits, b_dq.input[1])
-    if any(a is None for a in (x_zero, x_scale, codes, w_scale, w_zero, bias, b_scale)):
-        return None
+    x_dq, x_zero, x_scale, codes, w_scale, w_zero, bias, b_scale = found
     if x_zero.dtype != np.uint8 or x_zero.size != 1 or x_scale.size != 1:
         return None
     if bias.dtype != np.int32:
@@ -112,18 +106,8 @@ def _operands(node, inits, producers, consumers):
     if output is None:
         return None
     channels = bias.size
-    if node.op_type == "Conv":
-        if codes.shape[0] != channels or _attribute(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-            return None
-        group = _attribute(node, "group", 1)
-        if group > 1 and group == channels and min(_attribute(node, "strides", [1])) > 1:
-            return None  # a depthwise Conv strided along both axes requantizes exactly on the HTP
-    else:
-        if (_attribute(node, "transA", 0) or _attribute(node, "alpha", 1.0) != 1.0
-                or _attribute(node, "beta", 1.0) != 1.0 or codes.ndim != 2):
-            return None
-        if codes.shape[0 if _attribute(node, "transB", 0) else 1] != channels:
-            return None
+    if not plain_layout(node, codes, channels):
+        return None  # (a depthwise Conv strided along both axes requantizes exactly on the HTP)
     if w_scale.size not in (1, channels):
         return None
     w_scale = np.broadcast_to(w_scale.astype(np.float64).reshape(-1), channels)
