@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..errors import MpstudioError
 from ..metric_terms import MetricTerms
+from ..sources import superseded_source
 from ..store import StudyStore
 from .uncertainty import PairedDifference, paired_difference
 
@@ -40,12 +41,14 @@ def compare_stored(store: StudyStore, plan_id: int | None, versus_id: int | None
 def paired_from_store(store: StudyStore, plan_id: int, versus_id: int, metric: str, higher_is_better: bool,
                       accuracy_source: str | None = None) -> tuple[str, PairedDifference] | None:
     """(the accuracy source, plan `plan_id` minus plan `versus_id` there) from the first source (or
-    `accuracy_source`) both have per-sample terms from on the same units; None when there is none."""
+    `accuracy_source`) both have per-sample terms from on the same units, a superseded one (`sources`) only when no
+    other has them; None when there is none."""
     frame = store.evaluations()
     if not len(frame):
         return None
     sources = [s for s in dict.fromkeys(frame["accuracy_source"])
                if all(((frame["plan_id"] == i) & (frame["accuracy_source"] == s)).any() for i in (plan_id, versus_id))]
+    sources.sort(key=superseded_source)  # an earlier mpstudio's CPU numerics last (a stable sort)
     for source in [s for s in sources if accuracy_source in (None, s)]:
         a, b = stored_terms(store, plan_id, source), stored_terms(store, versus_id, source)
         if a is not None and b is not None and a.units == b.units:
