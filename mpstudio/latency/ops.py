@@ -108,3 +108,6 @@ class HtpOp:
     fused_into: int = -1
     absorbed: list = field(default_factory=list)  # tensors a fused pattern (SiLU, Gelu) now reads inside itself
     weights: list = field(default_factory=list)  # [(float-model name, dtype, elements)] of its constant operands
+    # (input slot, channels, taps, packed) of an 8-bit convolution reading a shallow graph-input image
+    # (latency.shallow): what it becomes when promoted to 16 bits.
+    shallow: tuple = ()
