@@ -7,7 +7,7 @@ A published row is (model, device, precision, latency_ms, arch) with arch the ke
 that device ("73", "75", "79"); features are {(model, precision): OpFeatures}. The residuals are the log errors
 of every figure in units of its tolerance (absolute ±30 %, ratios between a model's precisions on one device
 ±15 %), raised to POWER (below 1: robust to rows no constant reaches), plus a weak pull of each constant toward
-its nominal value.
+its nominal value. Constants the figures cannot identify (v75's clock and fp16 factor) are held (HELD).
 """
 
 from __future__ import annotations
