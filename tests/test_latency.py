@@ -28,6 +28,7 @@ from mpstudio.latency import (
     htp_arch,
     promotion_costs,
 )
+from mpstudio.latency.ops import MECHANISMS
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan
 from mpstudio.quantize import Quantizer
@@ -214,13 +215,22 @@ def test_the_estimate_says_what_it_includes_and_carries_an_interval(single_conv)
     assert ops["share"].sum() == pytest.approx(1.0) and list(ops.columns) == list(OP_COLUMNS)
 
 
-def test_low_channel_conv_pays_for_hmx_padding(tmp_path):
+def test_low_channel_conv_pays_for_hmx_padding(tmp_path, monkeypatch):
     narrow = quantizer_for(make_single_conv(cin=3, cout=32, size=16), (1, 3, 16, 16), tmp_path / "n")
     full = quantizer_for(make_single_conv(cin=32, cout=32, size=16), (1, 32, 16, 16), tmp_path / "f")
-    rows = [estimate_latency(q.generate(PrecisionPlan.a8w8())).ops.set_index("node").loc["conv"]
-            for q in (narrow, full)]
+    # Loaded, not paths: a path's parse is cached, and the mechanisms switch below change it.
+    models = [onnx.load(q.generate(PrecisionPlan.a8w8())) for q in (narrow, full)]
+    # Without `shallow_input`, as any convolution that is not the first: 3 channels fill a 32-channel block.
+    monkeypatch.setitem(MECHANISMS, "shallow_input", False)
+    rows = [estimate_latency(m).ops.set_index("node").loc["conv"] for m in models]
     assert rows[0]["macs"] * 32 == rows[1]["macs"] * 3
-    assert rows[0]["compute_ms"] == pytest.approx(rows[1]["compute_ms"])  # 3 channels fill a 32-channel block
+    assert rows[0]["compute_ms"] == pytest.approx(rows[1]["compute_ms"])
+    # With it (the default), the 8-bit first convolution over the RGB graph input packs its 3x3 taps and 3
+    # channels into one block of 32 (27 deep): a ninth of the matrix work of 9 taps x one padded block each.
+    monkeypatch.setitem(MECHANISMS, "shallow_input", True)
+    packed = estimate_latency(models[0]).ops.set_index("node").loc["conv"]
+    assert packed["macs"] == rows[0]["macs"]
+    assert packed["compute_ms"] == pytest.approx(rows[0]["compute_ms"] / 9)
 
 
 # ---- models that are not (or not quite) QDQ ---------------------------------------------------------------------

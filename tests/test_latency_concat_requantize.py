@@ -1,4 +1,4 @@
-"""Mechanism `concat_requantize` (off by default; docs/latency.md, "Fit"): a quantized Concat first requantizes its
+"""Mechanism `concat_requantize` (on by default; docs/latency.md, "Fit"): a quantized Concat first requantizes its
 inputs to its output's scale in an HVX pass of its own; a float Concat needs none."""
 
 from __future__ import annotations
@@ -28,3 +28,7 @@ def test_a_quantized_concat_requantizes_its_inputs_when_switched_on(monkeypatch)
 def test_a_float_concat_needs_no_requantization(monkeypatch):
     monkeypatch.setitem(MECHANISMS, "concat_requantize", True)
     assert "Requantize" not in set(estimate_latency(_concat(quantized=False)).ops["op_type"])
+
+
+def test_switched_on_by_default():
+    assert MECHANISMS["concat_requantize"]

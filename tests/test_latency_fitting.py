@@ -106,3 +106,19 @@ def _device_start():
     for device, generation in fitting.FIT_DEVICES.items():
         out.setdefault(device, device_variant(HTP_ARCHS[generation], device, 1.0, 1.0))
     return out
+
+
+def test_constants_the_data_cannot_identify_stay_held():
+    # v75's clock and fp16 factor trade exactly or nearly with other constants; every fit keeps them at their
+    # stated values, and the other generations' move.
+    priced, rows = synthetic_table()
+    slower = rows.assign(latency_ms=rows["latency_ms"] * 1.5)
+    archs = fitting.fit_constants(priced, slower, HTP_ARCHS, HTP_ARCHS["75"].spread, iterations=10)
+    for (generation, name), value in fitting.HELD.items():
+        assert getattr(archs[generation], name) == pytest.approx(value)
+    assert archs["73"].clock_ghz != pytest.approx(HTP_ARCHS["73"].clock_ghz, rel=1e-3)
+    lower, upper, nominal = fitting.bounds_and_nominal()
+    held = fitting.theta_from(archs)
+    fixed = np.isclose(lower, upper)
+    assert fixed.sum() == len(fitting.HELD) and np.allclose(held[fixed], lower[fixed])
+    assert {g for g, _ in fitting.HELD} <= set(fitting.FIT_ARCHS)

@@ -49,6 +49,7 @@ def test_blocked_elements_pad_the_channel_axis():
 
 
 def test_low_depth_maps_move_their_padded_bytes(monkeypatch):
+    monkeypatch.setitem(MECHANISMS, "shallow_input", False)  # the graph input's own mechanism: latency.shallow
     monkeypatch.setitem(MECHANISMS, "channel_blocks", False)
     off = estimate_latency(_shallow_net()).ops.set_index("node")
     monkeypatch.setitem(MECHANISMS, "channel_blocks", True)

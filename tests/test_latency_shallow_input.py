@@ -48,8 +48,9 @@ def _ops(model, on: bool, packing: bool, monkeypatch):
     return estimate_latency(model).ops.set_index("node")
 
 
-def test_switched_off_by_default():
-    assert not MECHANISMS["shallow_input"] and not MECHANISMS["shallow_input_packing"]
+def test_switched_on_by_default():
+    # On since it and concat_requantize left 70 of 256 cross-validated rows outside against 94 (docs/latency.md).
+    assert MECHANISMS["shallow_input"] and MECHANISMS["shallow_input_packing"]
 
 
 @pytest.mark.parametrize("bits", [0, 16])

@@ -21,8 +21,9 @@ from mpstudio.study import Study
 
 ROOT = Path(__file__).resolve().parents[1]
 # A partial promotion the cost model prices just under all-16-bit (converts against 16-bit work saved), with a
-# value far below it: the shape of the recognizer's a8w8-pc+147x16 against a16w8-pc.
-NEAR_ALL_16 = ["block4_conv", "block5_out"]
+# value far below it: the shape of the recognizer's a8w8-pc+147x16 against a16w8-pc. (Until the refit with
+# `shallow_input` on, block4_conv and block5_out; now all-16-bit also pays for its 3-channel input's conversion.)
+NEAR_ALL_16 = ["block1_conv", "block2_conv", "block3_conv", "block4_conv"]
 
 
 @pytest.fixture(scope="module")
@@ -108,14 +109,14 @@ def test_the_walk_evaluates_no_plan_within_a_tie_of_all_16_bit(tmp_path):
         # The next prefix up is the one the tie made pointless (as measured: priced within a tie of a16w8).
         k = max(int(e.name.split("+")[1].split("x")[0]) for e in partial)
         above = study.estimate(PrecisionPlan.a8w8().promote(list(result.order[:k + 1]))).ms
-        assert tied(above, _ms(a16)) and above < _ms(a16)
+        assert tied(above, _ms(a16))  # priced 1.3 us over it since the refit of 2026-11-26: a tie all the same
         assert "not worth evaluating" in result.stop_reason or "as good" in result.stop_reason
 
 
 def test_a_search_over_a_study_holding_a_tied_pair_recommends_the_better(study, plans):
     near, a16 = plans["near"], plans["a16w8"]
-    target = near.value - 0.5  # the near-all-16-bit plan and a16w8 clearly reach it; a8w8 clearly misses it
-    assert plans["a8w8"].value < target - 1.0
+    target = near.value - 0.3  # the near-all-16-bit plan and a16w8 clearly reach it; a8w8 clearly misses it
+    assert plans["a8w8"].value < target - 0.5 and plans["a8w8"].high < target
     result = search(study, target, weights="per-tensor", max_evaluations=8, confirm=None, quiet=True)
     assert result.reached and result.recommended.plan_id == a16.plan_id
     verdicts = {c.plan_id: c.verdict for c in result.considered}

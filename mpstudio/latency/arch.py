@@ -109,13 +109,13 @@ class HtpArch:
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
 FIT_SOURCE = "fitted 2026-11-26 by benchmarks/latency_fit.py on 2 published-latency file(s)"
-_FITTED_COSTS = dict(rate_16x8=1.649, rate_fp16=2.071, hvx_16bit=2.689, hvx_fp16=1.556, transcendental=4.935,
-    transcendental_16=1.563, transcendental_fp16=1.95, normalize=9.463, op_cycles=1960.0, overlap=0.9447,
-    memory_efficiency=0.9995, depthwise=1.153)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=13320.0, clock_ghz=0.5906, fp16_factor=1.404), "75": dict(hmx_gmacs=19140.0,
-    clock_ghz=0.9677, fp16_factor=1.385), "79": dict(hmx_gmacs=26540.0, clock_ghz=1.47, fp16_factor=1.702)}
-_FITTED_SPREAD = dict(absolute=0.2354, wide16=0.7137, fp16=0.3783, ratio16=0.454, ratio_fp=0.3818, coverage=0.8)
-_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9462, clock=0.8829)}
+_FITTED_COSTS = dict(rate_16x8=1.314, rate_fp16=2.906, hvx_16bit=2.723, hvx_fp16=2.063, transcendental=0.2813,
+    transcendental_16=1.757, transcendental_fp16=7.866, normalize=3.767, op_cycles=2005.0, overlap=0.3703,
+    memory_efficiency=0.9545, depthwise=1.232)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=13600.0, clock_ghz=0.6806, fp16_factor=0.9604), "75": dict(hmx_gmacs=23110.0,
+    clock_ghz=1.0, fp16_factor=1.0), "79": dict(hmx_gmacs=29490.0, clock_ghz=1.812, fp16_factor=0.9614)}
+_FITTED_SPREAD = dict(absolute=0.2473, wide16=0.3589, fp16=0.3503, ratio16=0.2244, ratio_fp=0.273, coverage=0.8)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9562, clock=0.7857)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)

@@ -15,8 +15,9 @@ from ..qdq import GRAPH_OUTPUT_SUFFIX
 from .arch import HtpArch
 from .arch import htp_arch as resolve_arch  # the functions below take a parameter named htp_arch
 from .features import features_of, op_ms
-from .ops import TYPE_BITS, HtpOp, type_bytes
+from .ops import MECHANISMS, TYPE_BITS, HtpOp, type_bytes
 from .reading import ParsedModel, parsed_model
+from .shallow import widened
 
 
 def promotion_costs(qdq_model_8bit, tensors: Iterable[str], htp_arch: str | int | HtpArch = "75",
@@ -97,6 +98,10 @@ class _PromotionAnalysis:
         for bits, dtype in ((8, "uint8"), (16, "uint16")):
             c = features_of(unfused, dtype, dtype).costs(arch)
             self._busy[bits], self._fixed[bits], self._scale[bits] = c["busy_ms"], c["overhead_ms"], c["scale"]
+        for i, op in enumerate(parsed.ops):  # a shallow image's convolution at 16 bits: converted, unpacked
+            if op.shallow and MECHANISMS["shallow_input"]:
+                c = features_of(widened(op), "uint16", "uint16").costs(arch)
+                self._busy[16][i], self._fixed[16][i] = c["busy_ms"].sum(), c["overhead_ms"].sum()
         self._partners: dict[int, list[int]] = defaultdict(list)  # op -> the ops fused into or hidden behind it
         self._chain: dict[int, tuple[int, list[int]]] = {}  # such an op -> (that op, the ops from it to this one)
         producers = {name: i for i, op in enumerate(parsed.ops) if op.kind == "compute" for name, _, _ in op.outputs}

@@ -13,6 +13,7 @@ Only graph inputs: an inner tensor of few channels has its own mechanism (`chann
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from .depth import CHANNEL_BLOCK, SHALLOW
@@ -46,16 +47,33 @@ def shallow_inputs(ops: list[HtpOp], qops, shapes: dict, graph_inputs) -> list[H
             continue
         slot, operand = reads[0]
         name, dtype, elements = op.inputs[slot]
+        taps = int(math.prod(int(d) for d in weight[2:]))
         if TYPE_BITS.get(dtype, 16) <= 8:
-            if not MECHANISMS["shallow_input_packing"] or len(shape) != 4:
-                continue
-            taps = int(math.prod(int(d) for d in weight[2:]))
-            op.hmx_macs = op.hmx_macs // (_blocks(channels) * taps) * _blocks(channels * taps)
+            packed = MECHANISMS["shallow_input_packing"] and len(shape) == 4
+            op.shallow = (slot, channels, taps, packed)
+            if packed:
+                op.hmx_macs = op.hmx_macs // (_blocks(channels) * taps) * _blocks(channels * taps)
             continue
-        padded = elements // channels * _blocks(channels)
-        op.inputs[slot] = (name, dtype, padded)
-        if name not in converted:
-            converted[name] = HtpOp(f"{name} to channel blocks", "LayoutConvert", "dma",
-                                    [(name, dtype, elements)], [(f"{name} (channel blocks)", dtype, padded)],
-                                    cls="dma")
+        convert = _to_channel_blocks(op, slot, channels)
+        converted.setdefault(convert.inputs[0][0], convert)
     return list(converted.values())
+
+
+def _to_channel_blocks(op: HtpOp, slot: int, channels: int) -> HtpOp:
+    """Pad `op`'s input `slot` (a shallow image) to channel blocks; the layout conversion that writes it so."""
+    name, dtype, elements = op.inputs[slot]
+    padded = elements // channels * _blocks(channels)
+    op.inputs[slot] = (name, dtype, padded)
+    return HtpOp(f"{name} to channel blocks", "LayoutConvert", "dma", [(name, dtype, elements)],
+                 [(f"{name} (channel blocks)", dtype, padded)], cls="dma")
+
+
+def widened(op: HtpOp) -> list[HtpOp]:
+    """An 8-bit convolution that read a shallow graph-input image (`op.shallow` set), as the HTP runs it once its
+    input is promoted to 16 bits: the layout conversion and the convolution reading the padded image, its MACs
+    unpacked (latency.promotion prices a promotion with them). Types are set by the caller's pricing."""
+    slot, channels, taps, packed = op.shallow
+    wide = dataclasses.replace(op, inputs=list(op.inputs), shallow=())
+    if packed:
+        wide.hmx_macs = op.hmx_macs // _blocks(channels * taps) * (_blocks(channels) * taps)
+    return [_to_channel_blocks(wide, slot, channels), wide]
