@@ -56,15 +56,16 @@ def test_targets_parse_and_resolve_in_both_directions():
 
 def _sigmoid_study(tmp_path, samples=4):
     """The chain model with Sigmoid in place of Relu: 16-bit Sigmoids cost the HTP much more than 8-bit ones (no
-    LUT), so the cost model prices a few promoted tensors well below all-16-bit and the walk has room to walk."""
-    model = make_chain_model(blocks=6, channels=16, size=32)
+    LUT), so the cost model prices a few promoted tensors well below all-16-bit and the walk has room to walk (at 64x64:
+    at 32x32 the refit model prices every partial promotion at or above all-16-bit)."""
+    model = make_chain_model(blocks=6, channels=16, size=64)
     for node in model.graph.node:
         if node.op_type == "Relu":
             node.op_type = "Sigmoid"
     path = tmp_path / "sigmoid.onnx"
     onnx.save(model, path)
-    return Study.create(tmp_path / "study", path, FeedList(chain_feeds(8, size=32)),
-                        FeedList(chain_feeds(samples, size=32, seed=5)))
+    return Study.create(tmp_path / "study", path, FeedList(chain_feeds(8, size=64)),
+                        FeedList(chain_feeds(samples, size=64, seed=5)))
 
 
 def _est(e):
