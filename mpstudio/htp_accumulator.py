@@ -124,7 +124,9 @@ def _operands(node, inits, producers, consumers):
     if found is None:
         return None
     x_dq, x_zero, x_scale, codes, w_scale, w_zero, bias, b_scale = found
-    if x_zero.dtype != np.uint16 or x_zero.size != 1 or x_scale.size != 1 or not _sixteen_bit_output(node, consumers, inits):
+    if x_zero.dtype != np.uint16 or x_zero.size != 1 or x_scale.size != 1:
+        return None
+    if not _sixteen_bit_output(node, consumers, inits):
         return None
     if codes.dtype != np.int8 or np.any(w_zero != 0) or bias.dtype != np.int32 or w_scale.size != bias.size:
         return None
