@@ -96,7 +96,7 @@ def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *
                 f"{stem}.qdq.onnx is ORT's quantizer output (what the overrides reproduce and the encodings "
                 f"describe): give it to the HTP, which requantizes {len(weights.weights)} of its uint8 per-tensor "
                 f"weights ({shown}) per channel itself. {stem}.htp.qdq.onnx holds the weights the HTP computes "
-                f"with (int8 per channel) and rounds its float inputs, accumulators and requantization as the HTP does: ONNX "
+                f"with (int8 per channel) and rounds its float inputs and accumulators as the HTP does: ONNX "
                 f"Runtime's CPU EP on "
                 f"it, with session config "
                 f"{CPU_SESSION_CONFIG} and disabled_optimizers={list(CPU_DISABLED_OPTIMIZERS)}, gives the study's "

@@ -371,16 +371,17 @@ def _fake_quant_model(model: str | bytes) -> str | bytes:
     return model if grid is None and rounded is None and accumulated is None else proto.SerializeToString()
 
 
-def htp_accumulator_rounding(model: str | bytes | onnx.ModelProto) -> str | bytes | onnx.ModelProto | None:
+def htp_accumulator_rounding(model: str | bytes | onnx.ModelProto,
+                             requantize: bool = False) -> str | bytes | onnx.ModelProto | None:
     """`model` with each 16-bit Conv and Gemm computing its accumulator as the HTP rounds it (the product sum
-    shifted right by 8 bits, the int32 bias' low 8 bits dropped: `htp_accumulator`) and each 8-bit one requantizing
-    it as the HTP does (the accumulator shifted to about 1/16 output step, a 12-bit multiplier), and each 8-bit Add
-    with the HTP's integer multipliers (`htp_requantize`);
-    `model` itself when it has none. A ModelProto is changed in place; the answer is then the proto, or None when
-    nothing changed."""
+    shifted right by 8 bits, the int32 bias' low 8 bits dropped: `htp_accumulator`); with `requantize`, also each
+    8-bit one requantizing it as the HTP does (the accumulator shifted to about 1/16 output step, a 12-bit
+    multiplier) and each 8-bit Add with the HTP's integer multipliers (`htp_requantize`: measured, not yet in the
+    default numerics, whose sensitivity engine does not follow it); `model` itself when it has none. A ModelProto
+    is changed in place; the answer is then the proto, or None when nothing changed."""
     proto = _proto(model)
     sixteen = follow_accumulator_rounding(proto)
-    eight = follow_requantize_rounding(proto)
+    eight = follow_requantize_rounding(proto) if requantize else False
     return _rewritten(model, proto, sixteen or eight)
 
 

@@ -21,7 +21,7 @@ RUN_LATENCY_SOURCES = (MEASURED, EMULATOR)  # what timing a run on an agent can 
 
 # How the CPU's accuracy source ends ("ORT CPU QDQ (<numerics>, " before it, `loop.runners.CPU_SOURCE`): it names
 # what of the HTP's arithmetic the CPU numerics follow, so results of an earlier mpstudio's numerics carry another.
-CPU_NUMERICS_TAIL = "HTP weights, input rounding, accumulators and requantization)"
+CPU_NUMERICS_TAIL = "HTP weights, input rounding and accumulators)"
 
 
 def superseded_source(source: str) -> bool:
