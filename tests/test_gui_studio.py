@@ -390,16 +390,18 @@ def test_a_saved_view_carries_no_design_another_part_of_the_process_set(tmp_path
     import panel as pn
     from panel.theme import Fast
 
-    from mpstudio.widgets.base import save_inline
+    from mpstudio.widgets.base import _process_config, save_inline
 
     path = tmp_path / "page.html"
-    before = pn.config.design
-    pn.config.design = Fast
+    # Read and set as the process's, not through `pn.config.design`: while a served studio of another test renders
+    # a page in its thread, that reads the session's design (seen in a full run of the suite).
+    before = _process_config("design")
+    _process_config("design", Fast)
     try:
         save_inline(pn.Column(pn.pane.Markdown("text")), path)
-        assert pn.config.design is Fast  # the process's setting is left as it was
+        assert _process_config("design") is Fast  # the process's setting is left as it was
     finally:
-        pn.config.design = before
+        _process_config("design", before)
     assert re.findall(r'<script type="module" src="(https?://[^"]+)', path.read_text()) == []
 
 

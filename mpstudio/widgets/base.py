@@ -44,17 +44,28 @@ def save_inline(view, filename, resources="inline", **kwargs):
         resources = INLINE
     # A design set for the whole process (a template or an extension call elsewhere) would add its script modules,
     # named by CDN address, to a page that does not use it: a saved view carries Panel's default design.
-    design = pn.config.design
+    design = _process_config("design")
     try:
-        pn.config.design = None
+        _process_config("design", None)
         saved = pn.panel(view).save(filename, resources=resources, **kwargs)
     finally:
-        pn.config.design = design
+        _process_config("design", design)
     if inline and isinstance(filename, (str, os.PathLike)):
         from .offline_page import make_offline
 
         make_offline(filename)  # and the stylesheets Panel's models import from its CDN
     return saved
+
+
+def _process_config(name: str, *value):
+    """Panel's process-wide setting `name` (set to `value[0]` when given). `pn.config.<name>` reads and writes the
+    current session's copy, and which session is current is Bokeh's process-wide record: while a served session
+    renders its page in another thread, a script's `pn.config.design = None` lands in that session instead."""
+    config = pn.config
+    if value:
+        super(type(config), config).__setattr__(name, value[0])
+        return value[0]
+    return super(type(config), config).__getattribute__(name)
 
 
 def on_document_thread(model, update, *, next_tick: bool = False) -> None:
