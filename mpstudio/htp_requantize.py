@@ -58,10 +58,10 @@ def follow_requantize_rounding(proto: onnx.ModelProto) -> bool:
     what the HTP computes; True when any was rewritten."""
     def rewrite(node, inits, producers, consumers, graph):
         if node.op_type in ("Conv", "Gemm"):
-            found = _operands(node, inits, producers, consumers)
+            found = conv_operands(node, inits, producers, consumers)
             return None if found is None else _rewritten_nodes(node, *found, graph)
         if node.op_type == "Add":
-            found = _add_operands(node, inits, producers, consumers)
+            found = add_operands(node, inits, producers, consumers)
             return None if found is None else _add_nodes(node, *found, graph)
         return None
     return rewrite_nodes(proto.graph, rewrite)
@@ -84,7 +84,7 @@ def _output_encoding(node, inits, consumers) -> tuple[float, int] | None:
     return encodings.pop() if len(encodings) == 1 else None
 
 
-def _operands(node, inits, producers, consumers):
+def conv_operands(node, inits, producers, consumers):
     """(input codes' tensor, input scale, input zero point, weight codes, weight scales, bias codes, output scale)
     of a Conv/Gemm the rule covers, or None."""
     found = dequantized_operands(node, inits, producers)
@@ -113,16 +113,25 @@ def _operands(node, inits, producers, consumers):
     w_scale = np.broadcast_to(w_scale.astype(np.float64).reshape(-1), channels)
     if b_scale.size not in (1, channels):
         return None
+    bias = accumulator_bias(bias, b_scale, float(x_scale), w_scale)
+    if bias is None:
+        return None
+    return (x_dq.input[0], float(x_scale), int(x_zero), codes, w_scale, bias, output[0])
+
+
+def accumulator_bias(codes: np.ndarray, b_scale: np.ndarray, x_scale: float, w_scale: np.ndarray
+                     ) -> np.ndarray | None:
+    """The int32 bias `codes` (stored with step `b_scale`) in accumulator steps (input scale x the HTP's weight
+    scale per channel), float64; None when they are not exact in float32."""
+    channels = w_scale.size
     # ORT's quantizer writes the int32 bias on the accumulator's grid (input scale x weight scale); where the HTP's
     # weight grid (runtime.htp_weight_grid) widened a channel's weight scale, the HTP takes the bias onto the wider
     # grid, rounded to nearest (one-op models with widened channels: 0.07 % of codes off, as with any rounding)
     accumulator_step = np.float64(np.float32(x_scale)) * w_scale
-    ratio = np.broadcast_to(b_scale.astype(np.float64).reshape(-1), channels) / accumulator_step
-    bias = np.where(np.isclose(ratio, 1.0, rtol=1e-5, atol=0), bias.astype(np.float64),
-                    np.round(bias.astype(np.float64) * ratio))
-    if np.abs(bias).max(initial=0) >= 2 ** 24:
-        return None  # not exact in float32
-    return (x_dq.input[0], float(x_scale), int(x_zero), codes, w_scale, bias, output[0])
+    ratio = np.broadcast_to(np.asarray(b_scale, np.float64).reshape(-1), channels) / accumulator_step
+    codes = np.asarray(codes, np.float64)
+    bias = np.where(np.isclose(ratio, 1.0, rtol=1e-5, atol=0), codes, np.round(codes * ratio))
+    return None if np.abs(bias).max(initial=0) >= 2 ** 24 else bias  # (beyond: not exact in float32)
 
 
 def requantize_constants(x_scale: float, w_scale: np.ndarray, y_scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -171,7 +180,7 @@ def _rewritten_nodes(node, x_codes, x_scale, x_zero, codes, w_scale, bias, y_sca
 
 
 # ---- Add ---------------------------------------------------------------------------------------------------------
-def _add_operands(node, inits, producers, consumers):
+def add_operands(node, inits, producers, consumers):
     """((codes' tensor, scale, zero point) of both inputs, (output scale, zero point)) of an 8-bit Add the rule
     covers, or None."""
     if len(node.input) != 2:

@@ -46,6 +46,9 @@ DEFAULT_HTP_ARCH = "75"
 # does not depend on the CPU's instruction set (ORT's int8 kernels round differently without VNNI).
 CPU_NUMERICS = ("fused", "basic", "fake-quant")
 DEFAULT_CPU_NUMERICS = "fake-quant"
+# Whether fake-quant follows the HTP's 8-bit requantization (`htp_requantize`). The sensitivity engine's switchable
+# model reads it too (`sensitivity.isolation.requantize`), so that it computes what the regenerated plans compute.
+FOLLOW_HTP_REQUANTIZATION = True
 
 
 def available_cores() -> int:
@@ -362,12 +365,12 @@ def _rewritten(model, proto: onnx.ModelProto, changed: bool):
 
 
 def _fake_quant_model(model: str | bytes) -> str | bytes:
-    """The model the fake-quant numerics run: the HTP's weights, its graph input rounding and its 16-bit
-    accumulator rounding (read once)."""
+    """The model the fake-quant numerics run: the HTP's weights, its graph input rounding, its 16-bit accumulator
+    rounding and its 8-bit requantization (`FOLLOW_HTP_REQUANTIZATION`; read once)."""
     proto = _proto(model)
     grid = htp_weight_grid(proto)
     rounded = htp_input_rounding(proto)
-    accumulated = htp_accumulator_rounding(proto)
+    accumulated = htp_accumulator_rounding(proto, requantize=FOLLOW_HTP_REQUANTIZATION)
     return model if grid is None and rounded is None and accumulated is None else proto.SerializeToString()
 
 
@@ -376,9 +379,9 @@ def htp_accumulator_rounding(model: str | bytes | onnx.ModelProto,
     """`model` with each 16-bit Conv and Gemm computing its accumulator as the HTP rounds it (the product sum
     shifted right by 8 bits, the int32 bias' low 8 bits dropped: `htp_accumulator`); with `requantize`, also each
     8-bit one requantizing it as the HTP does (the accumulator shifted to about 1/16 output step, a 12-bit
-    multiplier) and each 8-bit Add with the HTP's integer multipliers (`htp_requantize`: measured, not yet in the
-    default numerics, whose sensitivity engine does not follow it); `model` itself when it has none. A ModelProto
-    is changed in place; the answer is then the proto, or None when nothing changed."""
+    multiplier) and each 8-bit Add with the HTP's integer multipliers (`htp_requantize`; the fake-quant numerics
+    ask for it as `FOLLOW_HTP_REQUANTIZATION` says); `model` itself when it has none. A ModelProto is changed in
+    place; the answer is then the proto, or None when nothing changed."""
     proto = _proto(model)
     sixteen = follow_accumulator_rounding(proto)
     eight = follow_requantize_rounding(proto) if requantize else False

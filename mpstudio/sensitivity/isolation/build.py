@@ -16,8 +16,10 @@ from ... import qdq
 from ...errors import MpstudioError
 from ...graph import node_display_name, producers_and_consumers
 from ...folding import FOLDED_ACTIVATIONS
+from ... import runtime
 from ...runtime import switchable_input_rounding
 from .edges import GRAPH_OUTPUT, Bias, Edge, EdgeQuant, bias_value, constant_input, edge_feed, switch_names
+from .requantize import RequantizeSwitches, follow
 
 MS_DOMAIN = "com.microsoft"  # ORT's contrib QuantizeLinear takes uint16 at any opset
 _WEIGHT_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}  # their weights keep the plan's weight type
@@ -79,6 +81,7 @@ class Switches:
     constants_8: dict[str, np.ndarray]  # float constant -> its all-8-bit value
     constants_16: dict[str, np.ndarray]  # float constant -> its 16-bit value
     biases: list[Bias]
+    requantize: RequantizeSwitches  # the HTP's 8-bit requantization where the plans' CPU numerics follow it
 
 
 def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized: Mapping[str, qdq.QuantizedTensor],
@@ -86,7 +89,8 @@ def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized:
             float_model: onnx.ModelProto | None) -> Switches:
     """`model` with each activation's Q/DQ pair replaced, per receiving node, by a Clip and two Q -> DQ pairs
     whose parameters are switch inputs (the all-8-bit values by default), and the constants and biases that
-    depend on a plan made switch inputs too."""
+    depend on a plan made switch inputs too; each 8-bit Conv/Gemm and Add the plans' CPU numerics requantize as
+    the HTP does computes that too where a configuration leaves it at 8 bits (`requantize`)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
@@ -116,6 +120,9 @@ def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized:
         nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
+    requantize = (follow(graph, model, quantized, edge_receivers, biases, default)
+                  if runtime.FOLLOW_HTP_REQUANTIZATION else RequantizeSwitches([], default))
+    switches.append(requantize.defaults)
     switches += [{constant_input(name): value} for name, value in constants_8.items()]
     switches += [{bias.input: bias_value(bias, default[bias.edge].scale)} for bias in biases]
     for feed in switches:
@@ -125,7 +132,7 @@ def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized:
                 name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
     if not any(op.domain == MS_DOMAIN for op in out.opset_import):
         out.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-    return Switches(out, constants_8, constants_16, biases)
+    return Switches(out, constants_8, constants_16, biases, requantize)
 
 
 def _edge_nodes(t: qdq.QuantizedTensor, receiver: str, graph_input: bool) -> list[onnx.NodeProto]:

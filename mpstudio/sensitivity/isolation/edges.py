@@ -79,10 +79,15 @@ class Bias:
     beta: float
 
 
+def bias_codes(bias: Bias, input_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """The int32 codes (as float64) and the float32 step ORT quantizes the bias to for `input_scale`."""
+    scale = np.float32(input_scale) * bias.weight_scale * np.float32(bias.beta)
+    return np.clip(np.round(bias.value / scale.astype(np.float64)), _INT32.min, _INT32.max), scale
+
+
 def bias_value(bias: Bias, input_scale: float) -> np.ndarray:
     """The dequantized bias as ORT quantizes it for `input_scale`."""
-    scale = np.float32(input_scale) * bias.weight_scale * np.float32(bias.beta)
-    q = np.clip(np.round(bias.value / scale.astype(np.float64)), _INT32.min, _INT32.max)
+    q, scale = bias_codes(bias, input_scale)
     return (q.astype(np.float32) * scale).astype(np.float32)
 
 

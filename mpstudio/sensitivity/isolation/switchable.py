@@ -59,6 +59,7 @@ class SwitchableModel:
         self.model = switches.model
         self._constants_8, self._constants_16 = switches.constants_8, switches.constants_16
         self._biases: list[Bias] = switches.biases
+        self._requantize = switches.requantize
         self._bias_values: dict[tuple[str, float], np.ndarray] = {}
         self._feeds: dict[tuple[Edge, EdgeQuant], dict[str, np.ndarray]] = {}
         self.threads = threads or 1
@@ -177,6 +178,7 @@ class SwitchableModel:
             feed.update(cached)
         for name in setting.constants:
             feed[constant_input(name)] = self._constants_16[name]
+        feed.update(self._requantize.feed(lambda edge: quant.get(edge, self._default[edge]), setting.constants))
         for bias in self._biases:
             value = quant.get(bias.edge)
             if value is not None and value.scale != self._default[bias.edge].scale:

@@ -1,0 +1,315 @@
+"""The HTP's 8-bit requantization (`htp_requantize`) in the switchable model.
+
+The regenerated plans' CPU numerics compute each 8-bit Conv/Gemm with the HTP's shifted accumulator and 12-bit
+multiplier, and each 8-bit Add of two 8-bit tensors with its integer multipliers, wherever a plan leaves the
+node's inputs and output at 8 bits. In the switchable model each such node computes both its plain value and the
+rule's, and a switch input selects one. The rule's per-node constants (the accumulator's shift step and
+multiplier, the bias requantized to the input's scale, the Add's multipliers and constant, the output scale) are
+switch inputs too, computed in Python per configuration from the scales and zero points its edges carry
+(`RequantizeSwitches.feed`), the all-8-bit values by default. The input codes are recovered in the graph from each
+edge's dequantized value (value / its last step, rounded: exact, the value is a code times that step).
+
+Which nodes the rule covers is read from the all-8-bit model on the HTP's weight grid (`runtime.htp_weight_grid`,
+as the plans' numerics take it where input and output share a width), through `htp_requantize`'s own operand
+checks. A node whose bias or constant operand the switchable model cannot requantize (a model prepared without
+its float model) is left plain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Collection, Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ... import qdq
+from ...htp_accumulator import graph_links, initializer_array
+from ...htp_requantize import accumulator_bias, add_constants, add_operands, conv_operands, requantize_constants
+from ...qdq import Encoding
+from ...runtime import htp_weight_grid
+from .edges import Bias, Edge, EdgeQuant, bias_codes, constant_input, switch_names
+
+_FUSED = ("Relu", "Clip")
+Feed = dict[str, np.ndarray]
+QuantOf = Callable[[Edge], EdgeQuant]
+
+
+@dataclass(frozen=True, eq=False)
+class ConvRule:
+    """A Conv or Gemm the rule covers: its data input's edge, the edges of the tensor it writes, the HTP's weight
+    codes and scale per output channel (float64) and its bias."""
+
+    prefix: str
+    input: Edge
+    outputs: tuple[Edge, ...]
+    codes: np.ndarray  # the weight codes the HTP multiplies by (minus a uint8 weight's zero point)
+    w_scale: np.ndarray
+    bias: Bias
+    shape: tuple[int, ...]  # of its per-channel constants
+
+    @property
+    def edges(self) -> tuple[Edge, ...]:
+        return (self.input,) + self.outputs
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One input of an Add: an activation edge, or a constant (a switchable one named by `constant`, 16-bit in
+    some plans, or a fixed one) with its 8-bit encoding."""
+
+    edge: Edge | None = None
+    constant: str | None = None
+    encoding: Encoding | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class AddRule:
+    """An Add the rule covers: its two operands and the edges of the tensor it writes."""
+
+    prefix: str
+    operands: tuple[Operand, Operand]
+    outputs: tuple[Edge, ...]
+
+    @property
+    def edges(self) -> tuple[Edge, ...]:
+        return tuple(o.edge for o in self.operands if o.edge is not None) + self.outputs
+
+
+def received(quant: EdgeQuant) -> Encoding:
+    """The encoding of the DequantizeLinear the receiving node reads (its last quantization)."""
+    return quant.second or quant.first
+
+
+def _eight_bit(encoding: Encoding | None) -> bool:
+    return encoding is not None and encoding.bits == 8 and encoding.qmin == 0 and not encoding.per_channel
+
+
+def _output(outputs: tuple[Edge, ...], quant: QuantOf) -> Encoding | None:
+    """The one 8-bit encoding the node's output is written with, or None."""
+    written = {quant(edge).first for edge in outputs}
+    encoding = written.pop() if len(written) == 1 else None
+    return encoding if _eight_bit(encoding) else None
+
+
+def conv_feed(rule: ConvRule, quant: QuantOf) -> Feed:
+    """The switch inputs of `rule` for a configuration whose edges quantize as `quant`."""
+    off = {rule.prefix + "on": np.array(False)}
+    arriving = quant(rule.input)
+    output = _output(rule.outputs, quant)
+    if output is None or not _eight_bit(received(arriving)):
+        return off
+    codes, b_scale = bias_codes(rule.bias, arriving.scale)
+    bias = accumulator_bias(codes, b_scale, arriving.scale, rule.w_scale)
+    if bias is None:
+        return off
+    step, multiplier = requantize_constants(arriving.scale, rule.w_scale, output.step)
+    return {rule.prefix + "on": np.array(True), rule.prefix + "step": step.reshape(rule.shape),
+            rule.prefix + "multiplier": multiplier.reshape(rule.shape),
+            rule.prefix + "bias": bias.astype(np.float32), rule.prefix + "y_scale": np.array(output.step)}
+
+
+def add_feed(rule: AddRule, quant: QuantOf, sixteen_constants: Collection[str]) -> Feed:
+    """The switch inputs of `rule` for a configuration whose edges quantize as `quant` and whose constants
+    `sixteen_constants` are 16-bit."""
+    off = {rule.prefix + "on": np.array(False)}
+    encodings = []
+    for operand in rule.operands:
+        if operand.edge is not None:
+            encodings.append(received(quant(operand.edge)))
+        else:
+            encodings.append(None if operand.constant in sixteen_constants else operand.encoding)
+    output = _output(rule.outputs, quant)
+    if output is None or not all(_eight_bit(e) for e in encodings):
+        return off
+    a, b = encodings
+    m_a, m_b, constant, shift = add_constants(a.step, a.zero, b.step, b.zero, output.step, output.zero)
+    # the graph multiplies codes minus their zero points: their terms move into the constant, with + 1/2 output
+    # step and - the output zero point (in 2^-s steps), as `htp_requantize` writes it
+    constant += a.zero * m_a + b.zero * m_b + 0.5 * shift - output.zero * shift
+    feed = {rule.prefix + "on": np.array(True), rule.prefix + "constant": np.array(constant),
+            rule.prefix + "shift": np.array(shift), rule.prefix + "y_scale": np.array(output.step)}
+    feed[rule.prefix + "m_a"], feed[rule.prefix + "m_b"] = np.array(m_a), np.array(m_b)
+    return feed
+
+
+class RequantizeSwitches:
+    """The rules of one switchable model and the switch inputs a configuration gives them (see the module
+    docstring)."""
+
+    def __init__(self, rules: list[ConvRule | AddRule], default: Mapping[Edge, EdgeQuant]):
+        self.rules = rules
+        self.defaults: Feed = {}
+        for rule in rules:
+            self.defaults.update(self._feed(rule, default.__getitem__, ()))
+        self._cache: dict[tuple, Feed] = {}
+
+    @staticmethod
+    def _feed(rule, quant: QuantOf, sixteen_constants: Collection[str]) -> Feed:
+        return conv_feed(rule, quant) if isinstance(rule, ConvRule) else add_feed(rule, quant, sixteen_constants)
+
+    def feed(self, quant: QuantOf, sixteen_constants: Collection[str]) -> Feed:
+        """The switch inputs whose values a configuration (its edges quantized as `quant`, its constants
+        `sixteen_constants` at 16 bits) changes from the all-8-bit defaults."""
+        out: Feed = {}
+        for rule in self.rules:
+            constants = tuple(o.constant in sixteen_constants for o in getattr(rule, "operands", ()))
+            key = (rule.prefix, tuple(quant(edge) for edge in rule.edges), constants)
+            cached = self._cache.get(key)
+            if cached is None:
+                full = self._feed(rule, quant, sixteen_constants)
+                cached = self._cache[key] = {name: value for name, value in full.items()
+                                             if not np.array_equal(value, self.defaults[name])}
+            out.update(cached)
+        return out
+
+
+def follow(graph: onnx.GraphProto, model_8: onnx.ModelProto, quantized: Mapping[str, qdq.QuantizedTensor],
+           receivers: Mapping[str, list[str]], biases: list[Bias],
+           default: Mapping[Edge, EdgeQuant]) -> RequantizeSwitches:
+    """Rewrite, in place, each node of the switchable `graph` the rule covers in the all-8-bit `model_8` into
+    its plain and its rule's value and a selection between them; the rules and their default switch inputs."""
+    grid = onnx.ModelProto()
+    grid.CopyFrom(model_8)
+    htp_weight_grid(grid)
+    inits, producers, consumers = graph_links(grid.graph)
+    by_output = {n.output[0]: n for n in grid.graph.node if n.output}
+    edges = {switch_names((t, r))["value"]: (t, r) for t in receivers for r in receivers[t]}
+    by_bias = {b.input: b for b in biases}
+    written: dict[str, list[Edge]] = {}
+    for t, q in quantized.items():
+        written.setdefault(q.pre, []).extend((t, r) for t in [t] for r in receivers[t])
+    rules: list[ConvRule | AddRule] = []
+    nodes = []
+    for node in graph.node:
+        original = by_output.get(node.output[0]) if node.output else None
+        rule = None
+        if original is not None and node.op_type in ("Conv", "Gemm"):
+            rule = _conv_rule(node, original, (inits, producers, consumers), edges, by_bias, written)
+        elif original is not None and node.op_type == "Add":
+            rule = _add_rule(node, original, (inits, producers, consumers), edges, written)
+        if rule is None:
+            nodes.append(node)
+            continue
+        rules.append(rule)
+        nodes += _rule_nodes(node, rule)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return RequantizeSwitches(rules, default)
+
+
+def _written_edges(node, links, written: Mapping[str, list[Edge]]) -> tuple[Edge, ...]:
+    """The edges of the tensors the all-8-bit model's QuantizeLinears after `node` (through a fused Relu/Clip)
+    write."""
+    _, _, consumers = links
+    users = consumers.get(node.output[0], [])
+    while len(users) == 1 and users[0].op_type in _FUSED:
+        users = consumers.get(users[0].output[0], [])
+    return tuple(edge for u in users for edge in written.get(u.input[0], []))
+
+
+def _conv_rule(node, original, links, edges, by_bias, written) -> ConvRule | None:
+    found = conv_operands(original, *links)
+    if found is None or len(node.input) < 3 or node.input[0] not in edges or node.input[2] not in by_bias:
+        return None
+    _, _, _, codes, w_scale, bias, _ = found
+    outputs = _written_edges(original, links, written)
+    if not outputs:
+        return None
+    channels = bias.size
+    shape = (1, channels) + (1,) * (codes.ndim - 2) if node.op_type == "Conv" else (channels,)
+    return ConvRule(_prefix(node), edges[node.input[0]], outputs, codes, w_scale, by_bias[node.input[2]], shape)
+
+
+def _add_rule(node, original, links, edges, written) -> AddRule | None:
+    inits, producers, consumers = links
+    found = add_operands(original, inits, producers, consumers)
+    if found is None or len(node.input) != 2:
+        return None
+    operands = []
+    for name, source in zip(node.input, original.input):
+        dq = producers[source]
+        encoding = Encoding.per_tensor(float(initializer_array(inits, dq.input[1]).reshape(-1)[0]),
+                                       int(initializer_array(inits, dq.input[2]).reshape(-1)[0]), "uint8")
+        if name in edges:
+            operands.append(Operand(edge=edges[name]))
+        elif dq.input[0] in inits and name.startswith(constant_input("")):
+            operands.append(Operand(constant=name.removeprefix(constant_input("")), encoding=encoding))
+        elif dq.input[0] in inits and name == source:
+            operands.append(Operand(encoding=encoding))  # a constant the switchable model leaves as it is
+        else:
+            return None
+    outputs = _written_edges(original, links, written)
+    return AddRule(_prefix(node), tuple(operands), outputs) if outputs else None
+
+
+def _prefix(node) -> str:
+    return f"mpstudio_switch/requantize/{node.output[0]}/"
+
+
+def _rule_nodes(node, rule: ConvRule | AddRule) -> list[onnx.NodeProto]:
+    """`node` writing its plain value aside, the rule's value, and the selection of one into its output."""
+    p, output = rule.prefix, node.output[0]
+    node.output[0] = p + "plain"
+    if isinstance(rule, ConvRule):
+        value = _conv_value(node, rule)
+    else:
+        value = _add_value(node, rule)
+    return [node, *value, helper.make_node("Where", [p + "on", p + "value", p + "plain"], [output],
+                                           name=p + "Select")]
+
+
+def _codes(value: str, step: str, out: str) -> list[onnx.NodeProto]:
+    """A dequantized value's codes minus their zero point: value / step, rounded."""
+    return [helper.make_node("Div", [value, step], [out + "_ratio"], name=out + "_Ratio"),
+            helper.make_node("Round", [out + "_ratio"], [out], name=out + "_Round")]
+
+
+def _conv_value(node, rule: ConvRule) -> list[onnx.NodeProto]:
+    """The rule's output value of a Conv/Gemm (`htp_requantize`'s nodes, from codes recovered in the graph)."""
+    p = rule.prefix
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return _codes(node.input[0], switch_names(rule.input)["scale_2"], p + "centred") + [
+        helper.make_node("Constant", [], [p + "w_codes"], name=p + "WeightCodes",
+                         value=numpy_helper.from_array(rule.codes.astype(np.float32), "")),
+        helper.make_node("Constant", [], [p + "half"], name=p + "Half",
+                         value=numpy_helper.from_array(np.float64(0.5), "")),
+        helper.make_node(node.op_type, [p + "centred", p + "w_codes", p + "bias"], [p + "sum"], name=p + "Sum",
+                         **attributes),
+        helper.make_node("Cast", [p + "sum"], [p + "accumulator"], name=p + "Accumulator", to=TensorProto.DOUBLE),
+        helper.make_node("Div", [p + "accumulator", p + "step"], [p + "ratio"], name=p + "Ratio"),
+        helper.make_node("Floor", [p + "ratio"], [p + "shifted"], name=p + "Shifted"),
+        helper.make_node("Add", [p + "shifted", p + "half"], [p + "centre"], name=p + "Centre"),
+        helper.make_node("Mul", [p + "centre", p + "multiplier"], [p + "steps"], name=p + "Steps"),
+        helper.make_node("Add", [p + "steps", p + "half"], [p + "biased"], name=p + "RoundUp"),
+        helper.make_node("Floor", [p + "biased"], [p + "code"], name=p + "Code"),
+        helper.make_node("Mul", [p + "code", p + "y_scale"], [p + "value64"], name=p + "Value"),
+        helper.make_node("Cast", [p + "value64"], [p + "value"], name=p + "ToFloat", to=TensorProto.FLOAT),
+    ]
+
+
+def _add_value(node, rule: AddRule) -> list[onnx.NodeProto]:
+    """The rule's output value of an Add (`htp_requantize`'s nodes, from codes recovered in the graph)."""
+    p = rule.prefix
+    nodes = []
+    for name, source, operand in zip("ab", node.input, rule.operands):
+        if operand.edge is not None:
+            step = switch_names(operand.edge)["scale_2"]
+        else:
+            step = p + name + "_step"
+            nodes.append(helper.make_node("Constant", [], [step], name=p + name.upper() + "Step",
+                                          value=numpy_helper.from_array(np.float32(operand.encoding.step), "")))
+        nodes += _codes(source, step, p + "r" + name)
+        nodes += [helper.make_node("Cast", [p + "r" + name], [p + "q" + name], name=p + "Codes" + name.upper(),
+                                   to=TensorProto.DOUBLE),
+                  helper.make_node("Mul", [p + "q" + name, p + "m_" + name], [p + "t" + name],
+                                   name=p + "Term" + name.upper())]
+    return nodes + [
+        helper.make_node("Add", [p + "ta", p + "tb"], [p + "sum"], name=p + "Sum"),
+        helper.make_node("Add", [p + "sum", p + "constant"], [p + "biased"], name=p + "Constant"),
+        helper.make_node("Div", [p + "biased", p + "shift"], [p + "ratio"], name=p + "Ratio"),
+        helper.make_node("Floor", [p + "ratio"], [p + "code"], name=p + "Code"),
+        helper.make_node("Mul", [p + "code", p + "y_scale"], [p + "value64"], name=p + "Value"),
+        helper.make_node("Cast", [p + "value64"], [p + "value"], name=p + "ToFloat", to=TensorProto.FLOAT),
+    ]
