@@ -21,7 +21,8 @@ RUN_LATENCY_SOURCES = (MEASURED, EMULATOR)  # what timing a run on an agent can 
 
 # How the CPU's accuracy source ends ("ORT CPU QDQ (<numerics>, " before it, `loop.runners.CPU_SOURCE`): it names
 # what of the HTP's arithmetic the CPU numerics follow, so results of an earlier mpstudio's numerics carry another.
-CPU_NUMERICS_TAIL = "HTP weights, input rounding and accumulators)"
+# (Before the HTP's 8-bit requantization was followed it ended "HTP weights, input rounding and accumulators)".)
+CPU_NUMERICS_TAIL = "HTP weights, input rounding, accumulators and requantization)"
 
 
 def superseded_source(source: str) -> bool:
