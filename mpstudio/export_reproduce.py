@@ -25,6 +25,7 @@ from .errors import MpstudioError
 
 from .plan import PrecisionPlan
 from .quantize import QUANT_TYPES
+from . import runtime
 from .runtime import htp_accumulator_rounding, htp_input_rounding, htp_weight_grid
 
 # The CPU session settings of the study's numerics (runtime.DEFAULT_CPU_NUMERICS, "fake-quant"): quantization
@@ -45,7 +46,8 @@ class HtpWeights:
 def htp_weights(qdq_path: str | os.PathLike) -> HtpWeights | None:
     """`qdq_path` with each uint8 per-tensor weight the HTP requantizes on its grid, and its float graph inputs
     rounded as the HTP rounds them (`runtime.htp_input_rounding`) and its Convs' and Gemms' accumulators rounded
-    as the HTP rounds them (`runtime.htp_accumulator_rounding`), as the study's CPU numerics run it; None when the
+    and 8-bit ones (and Adds) requantized as the HTP does (`runtime.htp_accumulator_rounding`), as the study's CPU
+    numerics run it; None when the
     HTP takes every weight as the model stores it."""
     grid = htp_weight_grid(str(qdq_path))
     if not isinstance(grid, bytes):
@@ -54,7 +56,7 @@ def htp_weights(qdq_path: str | os.PathLike) -> HtpWeights | None:
     names = sorted({init.name.split(_GRID_MARK)[0].removesuffix("_quantized") for init in proto.graph.initializer
                     if _GRID_MARK in init.name and not init.name.endswith(("_scale", "_zero_point"))})
     rounded = htp_input_rounding(proto)
-    accumulated = htp_accumulator_rounding(proto)
+    accumulated = htp_accumulator_rounding(proto, requantize=runtime.FOLLOW_HTP_REQUANTIZATION)
     return HtpWeights(grid if rounded is None and accumulated is None else proto.SerializeToString(), tuple(names))
 
 
@@ -88,8 +90,9 @@ def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *
         if weights is None:
             notes.append(f"{stem}.qdq.onnx is the model the study scored; the HTP takes its weights as stored. The "
                          f"study's CPU numerics round its float inputs as the HTP does "
-                         f"(mpstudio.runtime.htp_input_rounding) and round Convs' and Gemms' accumulators as the HTP does "
-                         f"(mpstudio.runtime.htp_accumulator_rounding), which ORT's CPU EP does not by itself.")
+                         f"(mpstudio.runtime.htp_input_rounding) and round Convs' and Gemms' accumulators and requantize "
+                         f"8-bit Convs, Gemms and Adds as the HTP does (mpstudio.runtime.htp_accumulator_rounding, "
+                         f"requantize=True), which ORT's CPU EP does not by itself.")
         else:
             shown = ", ".join(weights.weights[:5]) + (", ..." if len(weights.weights) > 5 else "")
             notes.append(
@@ -101,7 +104,8 @@ def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *
                 f"it, with session config "
                 f"{CPU_SESSION_CONFIG} and disabled_optimizers={list(CPU_DISABLED_OPTIMIZERS)}, gives the study's "
                 f"numbers; on {stem}.qdq.onnx it does not. mpstudio.runtime.htp_weight_grid, "
-                f"mpstudio.runtime.htp_input_rounding and mpstudio.runtime.htp_accumulator_rounding make one from "
+                f"mpstudio.runtime.htp_input_rounding and mpstudio.runtime.htp_accumulator_rounding (requantize=True) "
+                f"make one from "
                 f"the other.")
     return notes
 

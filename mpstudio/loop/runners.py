@@ -19,7 +19,8 @@ from .inprocess import run_outputs
 # "HTP weights": since the CPU numerics compute with the weights the HTP really uses (runtime.htp_weight_grid),
 # their results carry another name than the earlier ones, so one study never mixes the two on a front; the same
 # for "input rounding", the graph inputs rounded to their codes as the HTP rounds them (runtime.htp_input_rounding),
-# and for "accumulators", 16-bit Convs and Gemms rounding their sums as the HTP does (runtime.htp_accumulator_rounding).
+# for "accumulators", 16-bit Convs and Gemms rounding their sums as the HTP does (runtime.htp_accumulator_rounding),
+# and for "requantization", 8-bit Convs, Gemms and Adds requantized as the HTP does (htp_requantize).
 CPU_SOURCE = f"ORT CPU QDQ ({DEFAULT_CPU_NUMERICS}, {CPU_NUMERICS_TAIL}"
 
 
