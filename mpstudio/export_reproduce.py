@@ -90,9 +90,10 @@ def reproduction_notes(plan: PrecisionPlan, stem: str, files: dict[str, Path], *
         if weights is None:
             notes.append(f"{stem}.qdq.onnx is the model the study scored; the HTP takes its weights as stored. The "
                          f"study's CPU numerics round its float inputs as the HTP does "
-                         f"(mpstudio.runtime.htp_input_rounding) and round Convs' and Gemms' accumulators and requantize "
-                         f"8-bit Convs, Gemms and Adds as the HTP does (mpstudio.runtime.htp_accumulator_rounding, "
-                         f"requantize=True), which ORT's CPU EP does not by itself.")
+                         f"(mpstudio.runtime.htp_input_rounding) and round Convs' and Gemms' accumulators and "
+                         f"requantize 8-bit Convs, Gemms and Adds as the HTP does "
+                         f"(mpstudio.runtime.htp_accumulator_rounding, requantize=True), which ORT's CPU EP does not "
+                         f"by itself.")
         else:
             shown = ", ".join(weights.weights[:5]) + (", ..." if len(weights.weights) > 5 else "")
             notes.append(
