@@ -179,7 +179,7 @@ def follow(graph: onnx.GraphProto, model_8: onnx.ModelProto, quantized: Mapping[
     by_bias = {b.input: b for b in biases}
     written: dict[str, list[Edge]] = {}
     for t, q in quantized.items():
-        written.setdefault(q.pre, []).extend((t, r) for t in [t] for r in receivers[t])
+        written.setdefault(q.pre, []).extend((t, r) for r in receivers[t])
     rules: list[ConvRule | AddRule] = []
     nodes = []
     for node in graph.node:
