@@ -167,6 +167,15 @@ def _rewritten_nodes(node, x_codes, x_scale, x_zero, codes, w_scale, bias, y_sca
         # zero padding of the centred codes is the zero point's padding of the codes, as the HTP pads
         helper.make_node(node.op_type, [p + "centred", p + "w_codes", p + "b_codes"], [p + "sum"],
                          name=p + "Sum", **attributes),
+        *requantized_value_nodes(p, node.output[0]),
+    ]
+
+
+def requantized_value_nodes(p: str, output: str) -> list[onnx.NodeProto]:
+    """The nodes from a Conv's or Gemm's float32 accumulator `p`sum (in accumulator steps) to its output value
+    `output` (float32, on the output grid): shifted by `p`step, multiplied by `p`multiplier, rounded, times
+    `p`y_scale (`p`half is one half, in float64)."""
+    return [
         helper.make_node("Cast", [p + "sum"], [p + "accumulator"], name=p + "Accumulator", to=TensorProto.DOUBLE),
         helper.make_node("Div", [p + "accumulator", p + "step"], [p + "ratio"], name=p + "Ratio"),
         helper.make_node("Floor", [p + "ratio"], [p + "shifted"], name=p + "Shifted"),
@@ -174,8 +183,8 @@ def _rewritten_nodes(node, x_codes, x_scale, x_zero, codes, w_scale, bias, y_sca
         helper.make_node("Mul", [p + "centre", p + "multiplier"], [p + "steps"], name=p + "Steps"),
         helper.make_node("Add", [p + "steps", p + "half"], [p + "biased"], name=p + "RoundUp"),
         helper.make_node("Floor", [p + "biased"], [p + "code"], name=p + "Code"),
-        helper.make_node("Mul", [p + "code", p + "y_scale"], [p + "value"], name=p + "Value"),
-        helper.make_node("Cast", [p + "value"], [node.output[0]], name=p + "ToFloat", to=TensorProto.FLOAT),
+        helper.make_node("Mul", [p + "code", p + "y_scale"], [p + "value64"], name=p + "Value"),
+        helper.make_node("Cast", [p + "value64"], [output], name=p + "ToFloat", to=TensorProto.FLOAT),
     ]
 
 
@@ -224,11 +233,19 @@ def _add_nodes(node, inputs, output, graph):
         helper.make_node("Cast", [b], [p + "qb"], name=p + "CodesB", to=TensorProto.DOUBLE),
         helper.make_node("Mul", [p + "qa", p + "m_a"], [p + "ta"], name=p + "TermA"),
         helper.make_node("Mul", [p + "qb", p + "m_b"], [p + "tb"], name=p + "TermB"),
+        *added_value_nodes(p, node.output[0]),
+    ]
+
+
+def added_value_nodes(p: str, output: str) -> list[onnx.NodeProto]:
+    """The nodes from an 8-bit Add's two terms `p`ta and `p`tb (codes times their multipliers, float64) to its
+    output value `output` (float32, on the output grid), with `p`constant, `p`shift and `p`y_scale."""
+    return [
         helper.make_node("Add", [p + "ta", p + "tb"], [p + "sum"], name=p + "Sum"),
         # + 1/2 output step and - the output zero point, in 2^-s steps: floor gives the code minus the zero point
         helper.make_node("Add", [p + "sum", p + "constant"], [p + "biased"], name=p + "Constant"),
         helper.make_node("Div", [p + "biased", p + "shift"], [p + "ratio"], name=p + "Ratio"),
         helper.make_node("Floor", [p + "ratio"], [p + "code"], name=p + "Code"),
-        helper.make_node("Mul", [p + "code", p + "y_scale"], [p + "value"], name=p + "Value"),
-        helper.make_node("Cast", [p + "value"], [node.output[0]], name=p + "ToFloat", to=TensorProto.FLOAT),
+        helper.make_node("Mul", [p + "code", p + "y_scale"], [p + "value64"], name=p + "Value"),
+        helper.make_node("Cast", [p + "value64"], [output], name=p + "ToFloat", to=TensorProto.FLOAT),
     ]

@@ -26,7 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ... import qdq
 from ...htp_accumulator import graph_links, initializer_array
-from ...htp_requantize import accumulator_bias, add_constants, add_operands, conv_operands, requantize_constants
+from ...htp_requantize import (accumulator_bias, add_constants, add_operands, added_value_nodes, conv_operands,
+                              requantize_constants, requantized_value_nodes)
 from ...qdq import Encoding
 from ...runtime import htp_weight_grid
 from .edges import Bias, Edge, EdgeQuant, bias_codes, constant_input, switch_names
@@ -277,15 +278,7 @@ def _conv_value(node, rule: ConvRule) -> list[onnx.NodeProto]:
                          value=numpy_helper.from_array(np.float64(0.5), "")),
         helper.make_node(node.op_type, [p + "centred", p + "w_codes", p + "bias"], [p + "sum"], name=p + "Sum",
                          **attributes),
-        helper.make_node("Cast", [p + "sum"], [p + "accumulator"], name=p + "Accumulator", to=TensorProto.DOUBLE),
-        helper.make_node("Div", [p + "accumulator", p + "step"], [p + "ratio"], name=p + "Ratio"),
-        helper.make_node("Floor", [p + "ratio"], [p + "shifted"], name=p + "Shifted"),
-        helper.make_node("Add", [p + "shifted", p + "half"], [p + "centre"], name=p + "Centre"),
-        helper.make_node("Mul", [p + "centre", p + "multiplier"], [p + "steps"], name=p + "Steps"),
-        helper.make_node("Add", [p + "steps", p + "half"], [p + "biased"], name=p + "RoundUp"),
-        helper.make_node("Floor", [p + "biased"], [p + "code"], name=p + "Code"),
-        helper.make_node("Mul", [p + "code", p + "y_scale"], [p + "value64"], name=p + "Value"),
-        helper.make_node("Cast", [p + "value64"], [p + "value"], name=p + "ToFloat", to=TensorProto.FLOAT),
+        *requantized_value_nodes(p, p + "value"),
     ]
 
 
@@ -305,11 +298,4 @@ def _add_value(node, rule: AddRule) -> list[onnx.NodeProto]:
                                    to=TensorProto.DOUBLE),
                   helper.make_node("Mul", [p + "q" + name, p + "m_" + name], [p + "t" + name],
                                    name=p + "Term" + name.upper())]
-    return nodes + [
-        helper.make_node("Add", [p + "ta", p + "tb"], [p + "sum"], name=p + "Sum"),
-        helper.make_node("Add", [p + "sum", p + "constant"], [p + "biased"], name=p + "Constant"),
-        helper.make_node("Div", [p + "biased", p + "shift"], [p + "ratio"], name=p + "Ratio"),
-        helper.make_node("Floor", [p + "ratio"], [p + "code"], name=p + "Code"),
-        helper.make_node("Mul", [p + "code", p + "y_scale"], [p + "value64"], name=p + "Value"),
-        helper.make_node("Cast", [p + "value64"], [p + "value"], name=p + "ToFloat", to=TensorProto.FLOAT),
-    ]
+    return nodes + added_value_nodes(p, p + "value")
