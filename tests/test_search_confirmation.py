@@ -197,12 +197,13 @@ def test_a_budget_spent_on_misses_says_which_dearer_plans_were_not_confirmed(tmp
 @pytest.mark.htp
 @requires_qnn
 def test_a_pick_within_noise_on_the_htp_is_reported_as_such(tmp_path):
-    """Measured on the HTP emulator: the chain model's all-8-bit plan scores a little lower there than on the CPU.
-    With the target between the HTP interval's low end and the CPU's, a8w8 clearly reaches on the CPU (the walk
-    stops at once) and is within noise on the HTP: the confirmation reports it so and tries no dearer plan. At 48x48
-    the estimated 16-bit premium is more than the cost model resolves (at 16x16 it is not: a latency tie,
-    which all-16-bit's better value would win)."""
-    with _chain_study(tmp_path, size=48) as study:
+    """Measured on the HTP emulator: the Sigmoid chain's all-8-bit plan scores a little lower there than on the CPU
+    (the HTP's Sigmoid is not the CPU's; with the HTP's requantization in the CPU numerics, the Relu chain's two
+    backends agree to 0.01 dB and the HTP no longer reads lower). With the target between the HTP interval's low
+    end and the CPU's, a8w8 clearly reaches on the CPU (the walk stops at once) and is within noise on the HTP: the
+    confirmation reports it so and tries no dearer plan. At 64x64 the 16-bit Sigmoids' premium is more than the cost
+    model resolves (at 32x32 it is not: a latency tie, which all-16-bit's better value wins)."""
+    with _chain_study(tmp_path, sigmoid=True, size=64) as study:
         cpu = study.evaluate(PrecisionPlan.a8w8(), "cpu")
         htp = study.evaluate(PrecisionPlan.a8w8(), "htp")
         assert htp.low < cpu.low  # as measured (the planted condition, not what is tested)
