@@ -268,8 +268,25 @@ FIGURE_BOX = """
 
 
 def figure_box(page, name: str):
-    """The page rectangle of the figure called `name`."""
+    """The page rectangle of the figure called `name` (its toolbar and colour bar included)."""
     return page.evaluate(FIGURE_BOX, name)
+
+
+FRAME_BOX = """
+(name) => {
+  const model = Bokeh.documents[0].get_model_by_name(name);
+  const view = model == null ? null : Bokeh.index.find_one(model);
+  if (view == null) return null;
+  const r = view.canvas_view.el.getBoundingClientRect(), f = view.frame.bbox;
+  return {x: r.left + f.left, y: r.top + f.top, width: f.width, height: f.height};
+}
+"""
+
+
+def frame_box(page, name: str):
+    """The page rectangle of the plotting area of the figure called `name`: where its glyphs are drawn and
+    hovered (a point outside it is clipped; the toolbar above it takes the pointer)."""
+    return page.evaluate(FRAME_BOX, name)
 
 
 def drag_box(page, points, rows, pad: float = 6.0):
@@ -286,10 +303,10 @@ def drag_box(page, points, rows, pad: float = 6.0):
     return inside
 
 
-def visible_rows(page, figure: str, points, count: int, margin: float = 40.0):
-    """`count` consecutive source rows whose screen points lie well inside the figure (the graph opens on the
-    most sensitive region, so which rows are in view depends on the ranking)."""
-    frame = figure_box(page, figure)
+def visible_rows(page, figure: str, points, count: int, margin: float = 15.0):
+    """`count` consecutive source rows whose screen points lie well inside the figure's plotting area (the graph
+    opens on the most sensitive region, so which rows are in view depends on the ranking)."""
+    frame = frame_box(page, figure)
     inside = [frame["x"] + margin <= x <= frame["x"] + frame["width"] - margin
               and frame["y"] + margin <= y <= frame["y"] + frame["height"] - margin for x, y in points]
     for start in range(len(points) - count + 1):

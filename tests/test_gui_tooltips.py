@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gui_support import (chromium_path, figure_box, make_small_study, open_studio, screen_points, source_column,
+from gui_support import (chromium_path, frame_box, make_small_study, open_studio, screen_points, source_column,
                          studio_server, wait_until)
 from mpstudio.plan import PrecisionPlan
 
@@ -34,7 +34,7 @@ def studio(tmp_path_factory):
 def hover_all(page, figure: str, renderer: str, x: str, y: str, count: int):
     """Hover the `count` points of `renderer` nearest the right edge of `figure`'s frame; each shown tooltip's
     rectangle with the point hovered."""
-    frame = figure_box(page, figure)
+    frame = frame_box(page, figure)
     points = screen_points(page, figure, source_column(page, renderer, x), source_column(page, renderer, y))
     inside = [p for p in points if frame["x"] < p[0] < frame["x"] + frame["width"]
               and frame["y"] < p[1] < min(frame["y"] + frame["height"], HEIGHT)]
