@@ -117,3 +117,17 @@ def test_a_partial_plan_named_from_all_16_bit_is_no_ceiling(study, outcome):
     a16 = study.evaluate(PrecisionPlan.a16w8())
     found = outcome.pointless_evaluations(study, [named, a16], [partial], threshold=1000.0, higher=True)
     assert len(found) == 1 and "a16w8 " in found[0] and "all-16-bit plan of its weights" in found[0]
+
+
+def test_a_pick_within_noise_is_printed_so_not_as_missed(study, outcome, capsys):
+    """The benchmark's line for a search whose pick is within noise of the target says so (the search neither
+    reached nor missed it); "NOT reached" is kept for a clear miss."""
+    from dataclasses import replace
+
+    baselines = {"a8w8": study.evaluate(PrecisionPlan.a8w8()), "a16w8": study.evaluate(PrecisionPlan.a16w8())}
+    result = search(study, "a16w8+5%", weights="per-tensor", max_evaluations=4, confirm=None, quiet=True)
+    for verdict, said in (("within noise", "within noise;"), ("misses", "NOT reached;"), ("reaches", ": reached;")):
+        outcome.report(study, replace(result, reached=verdict == "reaches", verdict=verdict), outcome.PhaseClock(),
+                       baselines, [], False)
+        line = capsys.readouterr().out.splitlines()[0]
+        assert said in line, line
