@@ -44,6 +44,18 @@ def graph_links(graph: onnx.GraphProto) -> tuple[dict, dict, dict[str, list]]:
     return inits, producers, consumers
 
 
+FUSED_ACTIVATIONS = ("Relu", "Clip")  # what ORT folds into the op before them (its output range)
+
+
+def quantizers_after(node, consumers) -> list:
+    """The nodes that read `node`'s output past a fused Relu/Clip (each the only reader of the one before):
+    in a QDQ model, the QuantizeLinears that write what the op computes."""
+    users = consumers.get(node.output[0], [])
+    while len(users) == 1 and users[0].op_type in FUSED_ACTIVATIONS:
+        users = consumers.get(users[0].output[0], [])
+    return users
+
+
 def rewrite_nodes(graph: onnx.GraphProto, rewrite) -> bool:
     """Replace, in place and in order, each node for which `rewrite(node, inits, producers, consumers, graph)`
     (`graph_links`) returns the nodes computing it instead (None: kept); True when any was replaced."""
@@ -141,9 +153,7 @@ def _operands(node, inits, producers, consumers):
 
 
 def _sixteen_bit_output(node, consumers, inits) -> bool:
-    users = consumers.get(node.output[0], [])
-    while len(users) == 1 and users[0].op_type in ("Relu", "Clip"):
-        users = consumers.get(users[0].output[0], [])
+    users = quantizers_after(node, consumers)
     if not users or any(u.op_type != "QuantizeLinear" or len(u.input) < 3 for u in users):
         return False
     zeros = [inits.get(u.input[2]) for u in users]

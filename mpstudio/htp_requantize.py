@@ -43,10 +43,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .htp_accumulator import initializer_array as _array
-from .htp_accumulator import node_attribute as _attribute
-from .htp_accumulator import dequantized_operands, plain_layout, rewrite_nodes
+from .htp_accumulator import dequantized_operands, plain_layout, quantizers_after, rewrite_nodes
 
-_FUSED = ("Relu", "Clip")
 _MULTIPLIER_BITS = 12
 _EXTRA_BITS = 4
 _ADD_BITS = 13  # an Add's multipliers: 2^(13 - e) for e the exponent of their sum
@@ -70,9 +68,7 @@ def follow_requantize_rounding(proto: onnx.ModelProto) -> bool:
 def _output_encoding(node, inits, consumers) -> tuple[float, int] | None:
     """(scale, zero point) of the one 8-bit encoding all QuantizeLinears after `node` (through a fused Relu/Clip)
     write, or None."""
-    users = consumers.get(node.output[0], [])
-    while len(users) == 1 and users[0].op_type in _FUSED:
-        users = consumers.get(users[0].output[0], [])
+    users = quantizers_after(node, consumers)
     if not users or any(u.op_type != "QuantizeLinear" or len(u.input) < 3 for u in users):
         return None
     encodings = set()

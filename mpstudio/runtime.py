@@ -25,7 +25,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from .errors import MpstudioError
-from .htp_accumulator import follow_accumulator_rounding, graph_links
+from .htp_accumulator import follow_accumulator_rounding, graph_links, quantizers_after
 from .htp_requantize import follow_requantize_rounding
 
 BACKENDS = ("cpu", "htp")
@@ -346,7 +346,6 @@ def _quiet_stdout_once():
 # output activations have the same width (8/8 or 16/16), not for 8 -> 16 or 16 -> 8, and not for
 # ConvTranspose; those keep the exact weights here too.
 _HTP_REQUANTIZED_WEIGHTS = {"Conv": 0, "MatMul": -1, "Gemm": None}  # op -> its output-channel axis of input 1
-_FUSED_ACTIVATIONS = {"Relu", "Clip"}
 
 
 def _proto(model: str | bytes | onnx.ModelProto) -> onnx.ModelProto:
@@ -401,9 +400,7 @@ def htp_weight_grid(model: str | bytes | onnx.ModelProto) -> str | bytes | None:
         return None if zp is None else 8 * numpy_helper.to_array(zp).dtype.itemsize
 
     def output_bits(node) -> int | None:
-        users = consumers.get(node.output[0], [])
-        while len(users) == 1 and users[0].op_type in _FUSED_ACTIVATIONS:
-            users = consumers.get(users[0].output[0], [])
+        users = quantizers_after(node, consumers)
         if not users or any(u.op_type != "QuantizeLinear" for u in users):
             return None
         bits = {zero_point_bits(u) for u in users}

@@ -152,6 +152,14 @@ def demo_quantizer(demo, demo_cache):
     return Quantizer(demo.model, demo.calibration, Path(demo_cache) / "quantize")
 
 
+def output_codes(model, feeds: dict, step: float, output: str = "out", **session) -> np.ndarray:
+    """A one-op QDQ model's `output` on `feeds`, in steps of `step` (its codes minus the zero point), run by
+    `runtime.create_session(model, **session)` (the default CPU numerics unless `session` names others)."""
+    from mpstudio.runtime import create_session
+
+    return np.round(create_session(model, **session).run([output], feeds)[0] / step)
+
+
 def qnn_available() -> bool:
     from mpstudio.runtime import qnn_library_path
 

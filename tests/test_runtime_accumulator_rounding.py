@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import IR, requires_qnn
+from conftest import IR, output_codes, requires_qnn
 from onnx import TensorProto, helper, numpy_helper
 
 from mpstudio.runtime import create_session, htp_accumulator_rounding
@@ -63,7 +63,7 @@ def one_op(op="Conv", channels=16, group=1, kernel=3, stride=1, bits=16, seed=0)
 
 
 def codes(model: bytes, x: np.ndarray, step: float, **session) -> np.ndarray:
-    return np.round(create_session(model, **session).run(["out"], {"x": x})[0] / step)
+    return output_codes(model, {"x": x}, step, **session)
 
 
 @requires_qnn

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import IR, requires_qnn
+from conftest import IR, output_codes, requires_qnn
 from onnx import TensorProto, helper, numpy_helper
 
 from mpstudio.data import FeedList
@@ -50,7 +50,7 @@ def hard_inputs(bits: int, seed: int = 0) -> np.ndarray:
 
 
 def codes(model: bytes, x: np.ndarray, scale: float, **session) -> np.ndarray:
-    return np.round(create_session(model, **session).run(["y"], {"x": x})[0] / scale)
+    return output_codes(model, {"x": x}, scale, output="y", **session)
 
 
 @pytest.mark.parametrize("bits", [8, 16])

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import IR, requires_qnn
+from conftest import IR, output_codes, requires_qnn
 from onnx import TensorProto, helper, numpy_helper
 
 from mpstudio.htp_requantize import requantize_constants
-from mpstudio.runtime import create_session, htp_accumulator_rounding, htp_weight_grid
+from mpstudio.runtime import create_session, htp_accumulator_rounding
 
 CASES = {
     "depthwise 3x3": dict(op="Conv", channels=16, group=16, kernel=3),
@@ -89,9 +89,7 @@ def one_op(op="Conv", channels=16, group=1, kernel=3, stride=1, relu=False, weig
 
 
 def codes(model: bytes, x: np.ndarray, step: float, **session) -> np.ndarray:
-    if not session:  # the CPU with the 8-bit rules (not yet in the default numerics)
-        model = htp_accumulator_rounding(htp_weight_grid(model), requantize=True)
-    return np.round(create_session(model, **session).run(["out"], {"x": x})[0] / step)
+    return output_codes(model, {"x": x}, step, **session)
 
 
 @requires_qnn
@@ -112,7 +110,7 @@ def test_the_rewrite_computes_the_measured_rule_exactly():
     model, x, step = one_op(channels=16, group=1, kernel=1, seed=3)
     inits = {i.name: numpy_helper.to_array(i) for i in onnx.load_from_string(model).graph.initializer}
     weights, w_scale, bias = inits["wq"].astype(np.int64)[:, :, 0, 0], inits["sw"].astype(np.float64), inits["bq"]
-    x_scale, x_zero = float(inits["sx"]), int(inits["zx"])
+    x_scale = float(inits["sx"])  # x is (code - zx) x sx: divided by sx, the centred codes
     y_scale, y_zero = float(inits["so"]), int(inits["zo"])
     q = np.round(x[0] / np.float32(x_scale)).astype(np.int64)  # the centred codes
     accumulator = np.einsum("oc,chw->ohw", weights, q) + bias[:, None, None]
@@ -184,12 +182,6 @@ def add_model(b_shape=(1, 8, 16, 16), constant=False, ratio=None, seed=0):
     return model.SerializeToString(), feeds, y_scale
 
 
-def add_codes(model: bytes, feeds: dict, step: float, **session) -> np.ndarray:
-    if not session:  # the CPU with the 8-bit rules (not yet in the default numerics)
-        model = htp_accumulator_rounding(htp_weight_grid(model), requantize=True)
-    return np.round(create_session(model, **session).run(["out"], feeds)[0] / step)
-
-
 @requires_qnn
 @pytest.mark.htp
 @pytest.mark.parametrize("case", list(ADD_CASES))
@@ -197,10 +189,10 @@ def test_cpu_add_codes_follow_the_htp(case):
     mismatch = []
     for seed in range(3):
         model, feeds, step = add_model(**ADD_CASES[case], seed=seed)
-        htp = add_codes(model, feeds, step, backend="htp", provider_options={"htp_arch": "75"})
-        cpu = add_codes(model, feeds, step)
+        htp = output_codes(model, feeds, step, backend="htp", provider_options={"htp_arch": "75"})
+        cpu = output_codes(model, feeds, step)
         assert np.array_equal(cpu, htp), (case, seed, np.mean(cpu != htp))
-        mismatch.append(np.mean(add_codes(model, feeds, step, numerics="basic") != htp))
+        mismatch.append(np.mean(output_codes(model, feeds, step, numerics="basic") != htp))
     assert max(mismatch) > 0.001, case  # the exact sum differs: the rule is not a no-op
 
 
@@ -211,5 +203,5 @@ def test_an_add_of_a_one_element_constant_is_left_exact():
     for seed in range(3):
         model, feeds, step = add_model(b_shape=[1], constant=True, seed=seed)
         assert htp_accumulator_rounding(model, requantize=True) is model
-        htp = add_codes(model, feeds, step, backend="htp", provider_options={"htp_arch": "75"})
-        assert np.array_equal(add_codes(model, feeds, step, numerics="basic"), htp)
+        htp = output_codes(model, feeds, step, backend="htp", provider_options={"htp_arch": "75"})
+        assert np.array_equal(output_codes(model, feeds, step, numerics="basic"), htp)

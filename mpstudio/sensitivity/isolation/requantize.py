@@ -25,14 +25,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ... import qdq
-from ...htp_accumulator import graph_links, initializer_array
+from ...htp_accumulator import graph_links, initializer_array, quantizers_after
 from ...htp_requantize import (accumulator_bias, add_constants, add_operands, added_value_nodes, conv_operands,
                               requantize_constants, requantized_value_nodes)
 from ...qdq import Encoding
 from ...runtime import htp_weight_grid
 from .edges import Bias, Edge, EdgeQuant, bias_codes, constant_input, switch_names
 
-_FUSED = ("Relu", "Clip")
 Feed = dict[str, np.ndarray]
 QuantOf = Callable[[Edge], EdgeQuant]
 
@@ -203,10 +202,7 @@ def follow(graph: onnx.GraphProto, model_8: onnx.ModelProto, quantized: Mapping[
 def _written_edges(node, links, written: Mapping[str, list[Edge]]) -> tuple[Edge, ...]:
     """The edges of the tensors the all-8-bit model's QuantizeLinears after `node` (through a fused Relu/Clip)
     write."""
-    _, _, consumers = links
-    users = consumers.get(node.output[0], [])
-    while len(users) == 1 and users[0].op_type in _FUSED:
-        users = consumers.get(users[0].output[0], [])
+    users = quantizers_after(node, links[2])
     return tuple(edge for u in users for edge in written.get(u.input[0], []))
 
 
