@@ -1,5 +1,5 @@
-"""How the HTP requantizes an 8-bit Conv's or Gemm's accumulator and adds two 8-bit tensors, written into a QDQ
-model for ORT's CPU EP.
+"""How the HTP requantizes an 8-bit Conv's or Gemm's accumulator and adds two 8-bit or two 16-bit tensors,
+written into a QDQ model for ORT's CPU EP.
 
 Measured on the HTP emulator with one-op models (tests/test_runtime_requantize_rounding.py): a Conv or Gemm whose
 input and output are 8-bit activations and whose weights are int8 codes (symmetric, per channel or per tensor,
@@ -18,13 +18,21 @@ of them over random regular, depthwise (3x3, 5x5, stride 1 or 2 along one axis) 
 A depthwise Conv strided along both axes requantizes exactly (as the 16-bit rule's exception) and is left so.
 
 An 8-bit Add of two 8-bit operands (codes q_a, q_b; A, B their scales over the output scale) computes, with
-2^s = 2^(13 - e) for e the exponent of A + B, integer multipliers m_a = round(A * 2^s), m_b = round(B * 2^s) and
+2^s = 2^(13 - e) for e the exponent of A + B (at most 2^15), integer multipliers m_a = round(A * 2^s), m_b = round(B * 2^s) and
 the zero points' constant kept to 256 of those steps, c = 256 * round((z_y * 2^s - z_a * m_a - z_b * m_b) / 256):
 
     floor((q_a * m_a + q_b * m_b + c) / 2^s + 1/2)
 
 (every code of 6 x 65,536 operand pairs, where the exact sum misses 0.03-0.8 %; broadcast and constant operands
 alike). An Add of a one-element constant (hard-swish's x + 3) is exact on the HTP and is left so.
+
+A 16-bit Add (both operands and the output uint16) computes the same form with 16-bit multipliers: 2^s is the
+largest power of two up to 2^16 that keeps the larger of round(A * 2^s) and round(B * 2^s) below 2^15, and the
+constant is exact, c = round(z_y * 2^s - z_a * m_a - z_b * m_b); one-element constants included (every code of
+random one-op models at output scales of 0.4-50 times the sum's range, broadcast, constant and one-element
+operands, B/A from 0.05 to 20, where the exact sum misses 13-80 % by one step; at B/A = 0.001, 0.1 % of codes
+stay off). An Add whose operands and output differ in width is left exact, as the HTP computes it but for a code
+in thousands.
 
 Why it matters: one step at 2 % of a layer's outputs is far inside the quantization noise, but a network whose
 output turns on a few borderline samples (PaddleOCR's text-direction classifier: an 8-bit MobileNetV3 with
@@ -47,13 +55,17 @@ from .htp_accumulator import dequantized_operands, plain_layout, quantizers_afte
 
 _MULTIPLIER_BITS = 12
 _EXTRA_BITS = 4
-_ADD_BITS = 13  # an Add's multipliers: 2^(13 - e) for e the exponent of their sum
+_ADD_BITS = 13  # an 8-bit Add's multipliers: 2^(13 - e) for e the exponent of their sum
+_ADD_MAX_SHIFT = 15  # at steps of 2^-15 at most (an output scale over the operands' sum)
 _ADD_CONSTANT_STEP = 256.0  # its constant (zero points) is kept to 256 of those steps
+_ADD16_MULTIPLIER = 2 ** 15  # a 16-bit Add's multipliers stay below 2^15
+_ADD16_MAX_SHIFT = 16  # at steps of 2^-16 at most
+_ACTIVATION_TYPES = {np.dtype(np.uint8): 8, np.dtype(np.uint16): 16}
 
 
 def follow_requantize_rounding(proto: onnx.ModelProto) -> bool:
-    """Rewrite, in place, each 8-bit Conv, Gemm and Add the HTP requantizes (see the module docstring) to compute
-    what the HTP computes; True when any was rewritten."""
+    """Rewrite, in place, each 8-bit Conv and Gemm and each 8-bit or 16-bit Add the HTP requantizes (see the
+    module docstring) to compute what the HTP computes; True when any was rewritten."""
     def rewrite(node, inits, producers, consumers, graph):
         if node.op_type in ("Conv", "Gemm"):
             found = conv_operands(node, inits, producers, consumers)
@@ -65,16 +77,16 @@ def follow_requantize_rounding(proto: onnx.ModelProto) -> bool:
     return rewrite_nodes(proto.graph, rewrite)
 
 
-def _output_encoding(node, inits, consumers) -> tuple[float, int] | None:
-    """(scale, zero point) of the one 8-bit encoding all QuantizeLinears after `node` (through a fused Relu/Clip)
-    write, or None."""
+def _output_encoding(node, inits, consumers, dtype=np.uint8) -> tuple[float, int] | None:
+    """(scale, zero point) of the one per-tensor `dtype` encoding all QuantizeLinears after `node` (through a fused
+    Relu/Clip) write, or None."""
     users = quantizers_after(node, consumers)
     if not users or any(u.op_type != "QuantizeLinear" or len(u.input) < 3 for u in users):
         return None
     encodings = set()
     for u in users:
         scale, zero = _array(inits, u.input[1]), _array(inits, u.input[2])
-        if scale is None or zero is None or zero.dtype != np.uint8 or scale.size != 1 or zero.size != 1:
+        if scale is None or zero is None or zero.dtype != dtype or scale.size != 1 or zero.size != 1:
             return None
         encodings.add((float(scale.reshape(-1)[0]), int(zero.reshape(-1)[0])))
     return encodings.pop() if len(encodings) == 1 else None
@@ -185,42 +197,63 @@ def requantized_value_nodes(p: str, output: str) -> list[onnx.NodeProto]:
 
 
 # ---- Add ---------------------------------------------------------------------------------------------------------
-def add_operands(node, inits, producers, consumers):
-    """((codes' tensor, scale, zero point) of both inputs, (output scale, zero point)) of an 8-bit Add the rule
-    covers, or None."""
+def add_operands(node, inits, producers, consumers, exact_constants: bool = True):
+    """((codes' tensor, scale, zero point) of both inputs, (output scale, zero point), bits) of an 8-bit or 16-bit
+    Add the rule covers, or None; an 8-bit Add of a one-element constant too unless `exact_constants`."""
     if len(node.input) != 2:
         return None
-    inputs = []
+    inputs, types = [], set()
     for name in node.input:
         dq = producers.get(name)
         if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 3:
             return None
         scale, zero = _array(inits, dq.input[1]), _array(inits, dq.input[2])
-        if scale is None or zero is None or zero.dtype != np.uint8 or scale.size != 1 or zero.size != 1:
+        if scale is None or zero is None or zero.dtype not in _ACTIVATION_TYPES or scale.size != 1 or zero.size != 1:
             return None
-        if dq.input[0] in inits and int(np.prod(inits[dq.input[0]].dims)) == 1:
-            return None  # a one-element constant (hard-swish's + 3) is added exactly on the HTP
+        types.add(zero.dtype)
         inputs.append((dq.input[0], float(scale.reshape(-1)[0]), int(zero.reshape(-1)[0])))
-    output = _output_encoding(node, inits, consumers)
-    return None if output is None else (inputs, output)
+    if len(types) != 1:
+        return None  # operands of two widths: the HTP's sum is the exact one (but for a code in thousands)
+    dtype = types.pop()
+    bits = _ACTIVATION_TYPES[dtype]
+    for dq_input in (producers[name].input[0] for name in node.input):
+        if exact_constants and bits == 8 and dq_input in inits and int(np.prod(inits[dq_input].dims)) == 1:
+            return None  # an 8-bit one-element constant (hard-swish's + 3) is added exactly on the HTP
+    output = _output_encoding(node, inits, consumers, dtype)
+    return None if output is None else (inputs, output, bits)
 
 
-def add_constants(a_scale: float, a_zero: int, b_scale: float, b_zero: int, y_scale: float, y_zero: int):
-    """The HTP's integer Add: (multiplier of a's codes, of b's codes, constant, 2^s) with the output code
-    floor((q_a * m_a + q_b * m_b + constant) / 2^s + 1/2)."""
+def add_constants(a_scale: float, a_zero: int, b_scale: float, b_zero: int, y_scale: float, y_zero: int,
+                  bits: int = 8):
+    """The HTP's integer Add of two `bits`-bit operands: (multiplier of a's codes, of b's codes, constant, 2^s)
+    with the output code floor((q_a * m_a + q_b * m_b + constant) / 2^s + 1/2)."""
     a, b = (np.float64(np.float32(v)) / np.float64(np.float32(y_scale)) for v in (a_scale, b_scale))
-    shift = 2.0 ** (_ADD_BITS - np.floor(np.log2(a + b)))
+    if bits == 16:
+        shift = add16_shift(max(a, b))
+        m_a, m_b = np.round(a * shift), np.round(b * shift)
+        constant = np.round(y_zero * shift - a_zero * m_a - b_zero * m_b)
+        return float(m_a), float(m_b), float(constant), float(shift)
+    shift = 2.0 ** min(_ADD_MAX_SHIFT, _ADD_BITS - np.floor(np.log2(a + b)))
     m_a, m_b = np.round(a * shift), np.round(b * shift)
     constant = _ADD_CONSTANT_STEP * np.round((y_zero * shift - a_zero * m_a - b_zero * m_b) / _ADD_CONSTANT_STEP)
     return float(m_a), float(m_b), float(constant), float(shift)
 
 
-def _add_nodes(node, inputs, output, graph):
-    """The nodes computing the HTP's output value of an 8-bit Add (on its output grid) from its inputs' codes."""
+def add16_shift(larger: float) -> float:
+    """A 16-bit Add's 2^s: the largest power of two up to 2^16 with round(`larger` x 2^s) below 2^15."""
+    exponent = min(_ADD16_MAX_SHIFT, int(np.floor(np.log2(_ADD16_MULTIPLIER / larger))) + 1)
+    while np.round(larger * 2.0 ** exponent) >= _ADD16_MULTIPLIER:
+        exponent -= 1
+    return 2.0 ** exponent
+
+
+def _add_nodes(node, inputs, output, bits, graph):
+    """The nodes computing the HTP's output value of an 8-bit or 16-bit Add (on its output grid) from its inputs'
+    codes."""
     p = f"{node.name or node.output[0]}/htp_requantize/"
     (a, a_scale, a_zero), (b, b_scale, b_zero) = inputs
     y_scale, y_zero = output
-    m_a, m_b, constant, shift = add_constants(a_scale, a_zero, b_scale, b_zero, y_scale, y_zero)
+    m_a, m_b, constant, shift = add_constants(a_scale, a_zero, b_scale, b_zero, y_scale, y_zero, bits)
     graph.initializer.extend(numpy_helper.from_array(np.float64(v), p + n) for v, n in [
         (m_a, "m_a"), (m_b, "m_b"), (constant + 0.5 * shift - y_zero * shift, "constant"), (shift, "shift"),
         (y_scale, "y_scale")])
@@ -234,7 +267,7 @@ def _add_nodes(node, inputs, output, graph):
 
 
 def added_value_nodes(p: str, output: str) -> list[onnx.NodeProto]:
-    """The nodes from an 8-bit Add's two terms `p`ta and `p`tb (codes times their multipliers, float64) to its
+    """The nodes from an Add's two terms `p`ta and `p`tb (codes times their multipliers, float64) to its
     output value `output` (float32, on the output grid), with `p`constant, `p`shift and `p`y_scale."""
     return [
         helper.make_node("Add", [p + "ta", p + "tb"], [p + "sum"], name=p + "Sum"),

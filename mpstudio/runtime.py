@@ -40,13 +40,13 @@ DEFAULT_HTP_ARCH = "75"
 # weights the HTP requantizes are taken on the HTP's grid (`htp_weight_grid`), float graph inputs are rounded
 # to their codes as the HTP rounds them (`htp_input_rounding`), and Convs and Gemms round their accumulator as the
 # HTP does (`htp_accumulator_rounding`: 16-bit sums shifted right by 8 bits, 8-bit requantization by a shifted
-# accumulator and a 12-bit multiplier; 8-bit Adds by the HTP's integer multipliers).
+# accumulator and a 12-bit multiplier; 8-bit and 16-bit Adds by the HTP's integer multipliers).
 # Which one predicts the HTP best is measured by benchmarks/fidelity.py (docs/benchmarks.md); DEFAULT_CPU_NUMERICS
 # is its pick. fake-quant is also the sensitivity engine's numerics, and unlike the fused integer kernels it
 # does not depend on the CPU's instruction set (ORT's int8 kernels round differently without VNNI).
 CPU_NUMERICS = ("fused", "basic", "fake-quant")
 DEFAULT_CPU_NUMERICS = "fake-quant"
-# Whether fake-quant follows the HTP's 8-bit requantization (`htp_requantize`). The sensitivity engine's switchable
+# Whether fake-quant follows the HTP's requantization (`htp_requantize`). The sensitivity engine's switchable
 # model reads it too (`sensitivity.isolation.requantize`), so that it computes what the regenerated plans compute.
 FOLLOW_HTP_REQUANTIZATION = True
 
@@ -378,7 +378,7 @@ def htp_accumulator_rounding(model: str | bytes | onnx.ModelProto,
     """`model` with each 16-bit Conv and Gemm computing its accumulator as the HTP rounds it (the product sum
     shifted right by 8 bits, the int32 bias' low 8 bits dropped: `htp_accumulator`); with `requantize`, also each
     8-bit one requantizing it as the HTP does (the accumulator shifted to about 1/16 output step, a 12-bit
-    multiplier) and each 8-bit Add with the HTP's integer multipliers (`htp_requantize`; the fake-quant numerics
+    multiplier) and each 8-bit or 16-bit Add with the HTP's integer multipliers (`htp_requantize`; the fake-quant numerics
     ask for it as `FOLLOW_HTP_REQUANTIZATION` says); `model` itself when it has none. A ModelProto is changed in
     place; the answer is then the proto, or None when nothing changed."""
     proto = _proto(model)

@@ -1,6 +1,6 @@
-"""The switchable model follows the HTP's 8-bit requantization (`htp_requantize`) as the regenerated plans' CPU
-numerics do: Conv, Gemm, an Add of two activations and an Add of a constant, each at 8 bits in some plans and not
-in others, with the scales and zero points each plan gives them."""
+"""The switchable model follows the HTP's requantization (`htp_requantize`) as the regenerated plans' CPU numerics
+do: Conv and Gemm at 8 bits, an Add of two activations and an Add of a constant at 8 or 16 bits, each covered in
+some plans and not in others, with the scales and zero points each plan gives them."""
 
 from __future__ import annotations
 
@@ -93,9 +93,14 @@ def test_without_the_rules_the_switchable_model_misses_the_plans(residual, monke
 def test_a_configuration_switches_only_the_rules_it_touches(residual):
     _, switchable = residual
     feed = switchable.parameter_feed(switchable.setting(["res"]))
-    # the residual Add's output at 16 bits: the Add and the constant Add after it leave the rule
-    assert feed["mpstudio_switch/requantize/res/on"] == np.array(False)
-    assert feed["mpstudio_switch/requantize/shifted/on"] == np.array(False)
+    # the residual Add's output at 16 bits takes its operands to 16 bits: both Adds follow the 16-bit rule, with
+    # multipliers below 2^15 and their own constants; the constant Add reads its 16-bit constant's step
+    assert not any(name.endswith("/on") for name in feed)
+    for add in ("res", "shifted"):
+        prefix = f"mpstudio_switch/requantize/{add}/"
+        assert max(feed[prefix + "m_a"], feed[prefix + "m_b"]) < 2 ** 15 <= feed[prefix + "shift"] * 2
+    default_step = switchable._requantize.defaults["mpstudio_switch/requantize/shifted/b_step"]
+    assert 0 < feed["mpstudio_switch/requantize/shifted/b_step"] < default_step / 200
     assert not any(name.startswith("mpstudio_switch/requantize/c2/") for name in feed)
     assert switchable.parameter_feed(switchable.setting([])) == {}
 

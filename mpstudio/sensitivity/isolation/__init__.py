@@ -19,9 +19,10 @@ all-16-bit model's values. Runs reuse the all-8-bit activations up to the first 
 The switchable model computes as `float_qdq_session` runs a QDQ model on ONNX Runtime's CPU EP:
 quantization simulated in float as the graph writes it, at the opset ORT gives plans with 16-bit types, with
 fixed kernels; it matches that run of the regenerated model to within a 16-bit step. Of the HTP's arithmetic
-those numerics follow, it takes the weight grid and the graph-input rounding as they do, and the HTP's 8-bit
-requantization of Conv/Gemm and Add wherever a configuration leaves the node at 8 bits (`requantize`, as
-`runtime.FOLLOW_HTP_REQUANTIZATION` says); not the 16-bit accumulator rounding.
+those numerics follow, it takes the weight grid and the graph-input rounding as they do, the HTP's 8-bit
+requantization of Conv/Gemm wherever a configuration leaves the node at 8 bits and its integer Add wherever the
+operands and output share a width (`requantize`, as `runtime.FOLLOW_HTP_REQUANTIZATION` says); not the 16-bit
+accumulator rounding.
 A value that meets more than two quantizations on its way (only where a folded activation stays in the
 graph) is rounded on the first coarsest grid and the finest before it; the others move it by less than a
 16-bit step.

@@ -81,7 +81,7 @@ class Switches:
     constants_8: dict[str, np.ndarray]  # float constant -> its all-8-bit value
     constants_16: dict[str, np.ndarray]  # float constant -> its 16-bit value
     biases: list[Bias]
-    requantize: RequantizeSwitches  # the HTP's 8-bit requantization where the plans' CPU numerics follow it
+    requantize: RequantizeSwitches  # the HTP's requantization where the plans' CPU numerics follow it
 
 
 def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized: Mapping[str, qdq.QuantizedTensor],
@@ -89,8 +89,8 @@ def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized:
             float_model: onnx.ModelProto | None) -> Switches:
     """`model` with each activation's Q/DQ pair replaced, per receiving node, by a Clip and two Q -> DQ pairs
     whose parameters are switch inputs (the all-8-bit values by default), and the constants and biases that
-    depend on a plan made switch inputs too; each 8-bit Conv/Gemm and Add the plans' CPU numerics requantize as
-    the HTP does computes that too where a configuration leaves it at 8 bits (`requantize`)."""
+    depend on a plan made switch inputs too; each Conv/Gemm and Add the plans' CPU numerics requantize as the HTP
+    does computes that too where a configuration leaves it so (`requantize`)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
@@ -120,7 +120,8 @@ def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized:
         nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
-    requantize = (follow(graph, model, quantized, edge_receivers, biases, default)
+    requantize = (follow(graph, model, quantized, edge_receivers, biases, default,
+                         _constant_encodings(model_16, constants_16))
                   if runtime.FOLLOW_HTP_REQUANTIZATION else RequantizeSwitches([], default))
     switches.append(requantize.defaults)
     switches += [{constant_input(name): value} for name, value in constants_8.items()]
@@ -230,6 +231,20 @@ def _switchable_biases(graph: onnx.GraphProto, inits, posts: Mapping[str, str],
         biases.append(bias)
         chosen[node.input[2]] = bias.input
     return biases, chosen
+
+
+def _constant_encodings(model_16: onnx.ModelProto | None, constants_16: Mapping[str, np.ndarray]
+                        ) -> dict[str, qdq.Encoding]:
+    """The all-16-bit model's per-tensor encoding of each switchable constant whose 16-bit value it gives."""
+    if model_16 is None:
+        return {}
+    read = qdq.read(model_16)
+    out = {}
+    for name, tensor in read.params().items():
+        value = read.dequantized_constant(name) if name in constants_16 else None
+        if value is not None and np.array_equal(value, constants_16[name]):
+            out[name] = tensor.encoding
+    return out
 
 
 def dequantized_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:

@@ -1,18 +1,19 @@
-"""The HTP's 8-bit requantization (`htp_requantize`) in the switchable model.
+"""The HTP's requantization (`htp_requantize`) in the switchable model.
 
 The regenerated plans' CPU numerics compute each 8-bit Conv/Gemm with the HTP's shifted accumulator and 12-bit
-multiplier, and each 8-bit Add of two 8-bit tensors with its integer multipliers, wherever a plan leaves the
-node's inputs and output at 8 bits. In the switchable model each such node computes both its plain value and the
-rule's, and a switch input selects one. The rule's per-node constants (the accumulator's shift step and
-multiplier, the bias requantized to the input's scale, the Add's multipliers and constant, the output scale) are
-switch inputs too, computed in Python per configuration from the scales and zero points its edges carry
-(`RequantizeSwitches.feed`), the all-8-bit values by default. The input codes are recovered in the graph from each
-edge's dequantized value (value / its last step, rounded: exact, the value is a code times that step).
+multiplier wherever a plan leaves the node's input and output at 8 bits, and each Add with the HTP's integer
+multipliers wherever its operands and output share a width (8 or 16 bits). In the switchable model each such node
+computes both its plain value and the rule's, and a switch input selects one. The rule's per-node constants (the
+accumulator's shift step and multiplier, the bias requantized to the input's scale, the Add's multipliers and
+constant, a constant operand's step, the output scale) are switch inputs too, computed in Python per
+configuration from the scales and zero points its edges carry (`RequantizeSwitches.feed`), the all-8-bit values
+by default. The input codes are recovered in the graph from each edge's dequantized value (value / its last step,
+rounded: exact, the value is a code times that step).
 
 Which nodes the rule covers is read from the all-8-bit model on the HTP's weight grid (`runtime.htp_weight_grid`,
 as the plans' numerics take it where input and output share a width), through `htp_requantize`'s own operand
 checks. A node whose bias or constant operand the switchable model cannot requantize (a model prepared without
-its float model) is left plain.
+its float model; a 16-bit constant without the all-16-bit model's encoding) is left plain.
 """
 
 from __future__ import annotations
@@ -57,20 +58,23 @@ class ConvRule:
 @dataclass(frozen=True)
 class Operand:
     """One input of an Add: an activation edge, or a constant (a switchable one named by `constant`, 16-bit in
-    some plans, or a fixed one) with its 8-bit encoding."""
+    some plans, or a fixed one) with its 8-bit encoding and its 16-bit one where known."""
 
     edge: Edge | None = None
     constant: str | None = None
     encoding: Encoding | None = None
+    encoding_16: Encoding | None = None
 
 
 @dataclass(frozen=True, eq=False)
 class AddRule:
-    """An Add the rule covers: its two operands and the edges of the tensor it writes."""
+    """An Add the rule covers: its two operands and the edges of the tensor it writes; `exact_at_8` when the HTP
+    adds it exactly at 8 bits (a one-element constant)."""
 
     prefix: str
     operands: tuple[Operand, Operand]
     outputs: tuple[Edge, ...]
+    exact_at_8: bool = False
 
     @property
     def edges(self) -> tuple[Edge, ...]:
@@ -82,15 +86,18 @@ def received(quant: EdgeQuant) -> Encoding:
     return quant.second or quant.first
 
 
-def _eight_bit(encoding: Encoding | None) -> bool:
-    return encoding is not None and encoding.bits == 8 and encoding.qmin == 0 and not encoding.per_channel
+def _width(encoding: Encoding | None) -> int | None:
+    """8 or 16 for a per-tensor unsigned activation encoding of that width, else None."""
+    if encoding is None or encoding.qmin != 0 or encoding.per_channel or encoding.bits not in (8, 16):
+        return None
+    return encoding.bits
 
 
 def _output(outputs: tuple[Edge, ...], quant: QuantOf) -> Encoding | None:
-    """The one 8-bit encoding the node's output is written with, or None."""
+    """The one 8-bit or 16-bit encoding the node's output is written with, or None."""
     written = {quant(edge).first for edge in outputs}
     encoding = written.pop() if len(written) == 1 else None
-    return encoding if _eight_bit(encoding) else None
+    return encoding if _width(encoding) else None
 
 
 def conv_feed(rule: ConvRule, quant: QuantOf) -> Feed:
@@ -98,7 +105,7 @@ def conv_feed(rule: ConvRule, quant: QuantOf) -> Feed:
     off = {rule.prefix + "on": np.array(False)}
     arriving = quant(rule.input)
     output = _output(rule.outputs, quant)
-    if output is None or not _eight_bit(received(arriving)):
+    if output is None or _width(output) != 8 or _width(received(arriving)) != 8:
         return off
     codes, b_scale = bias_codes(rule.bias, arriving.scale)
     bias = accumulator_bias(codes, b_scale, arriving.scale, rule.w_scale)
@@ -119,18 +126,22 @@ def add_feed(rule: AddRule, quant: QuantOf, sixteen_constants: Collection[str]) 
         if operand.edge is not None:
             encodings.append(received(quant(operand.edge)))
         else:
-            encodings.append(None if operand.constant in sixteen_constants else operand.encoding)
+            encodings.append(operand.encoding_16 if operand.constant in sixteen_constants else operand.encoding)
     output = _output(rule.outputs, quant)
-    if output is None or not all(_eight_bit(e) for e in encodings):
+    bits = _width(output)
+    if bits is None or any(_width(e) != bits for e in encodings) or (bits == 8 and rule.exact_at_8):
         return off
     a, b = encodings
-    m_a, m_b, constant, shift = add_constants(a.step, a.zero, b.step, b.zero, output.step, output.zero)
+    m_a, m_b, constant, shift = add_constants(a.step, a.zero, b.step, b.zero, output.step, output.zero, bits)
     # the graph multiplies codes minus their zero points: their terms move into the constant, with + 1/2 output
     # step and - the output zero point (in 2^-s steps), as `htp_requantize` writes it
     constant += a.zero * m_a + b.zero * m_b + 0.5 * shift - output.zero * shift
     feed = {rule.prefix + "on": np.array(True), rule.prefix + "constant": np.array(constant),
             rule.prefix + "shift": np.array(shift), rule.prefix + "y_scale": np.array(output.step)}
     feed[rule.prefix + "m_a"], feed[rule.prefix + "m_b"] = np.array(m_a), np.array(m_b)
+    for name, operand, encoding in zip("ab", rule.operands, encodings):
+        if operand.edge is None:
+            feed[rule.prefix + name + "_step"] = np.array(encoding.step, np.float32)
     return feed
 
 
@@ -142,6 +153,7 @@ class RequantizeSwitches:
         self.rules = rules
         self.defaults: Feed = {}
         for rule in rules:
+            self.defaults.update(_placeholders(rule))  # (for a rule off at all 8 bits)
             self.defaults.update(self._feed(rule, default.__getitem__, ()))
         self._cache: dict[tuple, Feed] = {}
 
@@ -165,11 +177,23 @@ class RequantizeSwitches:
         return out
 
 
+def _placeholders(rule: ConvRule | AddRule) -> Feed:
+    """A value of the right type and shape for every switch input of `rule`, the rule off."""
+    p = rule.prefix
+    feed = {p + "on": np.array(False), p + "y_scale": np.array(1.0)}
+    if isinstance(rule, ConvRule):
+        ones = np.ones(rule.shape)
+        return feed | {p + "step": ones, p + "multiplier": ones, p + "bias": np.zeros(rule.w_scale.size, np.float32)}
+    feed |= {p + n: np.array(v) for n, v in [("constant", 0.0), ("shift", 1.0), ("m_a", 0.0), ("m_b", 0.0)]}
+    return feed | {p + n + "_step": np.array(1.0, np.float32) for n, o in zip("ab", rule.operands) if o.edge is None}
+
+
 def follow(graph: onnx.GraphProto, model_8: onnx.ModelProto, quantized: Mapping[str, qdq.QuantizedTensor],
-           receivers: Mapping[str, list[str]], biases: list[Bias],
-           default: Mapping[Edge, EdgeQuant]) -> RequantizeSwitches:
+           receivers: Mapping[str, list[str]], biases: list[Bias], default: Mapping[Edge, EdgeQuant],
+           constants_16: Mapping[str, Encoding] = {}) -> RequantizeSwitches:
     """Rewrite, in place, each node of the switchable `graph` the rule covers in the all-8-bit `model_8` into
-    its plain and its rule's value and a selection between them; the rules and their default switch inputs."""
+    its plain and its rule's value and a selection between them; the rules and their default switch inputs.
+    `constants_16`: the 16-bit encoding of each switchable constant, where the all-16-bit model gives it."""
     grid = onnx.ModelProto()
     grid.CopyFrom(model_8)
     htp_weight_grid(grid)
@@ -188,7 +212,7 @@ def follow(graph: onnx.GraphProto, model_8: onnx.ModelProto, quantized: Mapping[
         if original is not None and node.op_type in ("Conv", "Gemm"):
             rule = _conv_rule(node, original, (inits, producers, consumers), edges, by_bias, written)
         elif original is not None and node.op_type == "Add":
-            rule = _add_rule(node, original, (inits, producers, consumers), edges, written)
+            rule = _add_rule(node, original, (inits, producers, consumers), edges, written, constants_16)
         if rule is None:
             nodes.append(node)
             continue
@@ -219,10 +243,10 @@ def _conv_rule(node, original, links, edges, by_bias, written) -> ConvRule | Non
     return ConvRule(_prefix(node), edges[node.input[0]], outputs, codes, w_scale, by_bias[node.input[2]], shape)
 
 
-def _add_rule(node, original, links, edges, written) -> AddRule | None:
+def _add_rule(node, original, links, edges, written, constants_16) -> AddRule | None:
     inits, producers, consumers = links
-    found = add_operands(original, inits, producers, consumers)
-    if found is None or len(node.input) != 2:
+    found = add_operands(original, inits, producers, consumers, exact_constants=False)
+    if found is None or found[2] != 8 or len(node.input) != 2:
         return None
     operands = []
     for name, source in zip(node.input, original.input):
@@ -232,13 +256,17 @@ def _add_rule(node, original, links, edges, written) -> AddRule | None:
         if name in edges:
             operands.append(Operand(edge=edges[name]))
         elif dq.input[0] in inits and name.startswith(constant_input("")):
-            operands.append(Operand(constant=name.removeprefix(constant_input("")), encoding=encoding))
+            constant = name.removeprefix(constant_input(""))
+            operands.append(Operand(constant=constant, encoding=encoding, encoding_16=constants_16.get(constant)))
         elif dq.input[0] in inits and name == source:
             operands.append(Operand(encoding=encoding))  # a constant the switchable model leaves as it is
         else:
             return None
     outputs = _written_edges(original, links, written)
-    return AddRule(_prefix(node), tuple(operands), outputs) if outputs else None
+    if not outputs:
+        return None
+    exact_at_8 = add_operands(original, inits, producers, consumers) is None
+    return AddRule(_prefix(node), tuple(operands), outputs, exact_at_8)
 
 
 def _prefix(node) -> str:
@@ -283,12 +311,8 @@ def _add_value(node, rule: AddRule) -> list[onnx.NodeProto]:
     p = rule.prefix
     nodes = []
     for name, source, operand in zip("ab", node.input, rule.operands):
-        if operand.edge is not None:
-            step = switch_names(operand.edge)["scale_2"]
-        else:
-            step = p + name + "_step"
-            nodes.append(helper.make_node("Constant", [], [step], name=p + name.upper() + "Step",
-                                          value=numpy_helper.from_array(np.float32(operand.encoding.step), "")))
+        # a constant operand's step is a switch input (its 8-bit or 16-bit encoding's)
+        step = switch_names(operand.edge)["scale_2"] if operand.edge is not None else p + name + "_step"
         nodes += _codes(source, step, p + "r" + name)
         nodes += [helper.make_node("Cast", [p + "r" + name], [p + "q" + name], name=p + "Codes" + name.upper(),
                                    to=TensorProto.DOUBLE),
