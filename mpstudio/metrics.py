@@ -44,7 +44,11 @@ _EPS = float(np.finfo(np.float64).eps)
 
 # ---- agreement with the float model --------------------------------------------------------------------------
 def snr_db(signal_power: float, noise_power: float) -> float:
-    """10·log10(signal / noise), with ORT's epsilon floor on both (so an exact match is finite)."""
+    """10·log10(signal / noise), with ORT's epsilon floor on both (so an exact match is finite); a tensor that is
+    zero and stays exactly zero (an attention mask's branch when no token is masked) has lost nothing: SNR_CAP_DB,
+    not the 0 dB the floors alone give, which would rank it as the most damaged tensor."""
+    if signal_power <= 0.0 and noise_power <= 0.0:
+        return SNR_CAP_DB
     return 10.0 * math.log10(max(signal_power, _EPS ** 2) / max(noise_power, _EPS ** 2))
 
 

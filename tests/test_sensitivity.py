@@ -276,3 +276,36 @@ def test_cached_prefix_runs_match_full_runs_and_resolve_like_the_real_plan(conv_
     edges = switchable.setting(["relu1_out"]).edges
     assert any(t == "relu1_out" for t, _ in edges)
     assert not switchable.setting([]).edges
+
+
+def _masked_model():
+    """x[1,8,16], mask[1,16] -> (1 - mask) * -10000 added to x @ W -> Softmax -> y: the mask's branch is zero
+    when no position is masked, as in a BERT encoder fed full sequences."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (16, 16)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(-10000.0, np.float32), "big")]
+    node = helper.make_node
+    nodes = [node("MatMul", ["x", "w"], ["scores"], name="/attn/MatMul"),
+             node("Sub", ["one", "mask"], ["inverted"], name="/mask/Sub"),
+             node("Mul", ["inverted", "big"], ["bias"], name="/mask/Mul"),
+             node("Add", ["scores", "bias"], ["masked"], name="/attn/Add"),
+             node("Softmax", ["masked"], ["y"], name="/attn/Softmax", axis=-1)]
+    graph = helper.make_graph(nodes, "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16]),
+                                                helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def test_a_branch_that_stays_exactly_zero_is_not_ranked_as_damaged(tmp_path):
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.normal(0, 1, (1, 8, 16)).astype(np.float32), "mask": np.ones((1, 16), np.float32)}
+             for _ in range(4)]
+    quantizer = Quantizer(prepare_model(_masked_model()), FeedList(feeds), tmp_path)
+    report = analyze(quantizer, FeedList(feeds), isolation_samples=2)
+    ranking = report.ranking.set_index("tensor")
+    zero = [t for t in ranking.index if t in ("inverted", "bias")]
+    assert zero, ranking.index.tolist()  # the branch is quantized and scored
+    for tensor in zero:
+        assert ranking.loc[tensor, "snr_db"] >= 200.0 and ranking.loc[tensor, "cosine"] == 1.0, ranking.loc[tensor]
+    assert report.ranking["tensor"].iloc[0] not in zero
