@@ -21,8 +21,9 @@ RUN_LATENCY_SOURCES = (MEASURED, EMULATOR)  # what timing a run on an agent can 
 
 # How the CPU's accuracy source ends ("ORT CPU QDQ (<numerics>, " before it, `loop.runners.CPU_SOURCE`): it names
 # what of the HTP's arithmetic the CPU numerics follow, so results of an earlier mpstudio's numerics carry another.
-# (Before the HTP's 8-bit requantization was followed it ended "HTP weights, input rounding and accumulators)".)
-CPU_NUMERICS_TAIL = "HTP weights, input rounding, accumulators and requantization)"
+# (Before the HTP's 8-bit requantization was followed it ended "HTP weights, input rounding and accumulators)";
+# before its 16-bit Add was, "HTP weights, input rounding, accumulators and requantization)".)
+CPU_NUMERICS_TAIL = "HTP weights, input rounding, accumulators, requantization and 16-bit adds)"
 
 
 def superseded_source(source: str) -> bool:

@@ -107,4 +107,5 @@ def test_a_configuration_switches_only_the_rules_it_touches(residual):
 
 def test_results_of_the_numerics_before_requantization_are_superseded():
     assert superseded_source("ORT CPU QDQ (fake-quant, HTP weights, input rounding and accumulators)")
+    assert superseded_source("ORT CPU QDQ (fake-quant, HTP weights, input rounding, accumulators and requantization)")
     assert not superseded_source(CPU_SOURCE)
