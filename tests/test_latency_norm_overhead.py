@@ -62,6 +62,7 @@ def _adds(side: int, count: int = 4):
 
 @pytest.mark.parametrize("side", [4, 256])
 def test_fixed_cost_overlaps_with_the_work(monkeypatch, side):
+    monkeypatch.setitem(MECHANISMS, "tiny_ops", False)  # every op pays the whole fixed cost here
     monkeypatch.setitem(MECHANISMS, "overhead_overlaps", False)
     off = estimate_latency(_adds(side)).ops.set_index("node").loc["add1"]
     monkeypatch.setitem(MECHANISMS, "overhead_overlaps", True)
