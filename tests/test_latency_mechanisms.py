@@ -22,20 +22,25 @@ def _model(nodes, consts, in_shape, out_shape):
 
 
 def _layernorm_channels_last(perm_in, perm_out, shape_out):
-    """ConvNeXt's LayerNorm over channels: Transpose to channels-last, LayerNorm, Transpose back."""
+    """ConvNeXt's LayerNorm over channels between two convolutions: Transpose to channels-last, LayerNorm,
+    Transpose back."""
     c = 64
-    consts = {"g": np.ones(c, np.float32), "b": np.zeros(c, np.float32)}
-    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=perm_in, name="to_last"),
+    width = c if perm_in == [0, 2, 3, 1] else 56
+    consts = {"w": np.random.default_rng(0).normal(0, 0.1, (c, c, 1, 1)).astype(np.float32),
+              "g": np.ones(width, np.float32), "b": np.zeros(width, np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["h"], name="conv"),
+             helper.make_node("Transpose", ["h"], ["t"], perm=perm_in, name="to_last"),
              helper.make_node("LayerNormalization", ["t", "g", "b"], ["n"], axis=-1, name="ln"),
-             helper.make_node("Transpose", ["n"], ["y"], perm=perm_out, name="back")]
-    return _model(nodes, consts, [1, c, 56, 56] if perm_in == [0, 2, 3, 1] else [1, 56, 56, c], shape_out)
+             helper.make_node("Transpose", ["n"], ["u"], perm=perm_out, name="back"),
+             helper.make_node("Conv", ["u", "w"], ["y"], name="conv_after")]
+    return _model(nodes, consts, [1, c, 56, 56], shape_out)
 
 
 def test_channels_last_transpose_is_free(monkeypatch):
     monkeypatch.setitem(MECHANISMS, "channels_last_transpose", True)  # off by default: see docs/latency.md
     free = estimate_latency(_layernorm_channels_last([0, 2, 3, 1], [0, 3, 1, 2], [1, 64, 56, 56]))
     # Same data, but the transposes swap two spatial axes: a real data movement on the HTP.
-    moved = estimate_latency(_layernorm_channels_last([0, 2, 1, 3], [0, 2, 1, 3], [1, 56, 56, 64]))
+    moved = estimate_latency(_layernorm_channels_last([0, 2, 1, 3], [0, 2, 1, 3], [1, 64, 56, 56]))
     rows = free.ops.set_index("node")
     assert rows.loc["to_last", "engine"] == rows.loc["back", "engine"] == "none"
     assert rows.loc["to_last", "memory_ms"] == 0
@@ -121,6 +126,24 @@ def test_prelu_is_an_op_of_its_own_overlapped_with_its_conv(monkeypatch):
                                                     - rows.loc["prelu", "hidden_ms"], rel=1e-6)
     monkeypatch.setitem(MECHANISMS, "prelu_overlaps", False)
     assert estimate_latency(_conv_prelu()).ops.set_index("node").loc["prelu", "engine"] == "fused"
+
+
+def _attention_key_transpose():
+    """A transformer's key: [1, 384, 768] projected, split into 12 heads [1, 384, 12, 64] and transposed to
+    [1, 12, 64, 384] for Q x K^T: the same permutation (0, 2, 3, 1) as a channels-last one, on a tensor no spatial
+    op touches."""
+    consts = {"w": np.random.default_rng(0).normal(0, 0.1, (768, 768)).astype(np.float32),
+              "shape": np.array([1, 384, 12, 64], np.int64)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["k"], name="key"),
+             helper.make_node("Reshape", ["k", "shape"], ["heads"], name="split"),
+             helper.make_node("Transpose", ["heads"], ["y"], perm=[0, 2, 3, 1], name="to_kt")]
+    return _model(nodes, consts, [1, 384, 768], [1, 12, 64, 384])
+
+
+def test_channels_last_transpose_needs_an_image(monkeypatch):
+    monkeypatch.setitem(MECHANISMS, "channels_last_transpose", True)
+    row = estimate_latency(_attention_key_transpose()).ops.set_index("node").loc["to_kt"]
+    assert row["engine"] == "dma" and row["memory_ms"] > 0
 
 
 def test_rejected_mechanisms_are_off_by_default():

@@ -109,13 +109,13 @@ class HtpArch:
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
 FIT_SOURCE = "fitted 2026-11-26 by benchmarks/latency_fit.py on 2 published-latency file(s)"
-_FITTED_COSTS = dict(rate_16x8=1.314, rate_fp16=2.906, hvx_16bit=2.723, hvx_fp16=2.063, transcendental=0.2813,
-    transcendental_16=1.757, transcendental_fp16=7.866, normalize=3.767, op_cycles=2005.0, overlap=0.3703,
-    memory_efficiency=0.9545, depthwise=1.232)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=13600.0, clock_ghz=0.6806, fp16_factor=0.9604), "75": dict(hmx_gmacs=23110.0,
-    clock_ghz=1.0, fp16_factor=1.0), "79": dict(hmx_gmacs=29490.0, clock_ghz=1.812, fp16_factor=0.9614)}
-_FITTED_SPREAD = dict(absolute=0.2473, wide16=0.3589, fp16=0.3503, ratio16=0.2244, ratio_fp=0.273, coverage=0.8)
-_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9562, clock=0.7857)}
+_FITTED_COSTS = dict(rate_16x8=1.37, rate_fp16=2.91, hvx_16bit=3.294, hvx_fp16=1.8, transcendental=0.3984,
+    transcendental_16=1.91, transcendental_fp16=7.987, normalize=3.113, op_cycles=2040.0, overlap=0.443,
+    memory_efficiency=0.9955, depthwise=0.3644)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=13560.0, clock_ghz=0.6315, fp16_factor=0.968), "75": dict(hmx_gmacs=19710.0,
+    clock_ghz=1.0, fp16_factor=1.0), "79": dict(hmx_gmacs=28640.0, clock_ghz=1.616, fp16_factor=1.009)}
+_FITTED_SPREAD = dict(absolute=0.2398, wide16=0.3782, fp16=0.3022, ratio16=0.1548, ratio_fp=0.2308, coverage=0.8)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.966, clock=0.7932)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)

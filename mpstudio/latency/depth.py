@@ -31,12 +31,16 @@ _CARRIERS = (set(HVX_CLASS) - {"Softmax", "LogSoftmax", "LayerNormalization"}) |
 
 def blocked_tensors(qops, shapes: dict, graph_inputs=()) -> set[str]:
     """The float-model names of the activations the HTP holds in channel blocks (empty unless the mechanism
-    `channel_blocks` is on). `qops` are the QDQ reader's ops in graph order, `shapes` keyed by QDQ value name.
-    A graph input is not: it arrives in the caller's dense layout. Nor is an image of at most four channels (grey,
-    RGB, RGBA: a first convolution's input, a super-resolution net's output image), which the HTP packs densely
-    instead of padding to a block (its shallow-input convolutions read it so)."""
-    if not MECHANISMS["channel_blocks"]:
-        return set()
+    `channel_blocks` is on): the image-like tensors (`image_tensors`)."""
+    return image_tensors(qops, shapes, graph_inputs) if MECHANISMS["channel_blocks"] else set()
+
+
+def image_tensors(qops, shapes: dict, graph_inputs=()) -> set[str]:
+    """The float-model names of the image-like activations: those the HTP holds channels-last in channel blocks.
+    `qops` are the QDQ reader's ops in graph order, `shapes` keyed by QDQ value name. A graph input is not: it
+    arrives in the caller's dense layout. Nor is an image of at most four channels (grey, RGB, RGBA: a first
+    convolution's input, a super-resolution net's output image), which the HTP packs densely instead of padding to
+    a block (its shallow-input convolutions read it so)."""
     blocked: set[str] = set()
 
     def image_like(operand) -> bool:

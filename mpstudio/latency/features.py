@@ -62,10 +62,12 @@ class OpFeatures:
         runs = np.isin(engine, ("hmx", "hvx", "dma", "none"))
         return {"prec": prec, "is_hmx": engine == "hmx", "is_hvx": engine == "hvx",
                 "transcendental": cls == "transcendental", "normalize": cls == "normalize", "convert": cls == "convert",
+                "layernorm": cls == "layernorm",
                 "depthwise": cls == "depthwise",
                 "fixed_instr": np.array([_FIXED_INSTR.get(k, 2.0) for k in self.cls], dtype=float),
                 "runs": runs, "moves": runs & (engine != "none"), "io": self.kind == _KINDS.index("io"),
                 "graph": self.kind == _KINDS.index("graph"), "partial_spill": MECHANISMS["vtcm_partial_spill"],
+                "overhead_overlaps": MECHANISMS["overhead_overlaps"],
                 "fixed_share": np.where(runs & (self.act_bytes + self.weight_bytes <= TINY_BYTES)
                                         & MECHANISMS["tiny_ops"], TINY_SHARE, 1.0)}
 
@@ -80,8 +82,8 @@ class OpFeatures:
         rate = np.where((prec == 0) & self.wide_weights, c.rate_16x8, rate)
         hmx_s = np.where(is_hmx, self.hmx_macs * rate / (arch.hmx_gmacs * 1e9), 0.0)
         wide = np.select([prec == 2, prec == 1], [c.transcendental_fp16, c.transcendental_16], 1.0)
-        instr = np.select([st["transcendental"], st["normalize"], st["convert"], st["depthwise"]],
-                          [c.transcendental * wide, c.normalize * wide, c.convert_instr, c.depthwise],
+        instr = np.select([st["transcendental"], st["normalize"], st["layernorm"], st["convert"], st["depthwise"]],
+                          [c.transcendental * wide, c.normalize * wide, c.normalize, c.convert_instr, c.depthwise],
                           st["fixed_instr"])
         width = np.select([prec == 2, prec == 1], [c.hvx_fp16 * arch.fp16_factor, c.hvx_16bit], 1.0)
         hvx_s = np.where(is_hvx, self.work / 128 * instr * width / (c.hvx_vectors_per_cycle * arch.clock_ghz * 1e9),
@@ -100,6 +102,8 @@ class OpFeatures:
         overhead_s = np.where(st["graph"], c.graph_overhead_us * 1e-6, overhead_s)
         compute_s = hmx_s + hvx_s
         busy = np.maximum(compute_s, memory_s)
+        if st["overhead_overlaps"]:  # the next op is set up while this one works: only the longer of the two counts
+            overhead_s = np.where(st["runs"], np.maximum(overhead_s - busy, 0.0), overhead_s)
         hidden_s = np.zeros_like(busy)
         has = self.hidden_by >= 0
         if has.any():

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 from ..model import load_model
 from ..qdq import read as read_qdq
-from .depth import blocked_elements, blocked_tensors
+from .depth import blocked_elements, image_tensors
 from .fusion import concat_requantizations, fuse
 from .ops import MECHANISMS, HtpOp, type_bytes
 from .shallow import shallow_inputs
@@ -96,10 +96,12 @@ def _parse(model: onnx.ModelProto) -> ParsedModel:
     """The ops the HTP runs, read through the one QDQ reader (mpstudio.qdq), with their shapes and work."""
     qdq = read_qdq(model)
     shapes = _shapes(model)
-    counter = _ElementCounter(shapes, blocked_tensors(qdq.ops, shapes, qdq.graph_inputs))
+    images = image_tensors(qdq.ops, shapes, qdq.graph_inputs)
+    counter = _ElementCounter(shapes, images if MECHANISMS["channel_blocks"] else set())
     ops = [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "QuantizeLinear"]
     ops += [_convert_op(c, counter) for c in qdq.converts]
-    computed = [op for op in (_compute_op(o, counter) for o in qdq.ops if o.op_type not in _SHAPE_OPS) if op]
+    computed = [op for op in (_compute_op(o, counter, images) for o in qdq.ops if o.op_type not in _SHAPE_OPS)
+                if op]
     ops += shallow_inputs(computed, qdq.ops, shapes, qdq.graph_inputs) + computed
     ops += concat_requantizations(ops)
     ops += [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "DequantizeLinear"]
@@ -147,7 +149,7 @@ def _htp_type(dtype: str) -> str:
     return "float16" if dtype.startswith("float") else dtype  # the HTP computes float in fp16
 
 
-def _compute_op(qop, elements: _ElementCounter) -> HtpOp | None:
+def _compute_op(qop, elements: _ElementCounter, images: set[str] = frozenset()) -> HtpOp | None:
     op = HtpOp(qop.name, qop.op_type, "hvx", [], [])
     def counted(operands, lanes: bool = False) -> list:
         return [(o.tensor, _htp_type(o.dtype), elements(o.value, o.tensor, lanes)) for o in operands]
@@ -162,7 +164,8 @@ def _compute_op(qop, elements: _ElementCounter) -> HtpOp | None:
     if qop.op_type == "Gather" and weights:  # a table lookup reads only the rows it gathers
         op.weight_bytes = float(op.outputs[0][2] * type_bytes(weights[0][1]))
     op.weight_type = next((t for _, t in weights if t != "int32"), "")  # int32 is a bias
-    shape_work(op, qop.node, shapes, weights)  # vector work from the elements the lanes process
+    image_like = any(o.tensor in images for o in list(qop.activations) + list(qop.outputs))
+    shape_work(op, qop.node, shapes, weights, image_like)  # vector work from the elements the lanes process
     op.inputs, op.outputs = counted(qop.activations), counted(qop.outputs)  # bytes from those memory holds
     return op
 

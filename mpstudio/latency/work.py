@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .ops import (DEFAULT_CLASS, HVX_CLASS, LAYOUT_OPS, MECHANISMS, MOVER_OPS, POOL_OPS, REDUCE_OPS,
-                  HtpOp)
+from .ops import (DEFAULT_CLASS, HVX_CLASS, LAYER_NORMS, LAYOUT_OPS, MECHANISMS, MOVER_OPS, POOL_OPS,
+                  REDUCE_OPS, HtpOp)
 
 _HMX_DEPTH = 32  # HTP stores activations in channel blocks of 32; HMX works on whole blocks
 
@@ -26,17 +26,20 @@ def _attr(node: onnx.NodeProto, name: str, default):
     return default
 
 
-def shape_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, weights) -> None:
-    """MACs and HVX work of `op` from its shapes."""
+def shape_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, weights, image_like: bool = True) -> None:
+    """MACs and HVX work of `op` from its shapes; `image_like`: an operand is an image-like activation
+    (`latency.depth.image_tensors`), which the HTP holds channels-last."""
     out_shape = shapes.get(node.output[0])
     out_n = op.outputs[0][2]
     t = node.op_type
     if t in LAYOUT_OPS:
         op.engine, op.cls = "none", "layout"
         return
-    if t == "Transpose" and MECHANISMS["channels_last_transpose"] and _channels_last_only(node, shapes):
-        # The HTP keeps 4-D activations channels-last: a permutation that only moves the channel axis to or from
-        # the end is the layout the tensor already has (QNN's converter drops it), metadata only.
+    if (t == "Transpose" and MECHANISMS["channels_last_transpose"] and image_like
+            and _channels_last_only(node, shapes)):
+        # The HTP keeps image-like activations channels-last: a permutation of one that only moves the channel axis
+        # to or from the end is the layout the tensor already has (QNN's converter drops it), metadata only. An
+        # attention tensor's [B, S, H, D] -> [B, H, D, S] has the same permutation and moves data.
         op.engine, op.cls = "none", "layout"
         return
     if t in MOVER_OPS:
@@ -94,6 +97,10 @@ def shape_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, weights) -> None:
         op.cls, op.work = "pool", out_n * kernel
         return
     op.cls, op.work = HVX_CLASS.get(t, DEFAULT_CLASS), out_n
+    if t in LAYER_NORMS and MECHANISMS["layernorm_plain"]:
+        # Mean, variance and scaling are multiply-adds over the row, with one reciprocal square root per row: the
+        # same instructions per element in every type (no look-up to lose at 16 bits), only wider lanes.
+        op.cls = "layernorm"
     if t in ("Div", "Pow") and len(op.inputs) == 1 and weights:
         op.cls = "arith"  # by a constant: a multiply by its reciprocal, a square
 
