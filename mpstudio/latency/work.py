@@ -46,36 +46,7 @@ def shape_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, weights, image_lik
         op.engine, op.cls = "dma", "dma"
         return
     if t in ("Conv", "ConvTranspose") and len(node.input) > 1:
-        w = shapes.get(node.input[1])
-        group = int(_attr(node, "group", 1))
-        if not w or not out_shape or any(d is None for d in out_shape):
-            op.engine, op.cls = "hmx", "hmx"
-            return
-        kernel = int(np.prod(w[2:], dtype=np.int64)) if len(w) > 2 else 1
-        if t == "Conv":
-            cout, cin_g = int(w[0]), int(w[1])
-            spatial = int(np.prod(out_shape[2:], dtype=np.int64)) if len(out_shape) > 2 else 1
-            batch = int(out_shape[0] or 1)
-            op.macs = batch * cout * spatial * cin_g * kernel
-            cout_g = cout // max(group, 1)
-            if group > 1 and cin_g == 1:
-                # depthwise (or channel-multiplier) convolution: HVX multiply-accumulate
-                op.engine, op.cls, op.work = "hvx", "depthwise", op.macs
-                if MECHANISMS["depthwise_tap_groups"]:
-                    # One HVX multiply-reduce takes four taps per lane, plus one load/store step per output
-                    # vector: work grows with ceil(taps / 4) + 1, not with the taps (in units of 4 MACs).
-                    op.work = op.macs // max(kernel, 1) * 4 * (math.ceil(kernel / 4) + 1)
-                return
-            op.engine, op.cls = "hmx", "hmx"
-            op.hmx_macs = batch * group * _pad(cout_g) * spatial * _pad(cin_g) * kernel
-        else:
-            in_shape = shapes.get(node.input[0])
-            cin, cout_g = int(w[0]), int(w[1])
-            spatial_in = int(np.prod(in_shape[2:], dtype=np.int64)) if in_shape and len(in_shape) > 2 else 1
-            batch = int(in_shape[0] or 1) if in_shape else 1
-            op.macs = batch * cin * spatial_in * cout_g * kernel
-            op.engine, op.cls = "hmx", "hmx"
-            op.hmx_macs = batch * group * _pad(cin // max(group, 1)) * spatial_in * _pad(cout_g) * kernel
+        _conv_work(op, node, shapes, out_shape)
         return
     if t in ("Gemm", "MatMul"):
         a = shapes.get(node.input[0])
@@ -103,6 +74,41 @@ def shape_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, weights, image_lik
         op.cls = "layernorm"
     if t in ("Div", "Pow") and len(op.inputs) == 1 and weights:
         op.cls = "arith"  # by a constant: a multiply by its reciprocal, a square
+
+
+def _conv_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, out_shape) -> None:
+    """MACs and engine of a Conv or ConvTranspose (`shape_work`)."""
+    t = node.op_type
+    w = shapes.get(node.input[1])
+    group = int(_attr(node, "group", 1))
+    if not w or not out_shape or any(d is None for d in out_shape):
+        op.engine, op.cls = "hmx", "hmx"
+        return
+    kernel = int(np.prod(w[2:], dtype=np.int64)) if len(w) > 2 else 1
+    if t == "Conv":
+        cout, cin_g = int(w[0]), int(w[1])
+        spatial = int(np.prod(out_shape[2:], dtype=np.int64)) if len(out_shape) > 2 else 1
+        batch = int(out_shape[0] or 1)
+        op.macs = batch * cout * spatial * cin_g * kernel
+        cout_g = cout // max(group, 1)
+        if group > 1 and cin_g == 1:
+            # depthwise (or channel-multiplier) convolution: HVX multiply-accumulate
+            op.engine, op.cls, op.work = "hvx", "depthwise", op.macs
+            if MECHANISMS["depthwise_tap_groups"]:
+                # One HVX multiply-reduce takes four taps per lane, plus one load/store step per output
+                # vector: work grows with ceil(taps / 4) + 1, not with the taps (in units of 4 MACs).
+                op.work = op.macs // max(kernel, 1) * 4 * (math.ceil(kernel / 4) + 1)
+            return
+        op.engine, op.cls = "hmx", "hmx"
+        op.hmx_macs = batch * group * _pad(cout_g) * spatial * _pad(cin_g) * kernel
+    else:
+        in_shape = shapes.get(node.input[0])
+        cin, cout_g = int(w[0]), int(w[1])
+        spatial_in = int(np.prod(in_shape[2:], dtype=np.int64)) if in_shape and len(in_shape) > 2 else 1
+        batch = int(in_shape[0] or 1) if in_shape else 1
+        op.macs = batch * cin * spatial_in * cout_g * kernel
+        op.engine, op.cls = "hmx", "hmx"
+        op.hmx_macs = batch * group * _pad(cin // max(group, 1)) * spatial_in * _pad(cout_g) * kernel
 
 
 _CHANNEL_MOVES = ([0, 2, 3, 1], [0, 3, 1, 2])  # NCHW -> NHWC and back
