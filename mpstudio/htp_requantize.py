@@ -216,11 +216,15 @@ def add_operands(node, inits, producers, consumers, exact_constants: bool = True
         return None  # operands of two widths: the HTP's sum is the exact one (but for a code in thousands)
     dtype = types.pop()
     bits = _ACTIVATION_TYPES[dtype]
-    for dq_input in (producers[name].input[0] for name in node.input):
-        if exact_constants and bits == 8 and dq_input in inits and int(np.prod(inits[dq_input].dims)) == 1:
-            return None  # an 8-bit one-element constant (hard-swish's + 3) is added exactly on the HTP
+    if exact_constants and bits == 8 and any(one_element_constant(codes, inits) for codes, _, _ in inputs):
+        return None  # an 8-bit one-element constant (hard-swish's + 3) is added exactly on the HTP
     output = _output_encoding(node, inits, consumers, dtype)
     return None if output is None else (inputs, output, bits)
+
+
+def one_element_constant(codes: str, inits) -> bool:
+    """Whether an Add operand's codes are a one-element initializer."""
+    return codes in inits and int(np.prod(inits[codes].dims)) == 1
 
 
 def add_constants(a_scale: float, a_zero: int, b_scale: float, b_zero: int, y_scale: float, y_zero: int,
@@ -229,19 +233,18 @@ def add_constants(a_scale: float, a_zero: int, b_scale: float, b_zero: int, y_sc
     with the output code floor((q_a * m_a + q_b * m_b + constant) / 2^s + 1/2)."""
     a, b = (np.float64(np.float32(v)) / np.float64(np.float32(y_scale)) for v in (a_scale, b_scale))
     if bits == 16:
-        shift = add16_shift(max(a, b))
-        m_a, m_b = np.round(a * shift), np.round(b * shift)
-        constant = np.round(y_zero * shift - a_zero * m_a - b_zero * m_b)
-        return float(m_a), float(m_b), float(constant), float(shift)
-    shift = 2.0 ** min(_ADD_MAX_SHIFT, _ADD_BITS - np.floor(np.log2(a + b)))
+        shift, constant_step = add16_shift(max(a, b)), 1.0  # an exact constant
+    else:
+        shift = 2.0 ** min(_ADD_MAX_SHIFT, _ADD_BITS - np.floor(np.log2(a + b)))
+        constant_step = _ADD_CONSTANT_STEP
     m_a, m_b = np.round(a * shift), np.round(b * shift)
-    constant = _ADD_CONSTANT_STEP * np.round((y_zero * shift - a_zero * m_a - b_zero * m_b) / _ADD_CONSTANT_STEP)
+    constant = constant_step * np.round((y_zero * shift - a_zero * m_a - b_zero * m_b) / constant_step)
     return float(m_a), float(m_b), float(constant), float(shift)
 
 
 def add16_shift(larger: float) -> float:
     """A 16-bit Add's 2^s: the largest power of two up to 2^16 with round(`larger` x 2^s) below 2^15."""
-    exponent = min(_ADD16_MAX_SHIFT, int(np.floor(np.log2(_ADD16_MULTIPLIER / larger))) + 1)
+    exponent = _ADD16_MAX_SHIFT
     while np.round(larger * 2.0 ** exponent) >= _ADD16_MULTIPLIER:
         exponent -= 1
     return 2.0 ** exponent

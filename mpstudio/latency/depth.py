@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from .ops import HVX_CLASS, MECHANISMS, MOVER_OPS
+from .ops import HVX_CLASS, MOVER_OPS
 
 CHANNEL_BLOCK = 32
 SHALLOW = 4  # an image of at most this many channels is packed densely, not padded to a block
@@ -27,12 +27,6 @@ SPATIAL_OPS = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "Glo
 # that keep the rank). Transpose and Reshape are left out: they change what axis 1 means.
 _CARRIERS = (set(HVX_CLASS) - {"Softmax", "LogSoftmax", "LayerNormalization"}) | (
     MOVER_OPS - {"Transpose", "Gather", "GatherElements", "GatherND", "ScatterND", "ScatterElements"})
-
-
-def blocked_tensors(qops, shapes: dict, graph_inputs=()) -> set[str]:
-    """The float-model names of the activations the HTP holds in channel blocks (empty unless the mechanism
-    `channel_blocks` is on): the image-like tensors (`image_tensors`)."""
-    return image_tensors(qops, shapes, graph_inputs) if MECHANISMS["channel_blocks"] else set()
 
 
 def image_tensors(qops, shapes: dict, graph_inputs=()) -> set[str]:

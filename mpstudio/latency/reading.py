@@ -96,7 +96,9 @@ def _parse(model: onnx.ModelProto) -> ParsedModel:
     """The ops the HTP runs, read through the one QDQ reader (mpstudio.qdq), with their shapes and work."""
     qdq = read_qdq(model)
     shapes = _shapes(model)
-    images = image_tensors(qdq.ops, shapes, qdq.graph_inputs)
+    # Image-like tensors: read by the channel blocks and the channels-last transposes only, when either is on.
+    wanted = MECHANISMS["channel_blocks"] or MECHANISMS["channels_last_transpose"]
+    images = image_tensors(qdq.ops, shapes, qdq.graph_inputs) if wanted else set()
     counter = _ElementCounter(shapes, images if MECHANISMS["channel_blocks"] else set())
     ops = [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "QuantizeLinear"]
     ops += [_convert_op(c, counter) for c in qdq.converts]

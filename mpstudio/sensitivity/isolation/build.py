@@ -96,7 +96,7 @@ def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized:
     graph = out.graph
     inits = {i.name: i for i in graph.initializer}
     posts = {q.post: t for t, q in quantized.items()}
-    constants, constants_8, constants_16 = _switchable_constants(graph, inits, float_model, model_16)
+    constants, constants_8, constants_16, encodings_16 = _switchable_constants(graph, inits, float_model, model_16)
     biases, bias_inputs = _switchable_biases(graph, inits, posts, float_model)
     by_q = {q.quantize_node: q for q in quantized.values()}
     graph_inputs = {i.name for i in graph.input} - set(inits)
@@ -120,8 +120,7 @@ def rewrite(model: onnx.ModelProto, model_16: onnx.ModelProto | None, quantized:
         nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
-    requantize = (follow(graph, model, quantized, edge_receivers, biases, default,
-                         _constant_encodings(model_16, constants_16))
+    requantize = (follow(graph, model, quantized, edge_receivers, biases, default, encodings_16)
                   if runtime.FOLLOW_HTP_REQUANTIZATION else RequantizeSwitches([], default))
     switches.append(requantize.defaults)
     switches += [{constant_input(name): value} for name, value in constants_8.items()]
@@ -161,14 +160,16 @@ def _edge_nodes(t: qdq.QuantizedTensor, receiver: str, graph_input: bool) -> lis
 def _switchable_constants(graph: onnx.GraphProto, inits, float_model: onnx.ModelProto | None,
                           model_16: onnx.ModelProto | None):
     """DequantizeLinear outputs of per-tensor constants read by element-wise ops; each becomes an overridable
-    float initializer (its 8-bit value), renamed for `constant_input`. Returns those outputs and each
-    constant's 8-bit and 16-bit values."""
+    float initializer (its 8-bit value), renamed for `constant_input`. Returns those outputs, each constant's
+    8-bit and 16-bit values, and the 16-bit encoding of those whose 16-bit value the all-16-bit model gives."""
     constants_8: dict[str, np.ndarray] = {}
     constants_16: dict[str, np.ndarray] = {}
+    encodings_16: dict[str, qdq.Encoding] = {}
     if float_model is None:
-        return set(), constants_8, constants_16
+        return set(), constants_8, constants_16, encodings_16
     floats = {i.name: i for i in float_model.graph.initializer}
-    values_16 = dequantized_constants(model_16) if model_16 is not None else {}
+    read_16 = qdq.read(model_16) if model_16 is not None else None
+    params_16 = read_16.params() if read_16 is not None else {}
     readers: dict[str, set[str]] = {}
     for node in graph.node:
         for name in node.input:
@@ -192,15 +193,18 @@ def _switchable_constants(graph: onnx.GraphProto, inits, float_model: onnx.Model
         if value_f.shape != value_8.shape:
             continue
         constants_8[name] = value_8
-        value_16 = values_16.get(name)
-        # Without the all-16-bit model the float value stands in (16-bit steps are 1/257 of the 8-bit ones).
-        constants_16[name] = value_16 if value_16 is not None and value_16.shape == value_8.shape else value_f
+        value_16 = read_16.dequantized_constant(name) if name in params_16 else None
+        if value_16 is not None and value_16.shape == value_8.shape:
+            constants_16[name], encodings_16[name] = value_16, params_16[name].encoding
+        else:
+            # Without the all-16-bit model the float value stands in (16-bit steps are 1/257 of the 8-bit ones).
+            constants_16[name] = value_f
         chosen[out] = name
     for node in graph.node:
         for i, input_name in enumerate(node.input):
             if input_name in chosen:
                 node.input[i] = constant_input(chosen[input_name])
-    return set(chosen), constants_8, constants_16
+    return set(chosen), constants_8, constants_16, encodings_16
 
 
 def _switchable_biases(graph: onnx.GraphProto, inits, posts: Mapping[str, str],
@@ -231,27 +235,6 @@ def _switchable_biases(graph: onnx.GraphProto, inits, posts: Mapping[str, str],
         biases.append(bias)
         chosen[node.input[2]] = bias.input
     return biases, chosen
-
-
-def _constant_encodings(model_16: onnx.ModelProto | None, constants_16: Mapping[str, np.ndarray]
-                        ) -> dict[str, qdq.Encoding]:
-    """The all-16-bit model's per-tensor encoding of each switchable constant whose 16-bit value it gives."""
-    if model_16 is None:
-        return {}
-    read = qdq.read(model_16)
-    out = {}
-    for name, tensor in read.params().items():
-        value = read.dequantized_constant(name) if name in constants_16 else None
-        if value is not None and np.array_equal(value, constants_16[name]):
-            out[name] = tensor.encoding
-    return out
-
-
-def dequantized_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Float constant name -> its dequantized value in `model`, for per-tensor quantized initializers."""
-    read = qdq.read(model)
-    values = {name: read.dequantized_constant(name) for name in read.params()}
-    return {name: value for name, value in values.items() if value is not None}
 
 
 def at_opset_of(model: onnx.ModelProto, reference: onnx.ModelProto | None) -> onnx.ModelProto:

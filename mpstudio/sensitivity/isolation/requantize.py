@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ... import qdq
 from ...htp_accumulator import graph_links, initializer_array, quantizers_after
 from ...htp_requantize import (accumulator_bias, add_constants, add_operands, added_value_nodes, conv_operands,
-                              requantize_constants, requantized_value_nodes)
+                              one_element_constant, requantize_constants, requantized_value_nodes)
 from ...qdq import Encoding
 from ...runtime import htp_weight_grid
 from .edges import Bias, Edge, EdgeQuant, bias_codes, constant_input, switch_names
@@ -265,7 +265,7 @@ def _add_rule(node, original, links, edges, written, constants_16) -> AddRule | 
     outputs = _written_edges(original, links, written)
     if not outputs:
         return None
-    exact_at_8 = add_operands(original, inits, producers, consumers) is None
+    exact_at_8 = any(one_element_constant(codes, inits) for codes, _, _ in found[0])
     return AddRule(_prefix(node), tuple(operands), outputs, exact_at_8)
 
 
