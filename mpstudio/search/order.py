@@ -19,8 +19,10 @@ if TYPE_CHECKING:  # the study face is only named in annotations
 
 
 def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[list[str], list[float]]:
-    """Tensors by predicted gain per estimated latency cost, then the tensors the analysis did not isolate (by
-    their cheap scores); and the predicted output SNR of each prefix of the isolated part."""
+    """The isolated tensors whose promotion helps on its own, by the noise it removes per estimated latency cost;
+    then those whose demotion from all-16-bit hurts, by the noise it adds per cost; then the tensors the analysis
+    did not isolate (by their cheap scores); and the predicted output SNR of each prefix of the isolated part (a
+    tensor's share of the noise counted as the larger of the two sides)."""
     from ..latency import promotion_costs
 
     if report.isolation is None:
@@ -30,16 +32,17 @@ def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[lis
     if is_output_snr(iso.metric):
         noise_8, noise_16 = noise_power(iso.all_8), noise_power(iso.all_16)
         # What a tensor's 8 bits cost, seen from both ends: the noise its promotion removes from the
-        # all-8-bit plan, and the noise its demotion adds to the all-16-bit plan. Near a 16-bit-like
-        # target the second is the telling one (isolated promotions hide behind other bottlenecks).
+        # all-8-bit plan, and the noise its demotion adds to the all-16-bit plan.
         removed = removed_noise(iso.all_8, per["promoted"].astype(float))
         added = added_noise(per["demoted"].astype(float), iso.all_16)
-        contribution = np.maximum(removed, added)
     else:
         noise_8 = None
-        contribution = np.maximum(per["promoted_gain"].astype(float), per["demoted_loss"].astype(float))
-    # Tensors the analysis did not isolate (a progressive analysis isolates those that can change a decision)
-    # follow the isolated ones that help, in the ranking's order of their cheap scores: never left out.
+        removed, added = per["promoted_gain"].astype(float), per["demoted_loss"].astype(float)
+    # A walk up from the base takes first what a promotion on its own removes (the demotion side tells what
+    # matters near all-16-bit, where the top-down walk starts); the tensors that only hurt seen from the top
+    # follow, then those the analysis did not isolate (a progressive analysis isolates those that can change
+    # a decision), in the ranking's order of their cheap scores: never left out.
+    contribution = np.fmax(removed, added)  # a side not measured (NaN) leaves the other
     unisolated = [t for t in report.ranking["tensor"] if t not in per.index and t not in base_plan.overrides]
     contribution = contribution[contribution > 0]
     if contribution.empty:
@@ -48,8 +51,12 @@ def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[lis
     costs = promotion_costs(model, list(contribution.index), study.htp_arch, graph=study.graph)
     costs = costs.reindex(contribution.index).fillna(costs.median() if len(costs) else 1.0)
     floor = max(float(costs[costs > 0].min()) if (costs > 0).any() else 1e-6, 1e-6)
-    score = contribution / costs.clip(lower=floor)
-    order = list(score.sort_values(ascending=False).index)
+    costs = costs.clip(lower=floor)
+    removed, added = removed.reindex(costs.index), added.reindex(costs.index)
+    helps = removed > 0
+    first = (removed[helps] / costs[helps]).sort_values(ascending=False, kind="stable")
+    then = (added[~helps] / costs[~helps]).sort_values(ascending=False, kind="stable")
+    order = list(first.index) + list(then.index)
     predicted = []
     if noise_8 is not None:
         # Noise powers add: the all-8-bit noise less what each promoted tensor contributes.
