@@ -21,8 +21,9 @@ def open_connections(doc) -> int | None:
     """How many browser connections the served session of `doc` has now (None when that is not known)."""
     context = getattr(doc, "session_context", None)
     session = getattr(context, "_session", None)
-    count = getattr(session, "connection_count", None)
-    return count() if callable(count) else None
+    count = getattr(session, "connection_count", None)  # a property of Bokeh 3.x's ServerSession
+    count = count() if callable(count) else count
+    return count if isinstance(count, int) else None
 
 
 def closed_stream(exc: BaseException | None) -> bool:

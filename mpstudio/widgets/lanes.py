@@ -3,6 +3,7 @@ and outcome posted, in order, to the session's event loop (where Bokeh models ma
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 # user's evaluations; quick work (predictions, latency estimates); and background work (the baselines), which
 # starts only while no evaluation of the user's runs.
 LANES = ("open", "long", "evaluate", "quick", "background")
+# How long a call from another thread waits for the session's event loop to run it.
+CALL_TIMEOUT = 300.0
 LANE_OF = {"open": "open", "evaluate": "evaluate", "predict": "quick", "latency": "quick", "baselines": "background"}
 
 
@@ -37,6 +40,24 @@ def session_document():
     current = getattr(state, "_curdoc", None)
     doc = current.get() if current is not None else pn.state.curdoc
     return doc if doc is not None and doc.session_context is not None else None
+
+
+def on_session_thread(doc) -> bool:
+    """Whether this thread is the one serving `doc` (its event loop), or that is not known (then it is taken as
+    this one: the behaviour of an unserved document)."""
+    from panel.io.state import state
+
+    owner = getattr(state, "_thread_id_", {}).get(doc)
+    return owner is None or owner == threading.get_ident()
+
+
+def on_session_loop(method: Callable) -> Callable:
+    """`method` of an object with `_lanes` (a Lanes), run on the session's event loop when called from another
+    thread (`Lanes.call`)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        return self._lanes.call(lambda: method(self, *args, **kwargs))
+    return call
 
 
 class Job(param.Parameterized):
@@ -236,6 +257,33 @@ class Lanes:
                 return
             self._draining = True
         doc.add_next_tick_callback(lambda: self._drain(doc))
+
+    def call(self, fn: Callable[[], object], timeout: float = CALL_TIMEOUT):
+        """`fn()` run on the session's event loop, after what was posted before it; its result (or its exception,
+        raised here). Now, in this thread, when this is that loop, or the session is not served or has gone.
+
+        For a script or a notebook driving a served studio from a thread of its own: a change made there would
+        reach the page racing the session's own updates (BokehJS then drops those naming models it was never
+        sent: "reference ... isn't known")."""
+        doc = self._doc
+        if doc is None or self.gone or on_session_thread(doc):
+            return fn()
+        done, outcome = threading.Event(), {}
+
+        def run():
+            try:
+                outcome["value"] = fn()
+            except BaseException as exc:  # raised again in the caller's thread
+                outcome["error"] = exc
+            finally:
+                done.set()
+        self.post(run)
+        if not done.wait(timeout):
+            raise MpstudioError(f"the studio's session did not run the call within {timeout:.0f} s: its event loop "
+                                "is busy or its tab has closed; try again, or reload the page")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
 
     @property
     def gone(self) -> bool:

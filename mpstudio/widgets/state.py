@@ -21,7 +21,7 @@ from ..study import Study
 from . import analyses
 from .agents import RUNNERS, AgentClients
 from .editing import edit_plan, export_current, find_tensors
-from .lanes import Job, Lanes, session_document
+from .lanes import Job, Lanes, on_session_loop, session_document
 from .opening import demo_study, model_study, open_arguments
 from .plan_evaluation import PlanEvaluations
 from .provisional import PROVISIONAL_COLUMNS
@@ -382,3 +382,22 @@ class StudioState(param.Parameterized):
                 self.param.update(error=job.error, jobs=list(self.jobs))
             else:
                 self.jobs = list(self.jobs)
+
+
+def _configure(self, **values) -> None:
+    """Set the state's parameters (`target`, `backend`, `search_weights`, `color_by`, ...) as the views' widgets do."""
+    self.param.update(**values)
+
+
+StudioState.configure = _configure
+
+
+# A script or a notebook may call these from a thread of its own on a served studio: each runs on the session's
+# event loop and returns its result there (a change made in another thread races the page's own updates).
+for _name in ("set_study", "open_study", "open_demo", "open_model", "select", "find", "promote_selected",
+              "demote_selected", "set_plan", "load_plan", "collapse", "expand", "analyze", "evaluate_plan",
+              "preview_plan", "evaluate_baselines", "estimate_latency", "find_divergence", "start_search",
+              "cancel_jobs", "refresh_evaluations", "export", "show_error", "dismiss_error", "submit",
+              "configure"):
+    setattr(StudioState, _name, on_session_loop(getattr(StudioState, _name)))
+del _name
