@@ -7,7 +7,6 @@ import os
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -173,22 +172,9 @@ def open_studio(page, studio):
 def on_loop(state, fn, timeout: float = 60):
     """fn() run where the session's Bokeh models may be touched (its event loop), as a user's click would be; its
     result. A change made from this thread instead races the server's own writes to the page: BokehJS then meets
-    references to models it was never sent ("reference p1599 isn't known") and drops the updates that name them."""
-    done, outcome = threading.Event(), {}
-
-    def run():
-        try:
-            outcome["value"] = fn()
-        except Exception as exc:  # raised again in the caller's thread
-            outcome["error"] = exc
-        finally:
-            done.set()
-    state.post(run)
-    if not done.wait(timeout):
-        raise TimeoutError("the studio's session did not run the change")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    references to models it was never sent ("reference p1599 isn't known") and drops the updates that name them.
+    (The state's own verbs do this themselves: `Lanes.call`.)"""
+    return state._lanes.call(fn, timeout)
 
 
 def wait_for_bokeh(page, timeout_ms: int = 60000) -> None:
