@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     outputs: dict[str, list] = {"spinning": [], "not spinning": []}
     with tempfile.TemporaryDirectory(prefix="mpstudio-spinning-") as tmp:
         quantizer = Quantizer(prepared, FeedList(feeds[args.lines:]), Path(tmp))
-        path = quantizer.generate(PrecisionPlan(weight_type="int8", per_channel=True, name="a8w8-pc"))
+        path = quantizer.generate(PrecisionPlan.a8w8_pc())
         for _ in range(args.rounds):
             for setting in times:
                 started = time.perf_counter()

@@ -273,9 +273,9 @@ def plans_for(quantizer: Quantizer, calibration: DataSource, count: int, seed: i
     # Most harmful first: the tensors whose own 8-bit rounding costs the most (lowest local SNR at 8 bits).
     # Ties (equal scores) are broken by tensor name, so the ranking, and the plans drawn from it, repeat.
     ranked = [t for t in scores.sort_values(["local_snr_8", "tensor"], kind="stable")["tensor"] if t in params_8]
-    pc = PrecisionPlan(weight_type="int8", per_channel=True, name="a8w8-pc")
+    pc = PrecisionPlan.a8w8_pc()
     plans = [PrecisionPlan.a8w8(), PrecisionPlan.a16w8(), pc,
-             PrecisionPlan(activation_type="uint16", weight_type="int8", per_channel=True, name="a16w8-pc")]
+             PrecisionPlan.a16w8_pc()]
     ks = sorted({k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k < len(ranked)})
     for k in ks:
         plans.append(PrecisionPlan.a8w8().promote(ranked[:k], name=f"top-{k}"))

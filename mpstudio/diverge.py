@@ -158,14 +158,16 @@ class DivergenceReport:
 
 # ---- plans ---------------------------------------------------------------------------------------------------
 BUILTIN_PLANS = {
-    "a8w8": lambda: PrecisionPlan.a8w8(),
-    "a16w8": lambda: PrecisionPlan.a16w8(),
-    "a8w8-pc": lambda: PrecisionPlan(weight_type="int8", per_channel=True, name="a8w8-pc"),
+    "a8w8": PrecisionPlan.a8w8,
+    "a16w8": PrecisionPlan.a16w8,
+    "a8w8-pc": PrecisionPlan.a8w8_pc,
+    "a16w8-pc": PrecisionPlan.a16w8_pc,
 }
 
 
 def resolve_plan(study, plan: str | int | PrecisionPlan | None) -> PrecisionPlan:
-    """A plan by id, name (a stored plan's, or a8w8 / a16w8 / a8w8-pc), hash prefix or JSON file; None: a8w8."""
+    """A plan by id, name (a stored plan's, or a8w8 / a16w8 / a8w8-pc / a16w8-pc), hash prefix or JSON file;
+    None: a8w8."""
     if isinstance(plan, PrecisionPlan):
         return plan
     if plan is None:

@@ -105,11 +105,31 @@ class PrecisionPlan:
     # ---- constructors --------------------------------------------------------------------------------
     @classmethod
     def a8w8(cls, **kw) -> "PrecisionPlan":
-        return cls(activation_type="uint8", weight_type="uint8", name=kw.pop("name", "a8w8"), **kw)
+        """All-8-bit: uint8 activations and per-tensor uint8 weights (the study's `a8w8`)."""
+        return cls._baseline("uint8", "a8w8", kw)
 
     @classmethod
     def a16w8(cls, **kw) -> "PrecisionPlan":
-        return cls(activation_type="uint16", weight_type="uint8", name=kw.pop("name", "a16w8"), **kw)
+        """16-bit activations and per-tensor uint8 weights (the study's `a16w8`)."""
+        return cls._baseline("uint16", "a16w8", kw)
+
+    @classmethod
+    def a8w8_pc(cls, **kw) -> "PrecisionPlan":
+        """uint8 activations and per-channel symmetric int8 weights (the study's `a8w8-pc`)."""
+        return cls._baseline("uint8", "a8w8-pc", kw, per_channel=True)
+
+    @classmethod
+    def a16w8_pc(cls, **kw) -> "PrecisionPlan":
+        """16-bit activations and per-channel symmetric int8 weights (the study's `a16w8-pc`)."""
+        return cls._baseline("uint16", "a16w8-pc", kw, per_channel=True)
+
+    @classmethod
+    def _baseline(cls, activations: str, name: str, kw: dict, per_channel: bool = False) -> "PrecisionPlan":
+        if kw.get("per_channel") and not per_channel:
+            raise MpstudioError(f"PrecisionPlan.{name.replace('-', '_')}() has per-tensor weights; per-channel "
+                                f"int8 weights are PrecisionPlan.{name.replace('-', '_')}_pc()")
+        kw = {"weight_type": "int8" if per_channel else "uint8", "per_channel": per_channel, **kw}
+        return cls(activation_type=activations, name=kw.pop("name", name), **kw)
 
     def with_overrides(self, types: Mapping[str, str | TensorOverride], name: str | None = None) -> "PrecisionPlan":
         """A copy with more overrides (a type name, or a TensorOverride, per tensor).

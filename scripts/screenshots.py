@@ -154,7 +154,7 @@ def _demo_with_results(count: int, htp: bool):
     study.evaluate(plan, progress=progress)
     # Per-channel int8 weights, on the CPU and (where the QNN EP is installed) on the HTP: the Pareto plot
     # then shows the same plan from both backends, linked.
-    per_channel = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc")
+    per_channel = PrecisionPlan.a8w8_pc()
     study.evaluate(per_channel, progress=progress)
     if htp:
         try:

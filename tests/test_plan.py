@@ -81,3 +81,21 @@ def test_sixteen_bit_activations(graph):
     assert plan.sixteen_bit_activations(graph) == ["conv1_out", "relu1_out"]
     assert len(PrecisionPlan.a16w8().sixteen_bit_activations(graph)) == len(graph.activations())
     assert "2 to 16-bit" in plan.summary()
+
+
+def test_the_baselines_by_name_and_their_per_channel_forms():
+    """The constructors are the study's baselines: a8w8_pc() is the a8w8-pc a search and a target name (per-channel
+    symmetric int8 weights), and a8w8(per_channel=True) is refused rather than read as a different plan."""
+    from mpstudio.search import named_baselines
+
+    named = named_baselines()
+    for name, plan in [("a8w8", PrecisionPlan.a8w8()), ("a16w8", PrecisionPlan.a16w8()),
+                       ("a8w8-pc", PrecisionPlan.a8w8_pc()), ("a16w8-pc", PrecisionPlan.a16w8_pc())]:
+        assert plan.name == name and plan.hash == named[name].hash
+    pc = PrecisionPlan.a8w8_pc()
+    assert pc.per_channel and pc.weight_type == "int8" and pc.weight_symmetric
+    assert PrecisionPlan.a16w8_pc().activation_type == "uint16"
+    assert not PrecisionPlan.a8w8().per_channel and PrecisionPlan.a8w8().weight_type == "uint8"
+    with pytest.raises(MpstudioError, match="a8w8_pc"):
+        PrecisionPlan.a8w8(per_channel=True)
+    assert PrecisionPlan.a8w8_pc(name="mine").name == "mine"

@@ -354,8 +354,8 @@ def add_diverge_parser(sub) -> None:
                                        "quantization noise, for one plan")
     d.add_argument("target", nargs="?", metavar="MODEL_OR_STUDY",
                    help="a study folder, or a float ONNX model (with --data; its study is MODEL.study or --study)")
-    d.add_argument("--plan", help="plan id, name or hash of the study, a8w8 / a16w8 / a8w8-pc, or a plan JSON file "
-                                  "(default a8w8)")
+    d.add_argument("--plan", help="plan id, name or hash of the study, a8w8 / a16w8 / a8w8-pc / a16w8-pc, or a plan "
+                                  "JSON file (default a8w8)")
     d.add_argument("--data", help="samples of a bare model (.npz per sample, keys = input names)")
     d.add_argument("--eval-data", help="evaluation samples of a bare model (default: --data); diverge runs on these")
     d.add_argument("--study", help="study folder of a bare model (default MODEL.study)")

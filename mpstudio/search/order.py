@@ -187,7 +187,7 @@ def mixed_base(graph, htp_arch=None) -> PrecisionPlan:
     from ..plan import TensorOverride
     from ..sensitivity.weight_isolation import matrix_weights
 
-    base = PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True)
+    base = PrecisionPlan.a8w8_pc()
     return base.with_overrides({w: TensorOverride("int4", per_channel=True) for w in matrix_weights(graph)},
                                name="a8w4-pc")
 

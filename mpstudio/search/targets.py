@@ -21,10 +21,8 @@ _MARGIN = re.compile(r"^(?P<base>.*?\S)\s*[+-]\s*(?P<pct>\d+(?:\.\d+)?)\s*%\s*$"
 
 def named_baselines() -> dict[str, PrecisionPlan]:
     """Plans a target may name whether or not the study holds them yet (the search evaluates them)."""
-    return {"a8w8": PrecisionPlan.a8w8(), "a16w8": PrecisionPlan.a16w8(),
-            "a8w8-pc": PrecisionPlan(activation_type="uint8", weight_type="int8", per_channel=True, name="a8w8-pc"),
-            "a16w8-pc": PrecisionPlan(activation_type="uint16", weight_type="int8", per_channel=True,
-                                      name="a16w8-pc")}
+    return {"a8w8": PrecisionPlan.a8w8(), "a16w8": PrecisionPlan.a16w8(), "a8w8-pc": PrecisionPlan.a8w8_pc(),
+            "a16w8-pc": PrecisionPlan.a16w8_pc()}
 
 
 @dataclass(frozen=True)
