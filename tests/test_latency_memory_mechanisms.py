@@ -70,6 +70,23 @@ def test_low_depth_maps_move_their_padded_bytes(monkeypatch):
     assert lanes.loc["sigmoid", "act_bytes"] == on.loc["sigmoid", "act_bytes"]
 
 
+def test_a_model_file_is_read_again_when_the_mechanisms_change(monkeypatch, tmp_path):
+    """The parse of a model file is cached while the file is unchanged; it reads the mechanisms switched on (here
+    the padded channel blocks), so switching one reads the file again rather than reusing the old parse."""
+    import onnx
+
+    path = tmp_path / "shallow.onnx"
+    onnx.save(_shallow_net(), path)
+    monkeypatch.setitem(MECHANISMS, "shallow_input", False)
+    monkeypatch.setitem(MECHANISMS, "channel_blocks", False)
+    off = estimate_latency(path).ops.set_index("node")
+    monkeypatch.setitem(MECHANISMS, "channel_blocks", True)
+    on = estimate_latency(path).ops.set_index("node")
+    pixels, fp16 = 96 * 128, 2
+    assert off.loc["conv1", "act_bytes"] == (1 + 16) * pixels * fp16
+    assert on.loc["conv1", "act_bytes"] == (1 + 32) * pixels * fp16
+
+
 def test_an_attention_tensor_is_not_padded(monkeypatch):
     monkeypatch.setitem(MECHANISMS, "channel_blocks", False)
     off = estimate_latency(_attention()).ops.set_index("node").loc["scores"]

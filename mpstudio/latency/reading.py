@@ -37,12 +37,13 @@ def parsed_model(model) -> ParsedModel:
     if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
         path = Path(model).resolve()
         stat = path.stat()
-        return _parsed_file(str(path), stat.st_mtime_ns, stat.st_size)
+        return _parsed_file(str(path), stat.st_mtime_ns, stat.st_size, tuple(sorted(MECHANISMS.items())))
     return _parse(load_model(model))
 
 
 @lru_cache(maxsize=64)  # a study re-estimates every plan when it recalibrates on a device
-def _parsed_file(path: str, mtime_ns: int, size: int) -> ParsedModel:
+def _parsed_file(path: str, mtime_ns: int, size: int, mechanisms: tuple) -> ParsedModel:
+    """The parse reads the mechanisms switched on (fusions, image-like tensors): they are part of the key."""
     return _parse(load_model(path))
 
 
