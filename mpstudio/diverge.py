@@ -34,7 +34,7 @@ from .data import Cancelled, DataSource, Progress
 from .errors import MpstudioError
 from .graph import ModelGraph, namespace_of
 from .metrics import SNR_CAP_DB, ErrorAccumulator
-from .plan import PrecisionPlan
+from .plan import BASELINES, PrecisionPlan
 from .loop.runners import runner_for
 
 DEFAULT_SAMPLES = 2
@@ -157,14 +157,6 @@ class DivergenceReport:
 
 
 # ---- plans ---------------------------------------------------------------------------------------------------
-BUILTIN_PLANS = {
-    "a8w8": PrecisionPlan.a8w8,
-    "a16w8": PrecisionPlan.a16w8,
-    "a8w8-pc": PrecisionPlan.a8w8_pc,
-    "a16w8-pc": PrecisionPlan.a16w8_pc,
-}
-
-
 def resolve_plan(study, plan: str | int | PrecisionPlan | None) -> PrecisionPlan:
     """A plan by id, name (a stored plan's, or a8w8 / a16w8 / a8w8-pc / a16w8-pc), hash prefix or JSON file;
     None: a8w8."""
@@ -177,7 +169,7 @@ def resolve_plan(study, plan: str | int | PrecisionPlan | None) -> PrecisionPlan
     if text.isdigit():
         if study is None:
             raise MpstudioError(f"plan {text!r} is an id, but there is no study to look it up in; give a plan name "
-                                f"({', '.join(BUILTIN_PLANS)}) or a plan JSON file")
+                                f"({', '.join(BASELINES)}) or a plan JSON file")
         return study.plan(int(text))
     named = stored[stored["name"] == text]
     if len(named) == 1:
@@ -185,8 +177,8 @@ def resolve_plan(study, plan: str | int | PrecisionPlan | None) -> PrecisionPlan
     if len(named) > 1:
         raise MpstudioError(f"{len(named)} plans are named {text!r} (ids {', '.join(map(str, named['plan_id']))}); "
                             "give the id")
-    if text in BUILTIN_PLANS:
-        return BUILTIN_PLANS[text]()
+    if text in BASELINES:
+        return BASELINES[text]()
     if text.endswith(".json") or Path(text).is_file():
         if not Path(text).is_file():
             raise MpstudioError(f"plan file not found: {text}")
@@ -199,7 +191,7 @@ def resolve_plan(study, plan: str | int | PrecisionPlan | None) -> PrecisionPlan
     known = [f"{i} ({n})" for i, n in zip(stored["plan_id"].head(20), stored["name"].head(20))]
     raise MpstudioError(f"unknown plan {text!r}: give a plan id or name"
                         + (f" of this study ({', '.join(known)})" if known else "")
-                        + f", one of {', '.join(BUILTIN_PLANS)}, or a plan JSON file")
+                        + f", one of {', '.join(BASELINES)}, or a plan JSON file")
 
 
 # ---- the comparison ------------------------------------------------------------------------------------------

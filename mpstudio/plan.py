@@ -340,3 +340,8 @@ def _check_int4_weight(graph: ModelGraph, tensor: str, override: TensorOverride)
         )
     if override.symmetric is False:
         raise MpstudioError(f"weight {tensor!r}: int4 weights are symmetric on HTP; drop \"symmetric\": false")
+
+
+# The baselines a study, a target and `mpstudio diverge` name, by name: each a constructor of its plan.
+BASELINES = {"a8w8": PrecisionPlan.a8w8, "a16w8": PrecisionPlan.a16w8, "a8w8-pc": PrecisionPlan.a8w8_pc,
+             "a16w8-pc": PrecisionPlan.a16w8_pc}

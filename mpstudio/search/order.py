@@ -1,5 +1,6 @@
-"""The promotion order a search walks: activation tensors by predicted gain per estimated latency cost, or (the
-mixed weight search) activation promotions and weight steps in one order; and the plans a prefix of it makes."""
+"""The promotion order a search walks: activation tensors by the noise a promotion removes per estimated latency
+cost, or (the mixed weight search) activation promotions and weight steps in one order; and the plans a prefix of it
+makes."""
 
 from __future__ import annotations
 
@@ -28,22 +29,14 @@ def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[lis
     if report.isolation is None:
         raise MpstudioError("the search needs isolation scores; analyze with isolation enabled")
     iso = report.isolation
-    per = iso.per_tensor()
-    if is_output_snr(iso.metric):
-        noise_8, noise_16 = noise_power(iso.all_8), noise_power(iso.all_16)
-        # What a tensor's 8 bits cost, seen from both ends: the noise its promotion removes from the
-        # all-8-bit plan, and the noise its demotion adds to the all-16-bit plan.
-        removed = removed_noise(iso.all_8, per["promoted"].astype(float))
-        added = added_noise(per["demoted"].astype(float), iso.all_16)
-    else:
-        noise_8 = None
-        removed, added = per["promoted_gain"].astype(float), per["demoted_loss"].astype(float)
+    noise_8, noise_16 = (noise_power(iso.all_8), noise_power(iso.all_16)) if is_output_snr(iso.metric) else (None, None)
+    removed, added = _sides(iso)
     # A walk up from the base takes first what a promotion on its own removes (the demotion side tells what
     # matters near all-16-bit, where the top-down walk starts); the tensors that only hurt seen from the top
     # follow, then those the analysis did not isolate (a progressive analysis isolates those that can change
     # a decision), in the ranking's order of their cheap scores: never left out.
     contribution = np.fmax(removed, added)  # a side not measured (NaN) leaves the other
-    unisolated = [t for t in report.ranking["tensor"] if t not in per.index and t not in base_plan.overrides]
+    unisolated = [t for t in report.ranking["tensor"] if t not in removed.index and t not in base_plan.overrides]
     contribution = contribution[contribution > 0]
     if contribution.empty:
         return unisolated, []
@@ -67,6 +60,17 @@ def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[lis
     return order + unisolated, predicted
 
 
+def _sides(iso) -> tuple[pd.Series, pd.Series]:
+    """What each isolated tensor's 8 bits cost, seen from both ends: the noise its promotion alone removes from
+    the all-8-bit plan and the noise its demotion alone adds to the all-16-bit plan (output SNR), or the metric's
+    gain and loss (a task metric). Indexed by tensor."""
+    per = iso.per_tensor()
+    if not is_output_snr(iso.metric):
+        return per["promoted_gain"].astype(float), per["demoted_loss"].astype(float)
+    return (removed_noise(iso.all_8, per["promoted"].astype(float)),
+            added_noise(per["demoted"].astype(float), iso.all_16))
+
+
 def mixed_order(study: Study, report, base_plan: PrecisionPlan, base: Evaluation, samples: int,
                 progress=None, cancel=None):
     """Activation promotions and weight steps (int4 -> int8, int8 -> int16) in one order, by predicted noise
@@ -81,11 +85,8 @@ def mixed_order(study: Study, report, base_plan: PrecisionPlan, base: Evaluation
     if iso is None or not is_output_snr(iso.metric):
         raise MpstudioError("the mixed weight search needs output-SNR isolation scores; analyze with isolation "
                             "enabled and no task metric")
-    per = iso.per_tensor()
     noise_8 = noise_power(iso.all_8)
-    removed = removed_noise(iso.all_8, per["promoted"].astype(float))
-    added = added_noise(per["demoted"].astype(float), iso.all_16)
-    act_gain = np.maximum(removed, added)
+    act_gain = np.maximum(*_sides(iso))
     act_gain = act_gain[act_gain > 0]
     weights = cached_weight_isolation(study, samples, progress, cancel)
     model = study.quantizer.generate(base_plan)

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import MpstudioError
-from ..plan import PrecisionPlan
+from ..plan import BASELINES, PrecisionPlan
 
 if TYPE_CHECKING:  # the study face is only named in annotations
     from ..study import Study
@@ -21,8 +21,7 @@ _MARGIN = re.compile(r"^(?P<base>.*?\S)\s*[+-]\s*(?P<pct>\d+(?:\.\d+)?)\s*%\s*$"
 
 def named_baselines() -> dict[str, PrecisionPlan]:
     """Plans a target may name whether or not the study holds them yet (the search evaluates them)."""
-    return {"a8w8": PrecisionPlan.a8w8(), "a16w8": PrecisionPlan.a16w8(), "a8w8-pc": PrecisionPlan.a8w8_pc(),
-            "a16w8-pc": PrecisionPlan.a16w8_pc()}
+    return {name: make() for name, make in BASELINES.items()}
 
 
 @dataclass(frozen=True)

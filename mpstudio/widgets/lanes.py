@@ -266,7 +266,7 @@ class Lanes:
         reach the page racing the session's own updates (BokehJS then drops those naming models it was never
         sent: "reference ... isn't known")."""
         doc = self._doc
-        if doc is None or self.gone or on_session_thread(doc):
+        if doc is None or on_session_thread(doc) or self.gone:
             return fn()
         done, outcome = threading.Event(), {}
 
