@@ -68,6 +68,31 @@ def _process_config(name: str, *value):
     return super(type(config), config).__getattribute__(name)
 
 
+def in_document(doc, callback):
+    """`callback` run with `doc` as Panel's current document (its own, per thread). Bokeh runs a model's Python
+    callbacks and next-tick callbacks with its process-wide current document, which another server in the process
+    (a thread) changes while it applies a message of its own; Panel reads it to decide whether a pane updates now
+    and to pick the document's cached stylesheets, so a pane updated then took a stylesheet of another document
+    and the server failed the page's message ("Models must be owned by only a single document")."""
+    @functools.wraps(callback)
+    def run(*args):
+        from panel.io.state import set_curdoc
+
+        if doc is None:
+            return callback(*args)
+        with set_curdoc(doc):
+            return callback(*args)
+    return run
+
+
+def on_model_change(model, attrs, callback) -> None:
+    """`model.on_change(attr, callback)` for each of `attrs`, run in `model`'s document (`in_document`)."""
+    def run(attr, old, new):
+        return in_document(model.document, callback)(attr, old, new)
+    for attr in [attrs] if isinstance(attrs, str) else attrs:
+        model.on_change(attr, run)
+
+
 def on_document_thread(model, update, *, next_tick: bool = False) -> None:
     """Run `update`, which changes Bokeh models of `model`'s document, where Bokeh allows it: now, unless the
     document is served and this thread is not its session's (a script or a notebook driving a served studio from
@@ -84,7 +109,7 @@ def on_document_thread(model, update, *, next_tick: bool = False) -> None:
         with pn.io.hold(doc):
             update()
     try:
-        doc.add_next_tick_callback(run)
+        doc.add_next_tick_callback(in_document(doc, run))
     except Exception:  # the session ended: nothing left to draw
         pass
 

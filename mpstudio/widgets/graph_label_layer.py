@@ -8,6 +8,7 @@ from typing import Callable
 import numpy as np
 from bokeh.models import ColumnDataSource
 
+from .base import in_document, on_model_change
 from .graph_labels import FONT_PX, GAP_PX, label_forms, place_labels
 
 # The frame's size in px until the browser has reported it (the figure is at least this big).
@@ -33,11 +34,9 @@ class NodeLabels:
         figure.text("x", "y", text="label", source=self.source, x_offset="dx", text_align="align",
                     text_font_size=f"{FONT_PX}px", text_baseline="middle", text_color="#333", name="labels")
         for axis in (figure.x_range, figure.y_range):
-            axis.on_change("start", self._on_view)
-            axis.on_change("end", self._on_view)
-        figure.on_change("inner_width", self._on_view)
-        figure.on_change("inner_height", self._on_view)
-        figure.on_change("inner_width", self._on_frame_width)
+            on_model_change(axis, ["start", "end"], self._on_view)
+        on_model_change(figure, ["inner_width", "inner_height"], self._on_view)
+        on_model_change(figure, "inner_width", self._on_frame_width)
 
     def fill(self, force: bool = False) -> None:
         """Labels for the nodes within one window's height above and below the visible window, none over another
@@ -122,7 +121,7 @@ class NodeLabels:
             self._due = False
             self.fill()
         try:
-            doc.add_next_tick_callback(fill)
+            doc.add_next_tick_callback(in_document(doc, fill))
         except Exception:  # the session ended
             self._due = False
 

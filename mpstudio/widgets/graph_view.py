@@ -19,7 +19,7 @@ from bokeh.palettes import RdYlGn11, YlOrRd9
 from bokeh.plotting import figure
 from bokeh.transform import factor_cmap, factor_mark
 
-from .base import View, laid_out_once, on_document_thread, shows_errors
+from .base import View, laid_out_once, on_document_thread, on_model_change, shows_errors
 from .graph_label_layer import NodeLabels
 from .source_updates import same_values
 from .state import StudioState
@@ -59,7 +59,7 @@ class GraphView(View):
         self.mapper = LinearColorMapper(palette=list(RdYlGn11)[::-1], low=0, high=1, nan_color="#d9d9d9")
         self.figure = self._main_figure()
         self.minimap = self._minimap()
-        self.nodes.selected.on_change("indices", self._on_figure_selection)
+        on_model_change(self.nodes.selected, "indices", self._on_figure_selection)
 
         state = self.state
         self._promote = pn.widgets.Button(name="Promote to 16-bit", button_type="primary", width=140)

@@ -19,7 +19,7 @@ from bokeh.models import (ColumnDataSource, HoverTool, LabelSet, Legend, LegendI
                           Whisker)
 from bokeh.plotting import figure
 
-from .base import View, laid_out_once, on_document_thread, shows_errors
+from .base import View, laid_out_once, on_document_thread, on_model_change, shows_errors
 from .source_updates import update_source
 from .state import StudioState
 
@@ -70,7 +70,7 @@ class ParetoPlot(View):
         self.predicted = ColumnDataSource(data=_empty(_PROVISIONAL))
         self.partial = ColumnDataSource(data=_empty(_PROVISIONAL))
         self.figure = self._figure()
-        self.points.selected.on_change("indices", self._on_tap)
+        on_model_change(self.points.selected, "indices", self._on_tap)
         # Its tooltip opens to the left: the group ends at the window's right edge, where a tooltip on its right
         # (a widget's default) is drawn outside the window.
         self._source = pn.widgets.RadioButtonGroup.from_param(
