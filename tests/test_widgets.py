@@ -409,7 +409,7 @@ def test_an_edit_supersedes_the_evaluation_the_previous_edit_started(study):
 
 
 def test_finished_jobs_show_no_cancel_button(state):
-    from mpstudio.widgets.jobs import JobBar, JobRow
+    from mpstudio.widgets.jobs import JobBar, JobsView
 
     bar = JobBar(state=state)
     job = state.submit("search", "a short job", lambda progress, cancel: 1)
@@ -421,7 +421,25 @@ def test_finished_jobs_show_no_cancel_button(state):
     bar._jobs[0] = job  # a finished job still in its slot (its status changed before the bar's job list)
     bar._render(0)
     assert not bar._cancels[0].visible
-    assert not JobRow(job=job)._cancel.visible
+    jobs = JobsView(state=state)
+    slot = jobs._jobs.index(job)
+    assert jobs._slots[slot].visible and "done" in jobs._texts[slot].object and not jobs._cancels[slot].visible
+
+
+def test_the_jobs_view_fills_its_rows_and_never_adds_one(state):
+    """Jobs come and go in fixed rows: the layout's children never change (a change of children the page misses,
+    while it is still taking the session in, left it updating rows it never received)."""
+    from mpstudio.widgets.jobs import JobsView
+
+    view = JobsView(state=state)
+    children = list(view._column.objects)
+    jobs = [state.submit("search", f"job {i}", lambda progress, cancel: 1) for i in range(view.SLOTS + 2)]
+    assert all(job.wait(30) for job in jobs)
+    assert list(view._column.objects) == children and all(a is b for a, b in zip(view._column.objects, children))
+    shown = [view._texts[i].object for i in range(view.SLOTS) if view._slots[i].visible]
+    kept = state.jobs[:view.SLOTS]  # the study keeps the active, failed and latest jobs
+    assert len(shown) == len(kept) >= 2 and f"<b>job {view.SLOTS + 1}</b>" in shown[0]  # the newest first
+    assert not any(f"<b>job 0</b>" in text for text in shown) and not view._empty.visible
 
 
 def test_a_dynamic_input_is_fixed_in_the_input_shapes_field(tmp_path, monkeypatch):

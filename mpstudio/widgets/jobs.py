@@ -1,4 +1,4 @@
-"""JobsView: a progress bar, a message and a cancel button for every long job of the session; JobBar: the jobs
+"""JobsView: a progress bar, a message and a cancel button for each of the session's latest jobs; JobBar: the jobs
 that run now, across the top of the studio, with their ETA."""
 
 from __future__ import annotations
@@ -15,51 +15,38 @@ from .state import StudioState
 QUICK_KINDS = ("predict",)  # sub-second work the job bar does not show
 
 
-class JobRow(View):
-    """One job: its title, progress bar, message and cancel button."""
-
-    job = param.ClassSelector(class_=Job)
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        job = self.job
-        self._cancel = pn.widgets.Button(name="Cancel", button_type="danger", button_style="outline", width=80,
-                                         visible=pn.bind(lambda status: status in ("queued", "running"),
-                                                         job.param.status))
-        self._cancel.on_click(self._on_cancel)
-        self._view = None
-
-    def __panel__(self):
-        if self._view is None:
-            job = self.job
-            progress = pn.indicators.Progress(
-                value=pn.bind(lambda done, total, status: job.percent, job.param.done, job.param.total,
-                              job.param.status),
-                max=100, active=pn.bind(lambda status: status == "running", job.param.status),
-                sizing_mode="stretch_width", height=14, bar_color="primary")
-            text = pn.bind(lambda title, status, message, done, total: (
-                f"<b>{html.escape(title)}</b> <span class='job-status'>{status}</span><br>"
-                f"<span style='font-size:12px;color:#555'>{html.escape(message)}"
-                f"{f' ({done}/{total})' if total and status == 'running' else ''}</span>"),
-                job.param.title, job.param.status, job.param.message, job.param.done, job.param.total)
-            self._view = pn.Column(pn.Row(pn.pane.HTML(text, sizing_mode="stretch_width"), self._cancel), progress,
-                                   sizing_mode="stretch_width", css_classes=["mpstudio-job"], margin=(2, 5))
-        return self._view
-
-    def _on_cancel(self, event):
-        self.job.cancel()
-
-
 class JobsView(View):
-    """The session's jobs, newest first; finished ones stay until newer ones push them out."""
+    """The session's jobs, newest first; finished ones stay until newer ones push them out.
+
+    Like the JobBar, its rows are slots made once and filled, shown and hidden, never added: a layout whose children
+    change while the page is still taking the session in can lose that change (Panel drops a held change it takes
+    for one the first render already carries), and the new rows' progress then reaches a page that never received
+    them ("reference ... isn't known"). A slot's text or bar that misses one update shows the next.
+    """
 
     state = param.ClassSelector(class_=StudioState)
 
+    SLOTS = 4
+
     def __init__(self, **params):
         super().__init__(**params)
-        self._rows: dict[int, JobRow] = {}
+        self._jobs: list[Job | None] = [None] * self.SLOTS
+        self._watched: set[int] = set()
+        self._texts, self._cancels, self._bars, self._slots = [], [], [], []
+        for i in range(self.SLOTS):
+            text = pn.pane.HTML("", sizing_mode="stretch_width")
+            cancel = pn.widgets.Button(name="Cancel", button_type="danger", button_style="outline", width=80,
+                                       visible=False)
+            cancel.on_click(lambda event, i=i: self._on_cancel(i))
+            bar = pn.indicators.Progress(value=0, max=100, active=False, sizing_mode="stretch_width", height=14,
+                                         bar_color="primary")
+            self._texts.append(text)
+            self._cancels.append(cancel)
+            self._bars.append(bar)
+            self._slots.append(pn.Column(pn.Row(text, cancel, sizing_mode="stretch_width"), bar, visible=False,
+                                         sizing_mode="stretch_width", css_classes=["mpstudio-job"], margin=(2, 5)))
         self._empty = pn.pane.HTML("<span style='color:#666;font-size:12px'>no jobs yet</span>")
-        self._column = pn.Column(self._empty, sizing_mode="stretch_width")
+        self._column = pn.Column(self._empty, *self._slots, sizing_mode="stretch_width")
         self.state.param.watch(self._on_jobs, "jobs")
         self._on_jobs()
 
@@ -67,12 +54,40 @@ class JobsView(View):
         return self._column
 
     def _on_jobs(self, *_):
-        jobs = self.state.jobs[:4]
-        # Rows are made once per job and kept, so a job's bar keeps updating in place.
-        self._rows = {id(job): self._rows.get(id(job)) or JobRow(job=job) for job in jobs}
-        objects = [self._rows[id(job)].__panel__() for job in jobs] or [self._empty]
-        if objects != list(self._column.objects):
-            self._column.objects = objects
+        jobs = list(self.state.jobs[:self.SLOTS])
+        for job in jobs:
+            if id(job) not in self._watched:
+                self._watched.add(id(job))
+                job.param.watch(self._on_job, ["title", "status", "message", "done", "total"])
+        self._jobs = (jobs + [None] * self.SLOTS)[:self.SLOTS]
+        for i in range(self.SLOTS):
+            self._render(i)
+        self._empty.visible = not jobs
+
+    def _on_job(self, *events):
+        changed = {id(event.obj) for event in events}
+        for i, job in enumerate(self._jobs):
+            if job is not None and id(job) in changed:
+                self._render(i)
+
+    def _render(self, i: int) -> None:
+        job = self._jobs[i]
+        if job is None:
+            self._slots[i].visible = False
+            return
+        status, done, total = job.status, job.done, job.total
+        self._texts[i].object = (
+            f"<b>{html.escape(job.title)}</b> <span class='job-status'>{status}</span><br>"
+            f"<span style='font-size:12px;color:#555'>{html.escape(job.message)}"
+            f"{f' ({done}/{total})' if total and status == 'running' else ''}</span>")
+        self._bars[i].param.update(value=job.percent, active=status == "running")
+        self._cancels[i].visible = status in ("queued", "running")  # a finished job has nothing to cancel
+        self._slots[i].visible = True
+
+    def _on_cancel(self, i: int) -> None:
+        job = self._jobs[i]
+        if job is not None:
+            job.cancel()
 
 
 def eta_text(seconds) -> str:
