@@ -1,6 +1,6 @@
 """The promotion order a search walks: activation tensors by the noise a promotion surely removes (a lower bound
-over the isolation samples) per estimated latency cost, or (the mixed weight search) activation promotions and weight steps in one order; and the plans a prefix of it
-makes."""
+over the isolation samples) per estimated latency cost, or (the mixed weight search) activation promotions and
+weight steps in one order; and the plans a prefix of it makes."""
 
 from __future__ import annotations
 
