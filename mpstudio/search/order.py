@@ -52,9 +52,9 @@ def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[lis
     # A mean removal within the samples' noise, divided by a small cost, would outrank solid ones: those come
     # first, by what they surely remove.
     solid = helps & (surely > 0)
-    unsure = helps & ~solid
+    on_average = helps & ~solid
     first = (surely[solid] / costs[solid]).sort_values(ascending=False, kind="stable")
-    unsure = (removed[unsure] / costs[unsure]).sort_values(ascending=False, kind="stable")
+    unsure = (removed[on_average] / costs[on_average]).sort_values(ascending=False, kind="stable")
     then = (added[~helps] / costs[~helps]).sort_values(ascending=False, kind="stable")
     order = list(first.index) + list(unsure.index) + list(then.index)
     predicted = []
