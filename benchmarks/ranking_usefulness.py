@@ -4,8 +4,9 @@ The ranking is judged against the plan the search and the studio start from, not
 per-tensor weights: per-channel int8 weights where they win (`mpstudio.search.weights.base_plan`, the decision
 `--weights auto` makes, by the weights' scores and by measurement), the sensitivity analysis of that base
 (`Study.sensitivity(plan=base)`, what the search computes) and the order the search walks
-(`search.promotion_order`: the noise a promotion alone removes per estimated latency cost, then the
-tensors seen only from all-16-bit, then those the analysis did not isolate). Plan
+(`search.promotion_order`: the noise a promotion alone surely removes, a lower bound over the isolation
+samples, per estimated latency cost; then the promotions that help on average only, the tensors seen only from
+all-16-bit, and those the analysis did not isolate). Plan
 top-k promotes the first k of that order on the base; random-k promotes k tensors drawn (seeded) from the same
 tensors.
 

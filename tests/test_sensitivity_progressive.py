@@ -33,6 +33,11 @@ def _isolation(report) -> pd.DataFrame:
     return report.isolation.scores.set_index("region").sort_index()
 
 
+def _terms(report) -> pd.DataFrame:
+    """The per-sample noise terms, by (region, side)."""
+    return report.isolation.terms.set_index(["region", "side"]).sort_index()
+
+
 def test_partial_reports_come_before_the_final_one(residual):
     quantizer, data, _ = residual
     partials = []
@@ -63,6 +68,10 @@ def test_final_ranking_matches_the_exhaustive_reference(residual):
     pd.testing.assert_frame_equal(new[["promoted", "demoted"]], ref.loc[new.index, ["promoted", "demoted"]])
     assert report.isolation.all_8 == reference.isolation.all_8
     assert report.isolation.all_16 == reference.isolation.all_16
+    # So are the per-sample noise terms of the tensors it isolated, and of the baselines.
+    terms = _terms(report)
+    assert len(terms) == 2 + 2 * len(report.isolation.per_tensor())
+    pd.testing.assert_frame_equal(terms, _terms(reference).loc[terms.index])
     # The cheap scores are the reference's (merged from chunks: equal to the last float64 bits or nearly).
     np.testing.assert_allclose(report.tensors["snr_db"], reference.tensors["snr_db"], rtol=1e-9)
     np.testing.assert_allclose(report.tensors["local_snr_8"], reference.tensors["local_snr_8"], rtol=1e-9)
@@ -103,6 +112,7 @@ def test_worker_processes_give_the_numbers_of_this_process(residual):
     pd.testing.assert_frame_equal(here.tensors, there.tensors)
     pd.testing.assert_frame_equal(here.weights, there.weights)
     pd.testing.assert_frame_equal(_isolation(here), _isolation(there))
+    pd.testing.assert_frame_equal(_terms(here), _terms(there))
     pd.testing.assert_frame_equal(here.ranking, there.ranking)
 
 
@@ -133,6 +143,7 @@ def test_isolation_values_are_reused(residual, tmp_path):
     again = analyze_progressive(quantizer, data, isolation_samples=4, workers=0, keep=3, cache_dir=tmp_path)
     assert again.meta["evaluated"] == 0 and again.meta["cached"] == first.meta["evaluated"]
     pd.testing.assert_frame_equal(_isolation(first), _isolation(again))
+    pd.testing.assert_frame_equal(_terms(first), _terms(again))  # the terms come back from the cache exactly
     # An exhaustive run on the same cache isolates only the tensors the first one did not.
     full = analyze_progressive(quantizer, data, isolation_samples=4, workers=0, exhaustive=True, cache_dir=tmp_path)
     left = len(reference.isolation.per_tensor()) - len(first.isolation.per_tensor())

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mpstudio.data import FeedList
-from mpstudio.loop.uncertainty import interval, paired_difference, target_verdict
+from mpstudio.loop.uncertainty import interval, lower_bounds, paired_difference, target_verdict
 from mpstudio.metric_terms import MetricTerms, metric_terms
 from mpstudio.metrics import character_error_rate, metric_spec, recall_at_k, top1_agreement
 from mpstudio.plan import PrecisionPlan
@@ -256,3 +256,16 @@ def test_a_target_relative_to_a_plan_is_judged_paired_with_it(tmp_path):
         assert a8.low <= a16.value <= a8.high  # unpaired, a8w8 would be within noise too
         assert a8.evidence == "misses"
         assert "+0.0000 against the threshold; within noise" in result.describe()
+
+
+def test_lower_bounds_of_sums_over_resampled_units():
+    units = np.zeros((8, 3))
+    units[:, 0] = 1.0  # the same on every unit: no spread, the bound is the sum
+    units[0, 1] = 8.0  # all on one unit, left out of a third of the resamples: nothing sure
+    units[:, 2] = np.linspace(0.5, 1.5, 8)  # spread but positive on every unit: bounded above zero, below the sum
+    bounds = lower_bounds(units)
+    assert bounds[0] == pytest.approx(8.0)
+    assert bounds[1] == 0.0
+    assert 0.0 < bounds[2] < units[:, 2].sum()
+    np.testing.assert_array_equal(bounds, lower_bounds(units))  # seeded
+    np.testing.assert_array_equal(lower_bounds(units[:1]), units[:1].sum(axis=0))  # one unit: its sum

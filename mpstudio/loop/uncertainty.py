@@ -182,6 +182,20 @@ def against_reference(plan: MetricTerms, reference: MetricTerms, margin: float, 
     return (min(bounds[0], centre), max(bounds[1], centre)) if bounds is not None else (centre, centre)
 
 
+def lower_bounds(units: np.ndarray, *, seed: int = SEED, rounds: int = ROUNDS) -> np.ndarray:
+    """For each column of `units` (units x quantities, e.g. samples x what each tensor's promotion removes on that
+    sample), the lower end of the `LEVEL` bootstrap interval of its sum over the units; every column resampled
+    alike (the same units drawn for all), each bound at most the column's own sum."""
+    units = np.asarray(units, np.float64)
+    if units.ndim != 2:
+        raise ValueError(f"units x quantities expected, got shape {units.shape}")
+    sums = units.sum(axis=0)
+    if len(units) < 2 or not units.shape[1]:
+        return sums
+    resampled = _resampled([units], seed, rounds)[0]
+    return np.minimum(np.quantile(resampled, (1 - LEVEL) / 2, axis=0), sums)
+
+
 def target_verdict(value: float, threshold: float, higher_is_better: bool, low: float | None = None,
                    high: float | None = None, resolution: float | None = None) -> str:
     """"reaches", "misses" or "within noise": a value that meets or misses `threshold` by less than the metric's
@@ -203,5 +217,5 @@ def small_sample_factor(n: int) -> float:
     return t / z
 
 
-__all__ = ["Interval", "PairedDifference", "interval", "paired_difference", "against_reference", "target_verdict", "small_sample_factor",
-           "LEVEL", "ROUNDS", "SEED"]
+__all__ = ["Interval", "PairedDifference", "interval", "paired_difference", "against_reference", "lower_bounds",
+           "target_verdict", "small_sample_factor", "LEVEL", "ROUNDS", "SEED"]

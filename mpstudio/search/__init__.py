@@ -6,8 +6,9 @@ The walk:
    baseline reaches the target, nothing is cheaper: no sensitivity analysis runs.
 2. Weights (`weights`): `--weights auto` keeps per-tensor weights when the weight scores show no gain, else
    measures both forms and starts from the better; it says why.
-3. Order the activation tensors by predicted gain per unit of estimated latency cost (`order`); tensors a
-   progressive analysis did not isolate follow, by their cheap scores. Plan k promotes the first k.
+3. Order the activation tensors by the noise their promotion surely removes (a lower bound over the isolation
+   samples) per unit of estimated latency cost (`order`); tensors a progressive analysis did not isolate
+   follow, by their cheap scores. Plan k promotes the first k.
 4. Walk k without assuming accuracy rises with it (`grid`): a coarse geometric grid, then refinement below the
    smallest k that reaches the target, else around the best values, while the evaluation budget allows. A plan
    whose estimated latency is at or above (or within the cost model's resolution of) a stored plan's that

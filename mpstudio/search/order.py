@@ -1,6 +1,6 @@
-"""The promotion order a search walks: activation tensors by the noise a promotion removes per estimated latency
-cost, or (the mixed weight search) activation promotions and weight steps in one order; and the plans a prefix of it
-makes."""
+"""The promotion order a search walks: activation tensors by the noise a promotion surely removes (a lower bound
+over the isolation samples) per estimated latency cost, or (the mixed weight search) activation promotions and
+weight steps in one order; and the plans a prefix of it makes."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ if TYPE_CHECKING:  # the study face is only named in annotations
 
 
 def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[list[str], list[float]]:
-    """The isolated tensors whose promotion helps on its own, by the noise it removes per estimated latency cost;
+    """The isolated tensors whose promotion surely helps on its own, by the noise it surely removes (`_surely_removed`)
+    per estimated latency cost; then those whose promotion helps on average only, by the mean it removes per cost;
     then those whose demotion from all-16-bit hurts, by the noise it adds per cost; then the tensors the analysis
     did not isolate (by their cheap scores); and the predicted output SNR of each prefix of the isolated part (a
-    tensor's share of the noise counted as the larger of the two sides)."""
+    tensor's share of the noise counted as the larger of the two sides, its mean)."""
     from ..latency import promotion_costs
 
     if report.isolation is None:
@@ -45,11 +46,17 @@ def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[lis
     costs = costs.reindex(contribution.index).fillna(costs.median() if len(costs) else 1.0)
     floor = max(float(costs[costs > 0].min()) if (costs > 0).any() else 1e-6, 1e-6)
     costs = costs.clip(lower=floor)
+    surely = _surely_removed(iso, removed).reindex(costs.index)
     removed, added = removed.reindex(costs.index), added.reindex(costs.index)
     helps = removed > 0
-    first = (removed[helps] / costs[helps]).sort_values(ascending=False, kind="stable")
+    # A mean removal within the samples' noise, divided by a small cost, would outrank solid ones: those come
+    # first, by what they surely remove.
+    solid = helps & (surely > 0)
+    on_average = helps & ~solid
+    first = (surely[solid] / costs[solid]).sort_values(ascending=False, kind="stable")
+    unsure = (removed[on_average] / costs[on_average]).sort_values(ascending=False, kind="stable")
     then = (added[~helps] / costs[~helps]).sort_values(ascending=False, kind="stable")
-    order = list(first.index) + list(then.index)
+    order = list(first.index) + list(unsure.index) + list(then.index)
     predicted = []
     if noise_8 is not None:
         # Noise powers add: the all-8-bit noise less what each promoted tensor contributes.
@@ -69,6 +76,27 @@ def _sides(iso) -> tuple[pd.Series, pd.Series]:
         return per["promoted_gain"].astype(float), per["demoted_loss"].astype(float)
     return (removed_noise(iso.all_8, per["promoted"].astype(float)),
             added_noise(per["demoted"].astype(float), iso.all_16))
+
+
+MIN_BOOTSTRAP_SAMPLES = 4  # fewer isolation samples: a tensor's promotion is ranked by its mean removal
+
+
+def _surely_removed(iso, removed: pd.Series) -> pd.Series:
+    """What each tensor's promotion alone surely removes from the base: the lower end of the paired bootstrap
+    interval of the noise removed over the isolation samples (`loop.uncertainty.lower_bounds`: its level, rounds
+    and seed), the same samples drawn for the base and the promotion. `removed` (the mean) where there are no
+    per-sample terms (a report saved before they were kept, a task metric) or fewer than `MIN_BOOTSTRAP_SAMPLES`."""
+    from ..loop.uncertainty import lower_bounds
+
+    promoted, base = iso.side_terms("promoted"), iso.side_terms("all_8")
+    if promoted is None or base is None or "" not in base.index or iso.samples < MIN_BOOTSTRAP_SAMPLES:
+        return removed
+    known = [t for t in removed.index if t in promoted.index]
+    if not known:
+        return removed
+    per_sample = base.loc[""].to_numpy()[None, :] - promoted.loc[known].to_numpy()  # tensors x samples
+    bounds = pd.Series(lower_bounds(per_sample.T), index=known)
+    return bounds.reindex(removed.index).fillna(removed)
 
 
 def mixed_order(study: Study, report, base_plan: PrecisionPlan, base: Evaluation, samples: int,

@@ -80,6 +80,11 @@ class SensitivityReport:
         meta = {"format": REPORT_FORMAT, **self.meta}
         if self.isolation is not None:
             self.isolation.scores.to_csv(folder / "isolation.csv", index=False)
+            terms_path = folder / "isolation_terms.csv"  # optional: reports saved before have none
+            if self.isolation.terms is not None:
+                self.isolation.terms.to_csv(terms_path, index=False)
+            elif terms_path.exists():
+                terms_path.unlink()
             meta["isolation"] = {"metric": self.isolation.metric, "higher_is_better": self.isolation.higher_is_better,
                                  "all_8": self.isolation.all_8, "all_16": self.isolation.all_16,
                                  "samples": self.isolation.samples}
@@ -102,8 +107,11 @@ class SensitivityReport:
         if iso_meta is not None:
             scores = read("isolation.csv").reindex(columns=ISOLATION_COLUMNS)
             scores["members"] = scores["members"].fillna("").astype(str)
+            terms_path = folder / "isolation_terms.csv"
+            terms = (pd.read_csv(terms_path, dtype={"region": str, "side": str}, keep_default_na=False)
+                     if terms_path.is_file() else None)
             isolation = IsolationResult(scores, iso_meta["metric"], iso_meta["higher_is_better"], iso_meta["all_8"],
-                                        iso_meta["all_16"], iso_meta["samples"])
+                                        iso_meta["all_16"], iso_meta["samples"], terms)
         meta.pop("format", None)
         ranking = read("ranking.csv")
         for column in ("op", "node", "namespace"):

@@ -1,12 +1,14 @@
-"""The on-disk cache of isolation values: one JSON line per (configuration, samples) value, in a file named by
-the models, samples and metric they were measured with, so that an interrupted or repeated analysis runs only
-what is missing."""
+"""The isolation values of an analysis and their on-disk cache: one JSON line per (configuration, samples) value
+with its per-sample noise terms, in a file named by the models, samples and metric they were measured with, so
+that an interrupted or repeated analysis runs only what is missing."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
+
+import numpy as np
 
 from ..data import DataSource, TaskMetric
 
@@ -27,23 +29,45 @@ def cache_path(cache_dir: Path, model_8, model_16, data: DataSource, metric: Tas
     return cache_dir / f"isolation-{digest.hexdigest()[:16]}.jsonl"
 
 
-def read_values(path: Path) -> dict:
-    """The values a cache file holds: (config, samples) -> value; lines a killed process cut short are skipped."""
-    values = {}
-    for line in path.read_text().splitlines():
-        try:
-            item = json.loads(line)
-            config = (str(item["config"][0]), tuple(item["config"][1]))
-            values[(config, int(item["samples"]))] = float(item["value"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            continue  # a line cut short by a killed process
-    return values
+class IsolationValues:
+    """(config, samples) -> metric value, and -> its per-sample noise terms where the metric has them
+    (`OutputScorer.score_terms`); mirrored in a cache file once `open` names one."""
 
+    def __init__(self):
+        self.values: dict = {}
+        self.terms: dict = {}
+        self.path: Path | None = None
 
-def append_values(path: Path, items, values) -> None:
-    """Add the values of `items` ((config, samples) pairs) to the cache file."""
-    lines = [json.dumps({"config": [config[0], list(config[1])], "samples": samples, "value": float(value)})
-             for (config, samples), value in zip(items, values)]
-    if lines:
-        with open(path, "a") as handle:
-            handle.write("\n".join(lines) + "\n")
+    def open(self, path: Path) -> int:
+        """Read what the cache file at `path` holds (lines a killed process cut short are skipped) and append to it
+        from now on; returns how many values it held."""
+        self.path = path
+        if not path.exists():
+            return 0
+        for line in path.read_text().splitlines():
+            try:
+                item = json.loads(line)
+                key = ((str(item["config"][0]), tuple(item["config"][1])), int(item["samples"]))
+                value = float(item["value"])
+                terms = item.get("terms")
+                terms = None if terms is None else np.asarray(terms, np.float64)
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue  # a line cut short by a killed process
+            self.values[key] = value
+            if terms is not None:
+                self.terms[key] = terms
+        return len(self.values)
+
+    def store(self, items, results) -> None:
+        """Keep the results ((value, terms or None) pairs) of `items` ((config, samples) pairs), in the file too."""
+        lines = []
+        for (config, samples), (value, terms) in zip(items, results):
+            self.values[(config, samples)] = float(value)
+            line = {"config": [config[0], list(config[1])], "samples": samples, "value": float(value)}
+            if terms is not None:
+                self.terms[(config, samples)] = np.asarray(terms, np.float64)
+                line["terms"] = [float(t) for t in terms]
+            lines.append(json.dumps(line))
+        if lines and self.path is not None:
+            with open(self.path, "a") as handle:
+                handle.write("\n".join(lines) + "\n")

@@ -39,15 +39,17 @@ from ..plan import PrecisionPlan
 from ..quantize import Quantizer
 from .. import qdq
 from .analysis import SensitivityReport
-from .isolation_cache import append_values, cache_path, read_values
+from .isolation_cache import IsolationValues, cache_path
 from .isolation_order import cannot_enter_top, cost_floor, interleaved_order
-from .isolation import ISOLATION_COLUMNS, IsolationResult, Region, float_references, own_params, plan_ends
+from .isolation import (ISOLATION_COLUMNS, IsolationResult, Region, float_references, own_params, plan_ends,
+                        terms_frame)
 from .ranking import namespace_regions, rank_tensors, selection_region
 from .scores import ScoreSums, score_frame, weight_scores
 from .workers import Config, InlineWorkers, IsolationSpec, ScoringSpec, WorkerPool, worker_count
 
-ENGINE_VERSION = 3  # names the on-disk cache of isolation values; bump when the numbers would change
+ENGINE_VERSION = 4  # names the on-disk cache of isolation values; bump when the numbers (or what is kept) change
 # 2: local errors read the model the ranges were calibrated on (`Quantizer.calibration_model`)
+# 4: each value keeps its per-sample noise terms (`OutputScorer.score_terms`)
 _ALL_8: Config = ("promote", ())
 _ALL_16: Config = ("demote", ())
 _WORKERS_FROM = 400  # activation tensors x isolation samples below which everything runs in this process
@@ -114,8 +116,8 @@ class _Analysis:
         self.meta: dict = {}
         self.tensors_frame: pd.DataFrame | None = None
         self.weights = pd.DataFrame()
-        self.values: dict[tuple[Config, int], float] = {}  # (config, samples) -> metric value
-        self.cache_path: Path | None = None
+        self.store = IsolationValues()  # (config, samples) -> metric value, and its per-sample terms
+        self.values: dict[tuple[Config, int], float] = self.store.values
         self.regions: list[Region] = []
         self.isolated: list[str] = []
 
@@ -352,24 +354,15 @@ class _Analysis:
         if after is not None and not missing:
             after()
 
-    def _store(self, items: list[tuple[Config, int]], values: list[float]) -> None:
+    def _store(self, items: list[tuple[Config, int]], results: list) -> None:
         self.meta["evaluated"] = self.meta.get("evaluated", 0) + len(items)
-        for (config, samples), value in zip(items, values):
-            self.values[(config, samples)] = float(value)
-        if self.cache_path is not None:
-            append_values(self.cache_path, items, values)
+        self.store.store(items, results)
 
     def _load_cache(self, model_8, model_16) -> None:
         """Isolation values of an earlier run on the same models, samples and metric."""
-        self.cache_path = None
-        if self.cache_dir is None:
-            return
-        self.cache_path = cache_path(self.cache_dir, model_8, model_16, self.iso_data, self.metric, ENGINE_VERSION)
-        self.meta["cached"] = 0
-        if not self.cache_path.exists():
-            return
-        self.values.update(read_values(self.cache_path))
-        self.meta["cached"] = len(self.values)
+        if self.cache_dir is not None:
+            path = cache_path(self.cache_dir, model_8, model_16, self.iso_data, self.metric, ENGINE_VERSION)
+            self.meta["cached"] = self.store.open(path)
 
     # ---- reports --------------------------------------------------------------------------------------------
     def _isolation_result(self, full: int) -> IsolationResult | None:
@@ -378,6 +371,11 @@ class _Analysis:
         scorer = self._scorer_like()
         all_8, all_16 = self.values[(_ALL_8, full)], self.values[(_ALL_16, full)]
         rows = []
+        terms = [("", side, self.store.terms.get((config, full))) for side, config in (("all_8", _ALL_8),
+                                                                                         ("all_16", _ALL_16))]
+        for t in self.isolated:
+            terms += [(t, side, self.store.terms.get(((direction, (t,)), full)))
+                      for side, direction in (("promoted", "promote"), ("demoted", "demote"))]
         for name, members, source in ([(t, (t,), "tensor") for t in self.isolated]
                                       + [(r.name, r.tensors, r.source) for r in self.regions]):
             promoted = self.values.get((("promote", tuple(members)), full))
@@ -389,7 +387,7 @@ class _Analysis:
                          "promoted_gain": scorer.gain(promoted, all_8), "demoted": demoted,
                          "demoted_loss": scorer.gain(all_16, demoted)})
         return IsolationResult(pd.DataFrame(rows, columns=ISOLATION_COLUMNS), scorer.name, scorer.higher_is_better,
-                               all_8, all_16, full)
+                               all_8, all_16, full, terms_frame(terms, full))
 
     def _priority(self) -> pd.Series | None:
         """The order of tensors not isolated yet: their screened promotion gain."""

@@ -95,8 +95,10 @@ class SensitivityWorker:
                                         threads=1, local_model=spec.local_model)
         return self._scorer.score(feeds, len(feeds), cancel=cancel)
 
-    def isolate(self, payload: tuple[Sequence[Config], int], cancel: threading.Event | None = None) -> list[float]:
-        """The metric of each configuration over the first `samples` isolation samples."""
+    def isolate(self, payload: tuple[Sequence[Config], int],
+                cancel: threading.Event | None = None) -> list[tuple[float, np.ndarray | None]]:
+        """The metric of each configuration over the first `samples` isolation samples, with its per-sample noise
+        terms (`OutputScorer.score_terms`; None for a task metric)."""
         from .isolation import Setting
 
         configs, samples = payload
@@ -113,7 +115,7 @@ class SensitivityWorker:
                 setting = Setting(frozenset((t, r) for t in chosen for r in switchable.receivers[t]))
             else:
                 setting = switchable.setting(chosen if direction == "promote" else everything - chosen)
-            values.append(scorer.score(subset.outputs(setting)))
+            values.append(scorer.score_terms(subset.outputs(setting)))
         return values
 
     def _isolation_parts(self):

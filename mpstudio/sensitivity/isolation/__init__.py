@@ -31,10 +31,10 @@ graph) is rounded on the first coarsest grid and the finest before it; the other
 from .cuts import CachedSamples
 from .edges import ALL_8, Edge, EdgeQuant, Setting
 from .plan_quant import PlanQuant, own_params, plan_ends
-from .scoring import (ISOLATION_COLUMNS, IsolationResult, OutputScorer, Region, float_references, isolation_scores,
-                      tensor_regions)
+from .scoring import (ISOLATION_COLUMNS, TERM_SIDES, IsolationResult, OutputScorer, Region, float_references,
+                      isolation_scores, tensor_regions, terms_frame)
 from .switchable import SwitchableModel, float_qdq_session
 
 __all__ = ["CachedSamples", "ALL_8", "Edge", "EdgeQuant", "Setting", "PlanQuant", "own_params", "plan_ends",
-           "ISOLATION_COLUMNS", "IsolationResult", "OutputScorer", "Region", "float_references", "isolation_scores",
-           "tensor_regions", "SwitchableModel", "float_qdq_session"]
+           "ISOLATION_COLUMNS", "TERM_SIDES", "IsolationResult", "OutputScorer", "Region", "float_references",
+           "isolation_scores", "tensor_regions", "terms_frame", "SwitchableModel", "float_qdq_session"]

@@ -32,15 +32,25 @@ class OutputScorer:
         return self.metric.name if self.metric else OUTPUT_SNR
 
     def score(self, outputs: Sequence[list[np.ndarray]]) -> float:
+        return self.score_terms(outputs)[0]
+
+    def score_terms(self, outputs: Sequence[list[np.ndarray]]) -> tuple[float, np.ndarray | None]:
+        """The score and, for output SNR, each sample's share of its noise power (the sample's error energy over
+        the reference energy of all samples: the shares sum to the noise power of the score); a task metric
+        scores the whole set and has no shares (None)."""
         if self.metric is not None:
             reference = ([dict(zip(self.output_names, r)) for r in self.references]
                          if self.metric.needs_reference else None)
-            return self.metric([dict(zip(self.output_names, o)) for o in outputs], reference)
+            return self.metric([dict(zip(self.output_names, o)) for o in outputs], reference), None
         acc = ErrorAccumulator()
+        noise = []
         for reference, values in zip(self.references, outputs):
+            sample = ErrorAccumulator()  # beside the total, which keeps its own order of sums
             for r, v in zip(reference, values):
                 acc.add(r, v)
-        return acc.snr_db
+                sample.add(r, v)
+            noise.append(sample.noise)
+        return acc.snr_db, np.asarray(noise, np.float64) / max(acc.signal, 1e-300)
 
     def gain(self, value: float, baseline: float) -> float:
         """How much better `value` is than `baseline`, positive when better, in the metric's units."""
@@ -58,6 +68,12 @@ def float_references(float_model, data: DataSource, output_names: Sequence[str])
 #   promoted_gain (its improvement over all-8-bit, positive = better), demoted (metric with only this region
 #   at 8 bits in the all-16-bit plan), demoted_loss (its loss against all-16-bit, positive = worse).
 ISOLATION_COLUMNS = ["region", "source", "tensors", "members", "promoted", "promoted_gain", "demoted", "demoted_loss"]
+
+# `IsolationResult.terms` (output SNR only): one row per configuration of a single tensor and per baseline, each
+# sample's share of that configuration's noise power (`OutputScorer.score_terms`; a row sums to the noise power
+# of its SNR): columns region (the tensor; "" for a baseline), side (one of TERM_SIDES), then one per isolation
+# sample, named "0", "1", ...
+TERM_SIDES = ("all_8", "all_16", "promoted", "demoted")
 
 
 @dataclass(frozen=True)
@@ -79,10 +95,32 @@ class IsolationResult:
     all_8: float
     all_16: float
     samples: int
+    terms: pd.DataFrame | None = None  # per-sample noise terms (see TERM_SIDES); None: not kept (a task metric)
 
     def per_tensor(self) -> pd.DataFrame:
         """The rows of single tensors, indexed by tensor name."""
         return self.scores[self.scores["source"] == "tensor"].set_index("region")
+
+    def side_terms(self, side: str) -> pd.DataFrame | None:
+        """The per-sample noise terms of one side (TERM_SIDES), indexed by tensor ("" for a baseline), a column
+        per sample; None when the analysis kept none."""
+        if self.terms is None or side not in TERM_SIDES:
+            return None
+        rows = self.terms[self.terms["side"] == side]
+        return rows.set_index("region").drop(columns=["side"]).astype(float)
+
+
+def terms_frame(rows: Sequence[tuple[str, str, np.ndarray | None]], samples: int) -> pd.DataFrame | None:
+    """`IsolationResult.terms` from (region, side, per-sample terms) rows; rows without terms are left out, and
+    None when no row has any."""
+    kept = [(region, side, np.asarray(t, np.float64)) for region, side, t in rows
+            if t is not None and len(t) == samples]
+    if not kept:
+        return None
+    frame = pd.DataFrame(np.stack([t for _, _, t in kept]), columns=[str(i) for i in range(samples)])
+    frame.insert(0, "side", [side for _, side, _ in kept])
+    frame.insert(0, "region", [region for region, _, _ in kept])
+    return frame
 
 
 def isolation_scores(
@@ -106,10 +144,10 @@ def isolation_scores(
     done = [0]
     lock = threading.Lock()
 
-    def evaluate(config: frozenset[str]) -> float:
+    def evaluate(config: frozenset[str]) -> tuple[float, np.ndarray | None]:
         if cancel is not None and cancel.is_set():
             raise Cancelled("isolation scoring cancelled")
-        value = scorer.score(samples.outputs(switchable.setting(config)))
+        value = scorer.score_terms(samples.outputs(switchable.setting(config)))
         with lock:
             done[0] += 1
             if progress:
@@ -118,19 +156,22 @@ def isolation_scores(
 
     with ThreadPoolExecutor(max_workers=switchable.threads) as pool:
         values = iter(list(pool.map(evaluate, configs)))
-    all_8, all_16 = next(values), next(values)
-    rows = []
+    (all_8, terms_8), (all_16, terms_16) = next(values), next(values)
+    rows, terms = [], [("", "all_8", terms_8), ("", "all_16", terms_16)]
     for region, m in zip(regions, members):
-        promoted = next(values)
-        demoted = next(values) if both_directions else np.nan
+        promoted, promoted_terms = next(values)
+        demoted, demoted_terms = next(values) if both_directions else (np.nan, None)
+        if region.source == "tensor":
+            terms += [(region.name, "promoted", promoted_terms), (region.name, "demoted", demoted_terms)]
         rows.append({
             "region": region.name, "source": region.source, "tensors": len(m),
             "members": ";".join(region.tensors), "promoted": promoted,
             "promoted_gain": scorer.gain(promoted, all_8),
             "demoted": demoted, "demoted_loss": scorer.gain(all_16, demoted),
         })
+    count = len(samples.samples)
     return IsolationResult(pd.DataFrame(rows, columns=ISOLATION_COLUMNS), scorer.name, scorer.higher_is_better,
-                           all_8, all_16, len(samples.samples))
+                           all_8, all_16, count, terms_frame(terms, count))
 
 
 def tensor_regions(tensors: Sequence[str]) -> list[Region]:
