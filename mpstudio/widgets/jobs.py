@@ -15,7 +15,45 @@ from .state import StudioState
 QUICK_KINDS = ("predict",)  # sub-second work the job bar does not show
 
 
-class JobsView(View):
+class _JobSlots(View):
+    """A fixed number of slots, each showing one job (`_jobs`; None: empty) and redrawn (`_render`) when it changes."""
+
+    state = param.ClassSelector(class_=StudioState)
+
+    SLOTS = 4
+    WATCHED = ("title", "status", "message", "done", "total")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._jobs: list[Job | None] = [None] * self.SLOTS
+        self._watched: set[int] = set()
+
+    def _fill(self, jobs: list) -> None:
+        """Show `jobs` (at most SLOTS of them, in order) in the slots, each redrawn when it changes."""
+        for job in jobs:
+            if id(job) not in self._watched:
+                self._watched.add(id(job))
+                job.param.watch(self._on_job, list(self.WATCHED))
+        self._jobs = (list(jobs[:self.SLOTS]) + [None] * self.SLOTS)[:self.SLOTS]
+        for i in range(self.SLOTS):
+            self._render(i)
+
+    def _on_job(self, *events):
+        changed = {id(event.obj) for event in events}
+        for i, job in enumerate(self._jobs):
+            if job is not None and id(job) in changed:
+                self._render(i)
+
+    def _render(self, i: int) -> None:
+        raise NotImplementedError
+
+    def _on_cancel(self, i: int) -> None:
+        job = self._jobs[i]
+        if job is not None:
+            job.cancel()
+
+
+class JobsView(_JobSlots):
     """The session's jobs, newest first; finished ones stay until newer ones push them out.
 
     Like the JobBar, its rows are slots made once and filled, shown and hidden, never added: a layout whose children
@@ -24,14 +62,8 @@ class JobsView(View):
     them ("reference ... isn't known"). A slot's text or bar that misses one update shows the next.
     """
 
-    state = param.ClassSelector(class_=StudioState)
-
-    SLOTS = 4
-
     def __init__(self, **params):
         super().__init__(**params)
-        self._jobs: list[Job | None] = [None] * self.SLOTS
-        self._watched: set[int] = set()
         self._texts, self._cancels, self._bars, self._slots = [], [], [], []
         for i in range(self.SLOTS):
             text = pn.pane.HTML("", sizing_mode="stretch_width")
@@ -54,21 +86,8 @@ class JobsView(View):
         return self._column
 
     def _on_jobs(self, *_):
-        jobs = list(self.state.jobs[:self.SLOTS])
-        for job in jobs:
-            if id(job) not in self._watched:
-                self._watched.add(id(job))
-                job.param.watch(self._on_job, ["title", "status", "message", "done", "total"])
-        self._jobs = (jobs + [None] * self.SLOTS)[:self.SLOTS]
-        for i in range(self.SLOTS):
-            self._render(i)
-        self._empty.visible = not jobs
-
-    def _on_job(self, *events):
-        changed = {id(event.obj) for event in events}
-        for i, job in enumerate(self._jobs):
-            if job is not None and id(job) in changed:
-                self._render(i)
+        self._fill(self.state.jobs)
+        self._empty.visible = not self.state.jobs
 
     def _render(self, i: int) -> None:
         job = self._jobs[i]
@@ -84,11 +103,6 @@ class JobsView(View):
         self._cancels[i].visible = status in ("queued", "running")  # a finished job has nothing to cancel
         self._slots[i].visible = True
 
-    def _on_cancel(self, i: int) -> None:
-        job = self._jobs[i]
-        if job is not None:
-            job.cancel()
-
 
 def eta_text(seconds) -> str:
     """'about 12 s left', '1 min 20 s left', or '' when unknown."""
@@ -98,7 +112,7 @@ def eta_text(seconds) -> str:
     return f"about {seconds} s left" if seconds < 60 else f"about {seconds // 60} min {seconds % 60:02d} s left"
 
 
-class JobBar(View):
+class JobBar(_JobSlots):
     """The jobs that run or wait, across the top of the studio (quick predictions excepted): what each is, its
     progress, its ETA and a cancel button; the last finished one when none runs.
 
@@ -106,14 +120,11 @@ class JobBar(View):
     changes (the views below never move) and no pane is dropped while a job still updates it.
     """
 
-    state = param.ClassSelector(class_=StudioState)
-
     SLOTS = 3
+    WATCHED = ("title", "status", "message", "done", "total", "eta")
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._jobs: list[Job | None] = [None] * self.SLOTS
-        self._watched: set[int] = set()
         self._texts, self._cancels, self._slots = [], [], []
         for i in range(self.SLOTS):
             text = pn.pane.HTML("", sizing_mode="stretch_width", height=46, margin=(2, 6))
@@ -141,13 +152,7 @@ class JobBar(View):
     def _on_jobs(self, *_):
         jobs = [job for job in self.state.jobs if job.active and job.kind not in QUICK_KINDS]
         jobs.sort(key=lambda job: job.status != "running")  # running first, then queued
-        for job in jobs:
-            if id(job) not in self._watched:
-                self._watched.add(id(job))
-                job.param.watch(self._on_job, ["status", "done", "total", "message", "eta"])
-        self._jobs = (jobs[:self.SLOTS] + [None] * self.SLOTS)[:self.SLOTS]
-        for i, job in enumerate(self._jobs):
-            self._render(i)
+        self._fill(jobs)
         extra = len(jobs) - self.SLOTS
         # The last job to end is said even while others run: a cancel or a failure is seen where it was asked for.
         last = max((job for job in self.state.jobs if not job.active and job.kind not in QUICK_KINDS),
@@ -158,12 +163,6 @@ class JobBar(View):
         else:
             text = " &middot; ".join(filter(None, [f"+{extra} more queued" if extra > 0 else "", ended]))
         self._idle.object = f"<span style='font-size:12px;color:#666'>{text}</span>"
-
-    def _on_job(self, *events):
-        changed = {id(event.obj) for event in events}
-        for i, job in enumerate(self._jobs):
-            if job is not None and id(job) in changed:
-                self._render(i)
 
     def _render(self, i: int) -> None:
         job = self._jobs[i]
@@ -188,8 +187,3 @@ class JobBar(View):
             f"{html.escape(job.message)}</div></div>{bar}")
         self._cancels[i].visible = job.active  # a finished job has nothing to cancel: no greyed button
         slot.visible = True
-
-    def _on_cancel(self, i: int) -> None:
-        job = self._jobs[i]
-        if job is not None:
-            job.cancel()
