@@ -68,6 +68,24 @@ def _process_config(name: str, *value):
     return super(type(config), config).__getattribute__(name)
 
 
+# How often (ms) an update waiting for the page to take its session in asks again.
+READY_POLL_MS = 100
+
+
+def page_not_ready(doc) -> bool:
+    """Whether `doc` is served and its page has not yet said it has rendered the session (Bokeh's document_ready,
+    which Panel records). Until then Panel drops the changes a hold collects, taking them for changes the document
+    the page pulls carries; but the page may have pulled it already, and an update made then never reaches it (a
+    new row's progress then names a model the page never got: "reference ... isn't known"; the graph opens grey).
+    So the studio's batched updates wait for it. False when not served, or when the Panel in use keeps no record."""
+    from panel.io.state import state
+
+    ready = getattr(state, "_connected", None)
+    if doc is None or doc.session_context is None or ready is None:
+        return False
+    return not ready.get(doc)
+
+
 def in_document(doc, callback):
     """`callback` run with `doc` as Panel's current document (its own, per thread). Bokeh runs a model's Python
     callbacks and next-tick callbacks with its process-wide current document, which another server in the process
@@ -106,6 +124,9 @@ def on_document_thread(model, update, *, next_tick: bool = False) -> None:
         return
 
     def run():
+        if page_not_ready(doc):
+            doc.add_timeout_callback(in_document(doc, run), READY_POLL_MS)
+            return
         with pn.io.hold(doc):
             update()
     try:

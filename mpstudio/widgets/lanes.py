@@ -15,6 +15,7 @@ import param
 
 from ..data import Cancelled
 from ..errors import MpstudioError, brief
+from .base import READY_POLL_MS, page_not_ready
 from .closed_tabs import open_connections, quiet_closed_streams
 from .constants import writable
 
@@ -175,10 +176,16 @@ class Lanes:
         self._queues[lane].put((job, work, on_done))
 
     def close(self) -> None:
-        """Stop every lane's worker once its current job ends; later jobs are cancelled."""
+        """Stop every lane's worker once its current job ends; later jobs are cancelled. Updates still waiting for
+        a page that never got ready run here (their jobs end, and a waiter wakes)."""
         self._closed = True
         for lane in self._queues.values():
             lane.put(None)
+        if page_not_ready(self._doc):
+            with self.lock:
+                stranded, self._posted, self._draining = self._posted, [], False
+            for fn in stranded:
+                self._after_session(fn)
 
     def _work(self, lane: str) -> None:
         jobs = self._queues[lane]
@@ -335,6 +342,11 @@ class Lanes:
                 batch, self._posted = batch + self._posted, []
             for next_fn in batch:
                 self._after_session(next_fn)
+            return
+        if page_not_ready(doc):  # Panel would drop the batch's changes: wait for the page (base.page_not_ready)
+            with self.lock:
+                self._posted = batch + self._posted
+            doc.add_timeout_callback(lambda: self._drain(doc), READY_POLL_MS)
             return
         try:
             with set_curdoc(doc), pn.io.hold(doc):
