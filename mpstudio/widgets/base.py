@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 import panel as pn
 
@@ -68,20 +69,25 @@ def _process_config(name: str, *value):
     return super(type(config), config).__getattribute__(name)
 
 
-# How often (ms) an update waiting for the page to take its session in asks again.
+# How often (ms) an update waiting for the page to take its session in asks again, and for how long (s) at most: a
+# page that never says it is ready still gets its updates (as Panel would send them).
 READY_POLL_MS = 100
+READY_WAIT_S = 5.0
 
 
-def page_not_ready(doc) -> bool:
+def page_not_ready(doc, since: float | None = None) -> bool:
     """Whether `doc` is served and its page has not yet said it has rendered the session (Bokeh's document_ready,
     which Panel records). Until then Panel drops the changes a hold collects, taking them for changes the document
     the page pulls carries; but the page may have pulled it already, and an update made then never reaches it (a
     new row's progress then names a model the page never got: "reference ... isn't known"; the graph opens grey).
-    So the studio's batched updates wait for it. False when not served, or when the Panel in use keeps no record."""
+    So the studio's batched updates wait for it, from `since` (time.monotonic()) for at most READY_WAIT_S. False
+    when not served, or when the Panel in use keeps no record."""
     from panel.io.state import state
 
     ready = getattr(state, "_connected", None)
     if doc is None or doc.session_context is None or ready is None:
+        return False
+    if since is not None and time.monotonic() - since > READY_WAIT_S:
         return False
     return not ready.get(doc)
 
@@ -123,8 +129,10 @@ def on_document_thread(model, update, *, next_tick: bool = False) -> None:
         update()
         return
 
+    since = time.monotonic()
+
     def run():
-        if page_not_ready(doc):
+        if page_not_ready(doc, since):
             doc.add_timeout_callback(in_document(doc, run), READY_POLL_MS)
             return
         with pn.io.hold(doc):

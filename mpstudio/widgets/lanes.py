@@ -155,6 +155,7 @@ class Lanes:
         self._workers: dict[str, threading.Thread] = {}
         self._posted: list[Callable[[], None]] = []  # updates waiting for the session's event loop, in order
         self._draining = False
+        self._ready_since = None  # when the first batch waited for the page to be ready (base.page_not_ready)
         self._late: list[Callable[[], None]] = []  # updates posted after the tab has gone, run in the posting thread
         self._late_running = False
         self._closed = False
@@ -343,7 +344,9 @@ class Lanes:
             for next_fn in batch:
                 self._after_session(next_fn)
             return
-        if page_not_ready(doc):  # Panel would drop the batch's changes: wait for the page (base.page_not_ready)
+        if self._ready_since is None:
+            self._ready_since = time.monotonic()
+        if page_not_ready(doc, self._ready_since):  # Panel would drop the batch's changes: wait for the page
             with self.lock:
                 self._posted = batch + self._posted
             doc.add_timeout_callback(lambda: self._drain(doc), READY_POLL_MS)
