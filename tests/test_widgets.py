@@ -439,7 +439,7 @@ def test_the_jobs_view_fills_its_rows_and_never_adds_one(state):
     shown = [view._texts[i].object for i in range(view.SLOTS) if view._slots[i].visible]
     kept = state.jobs[:view.SLOTS]  # the study keeps the active, failed and latest jobs
     assert len(shown) == len(kept) >= 2 and f"<b>job {view.SLOTS + 1}</b>" in shown[0]  # the newest first
-    assert not any(f"<b>job 0</b>" in text for text in shown) and not view._empty.visible
+    assert not any("<b>job 0</b>" in text for text in shown) and not view._empty.visible
 
 
 def test_a_dynamic_input_is_fixed_in_the_input_shapes_field(tmp_path, monkeypatch):
