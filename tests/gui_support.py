@@ -314,8 +314,11 @@ def y_range(page, figure: str):
 
 
 def top_ranked_row(page, state):
-    """The graph's source row drawing the top-ranked tensor, and that tensor."""
+    """The graph's source row drawing the top-ranked tensor, and that tensor; None while nothing is ranked (the
+    opening replaces the ranking with its base plan's)."""
     ranked = state.tensors.dropna(subset=["rank"])
+    if ranked.empty:
+        return None
     tensor = ranked.loc[ranked["rank"].idxmin(), "tensor"]
     node = state.tensors.set_index("tensor").loc[tensor, "node"] or f"input:{tensor}"
     return source_column(page, "nodes", "id").index(node), tensor
@@ -327,7 +330,10 @@ def wait_centred(page, state, timeout: float = 30.0):
     seen = {}
 
     def shown():
-        row, tensor = top_ranked_row(page, state)
+        top = top_ranked_row(page, state)
+        if top is None:
+            return False
+        row, tensor = top
         y = source_column(page, "nodes", "y")[row]
         span = y_range(page, "graph")
         seen.update(tensor=tensor, y=y, window=span, focus=state.focus)
