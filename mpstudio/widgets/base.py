@@ -92,27 +92,29 @@ def page_not_ready(doc, since: float | None = None) -> bool:
     return not ready.get(doc)
 
 
+def _in(doc, callback, *args):
+    from panel.io.state import set_curdoc
+
+    if doc is None:
+        return callback(*args)
+    with set_curdoc(doc):
+        return callback(*args)
+
+
 def in_document(doc, callback):
     """`callback` run with `doc` as Panel's current document (its own, per thread). Bokeh runs a model's Python
     callbacks and next-tick callbacks with its process-wide current document, which another server in the process
     (a thread) changes while it applies a message of its own; Panel reads it to decide whether a pane updates now
     and to pick the document's cached stylesheets, so a pane updated then took a stylesheet of another document
     and the server failed the page's message ("Models must be owned by only a single document")."""
-    @functools.wraps(callback)
-    def run(*args):
-        from panel.io.state import set_curdoc
-
-        if doc is None:
-            return callback(*args)
-        with set_curdoc(doc):
-            return callback(*args)
-    return run
+    return functools.wraps(callback)(functools.partial(_in, doc, callback))
 
 
 def on_model_change(model, attrs, callback) -> None:
-    """`model.on_change(attr, callback)` for each of `attrs`, run in `model`'s document (`in_document`)."""
+    """`model.on_change(attr, callback)` for each of `attrs`, run in `model`'s document (`in_document`; the
+    document is read at each call: the model joins one after this)."""
     def run(attr, old, new):
-        return in_document(model.document, callback)(attr, old, new)
+        return _in(model.document, callback, attr, old, new)
     for attr in [attrs] if isinstance(attrs, str) else attrs:
         model.on_change(attr, run)
 
@@ -133,12 +135,13 @@ def on_document_thread(model, update, *, next_tick: bool = False) -> None:
 
     def run():
         if page_not_ready(doc, since):
-            doc.add_timeout_callback(in_document(doc, run), READY_POLL_MS)
+            doc.add_timeout_callback(scheduled, READY_POLL_MS)
             return
         with pn.io.hold(doc):
             update()
+    scheduled = in_document(doc, run)
     try:
-        doc.add_next_tick_callback(in_document(doc, run))
+        doc.add_next_tick_callback(scheduled)
     except Exception:  # the session ended: nothing left to draw
         pass
 
