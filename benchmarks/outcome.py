@@ -38,7 +38,8 @@ HTP when the search confirmed there, else the CPU):
   `mpstudio.search.choice.dominates`, with latency ties from `mpstudio.latency.resolution`);
 - the search evaluated a plan that a plan stored before it already made pointless: one at no more estimated
   latency (or within the cost model's resolution of it) that clearly reaches the target, or the all-16-bit
-  baseline of the same weight form;
+  baseline of the same weight form (a plan the HTP confirmation read short of the target no longer answers it:
+  the walk may go on past it, `mpstudio.search.rewalk`);
 - no target of a case is reached by a mixed plan only (the pick reaches it and no all-8-bit baseline does);
 - the whole run takes longer than `--budget-minutes`.
 Printed per search: evaluations (new ones), the estimated latency premium used (the pick's premium over a8w8 as a
@@ -212,11 +213,15 @@ def _known(value):
 
 
 def pointless_evaluations(study: Study, before: list, path, threshold: float, higher: bool,
-                          reaches: Callable | None = None) -> list[str]:
+                          reaches: Callable | None = None, read_short: frozenset = frozenset()) -> list[str]:
     """The search's new evaluations that a plan stored before each of them already made pointless (priced no dearer
     than them, a latency tie counting as no dearer: `latency.resolution.no_dearer`). `reaches(e)`:
-    whether a stored plan answers the target (default: its value meets the threshold)."""
-    reaches = reaches or (lambda e: meets(e.value, threshold, higher))
+    whether a stored plan answers the target (default: its value meets the threshold); plans in `read_short`
+    (ids the confirming backend read short of the target) answer nothing."""
+    met = reaches or (lambda e: meets(e.value, threshold, higher))
+
+    def reaches(e) -> bool:
+        return e.plan_id not in read_short and met(e)
     known, found = list(before), []
     # The all-16-bit baselines, which promote nothing one by one: the top-down walk names its partial plans
     # after them ("a16w8-pc-251x8").
@@ -263,8 +268,9 @@ def judge(study: Study, result, before: list, baselines: dict) -> tuple[list[str
         failures.append(f"the pick {pick.name} ({pick.value:.4f}, {estimate_ms(pick):.3f} ms) is dominated by "
                         f"{other.name} ({other.value:.4f}, {estimate_ms(other):.3f} ms)")
     cpu_before = [e for e in before if e.accuracy_source == result.baselines["a8w8"].accuracy_source]
+    short = frozenset(c.walk.plan_id for c in result.confirmations if c.verdict != "reaches")
     failures += [f"evaluated {text}" for text in pointless_evaluations(study, cpu_before, result.path, threshold,
-                                                                       higher, clearly)]
+                                                                       higher, clearly, short)]
     eight_bit_reaches = any(meets(e.value, threshold, higher) for name, e in baselines.items()
                             if name.startswith("a8w8"))
     is_mixed = bool(study.plan(pick.plan_id).overrides)  # a baseline promotes nothing one by one

@@ -105,6 +105,9 @@ def test_a_plan_within_noise_of_the_target_makes_no_dearer_evaluation_pointless(
     assert clearly(cheap)
     found = outcome.pointless_evaluations(study, [cheap], [partial], a16.value - 2.0, True, clearly)
     assert len(found) == 1 and "reaches the target" in found[0]
+    # Unless the HTP confirmation read it short of the target: then the walk may go on past it.
+    assert outcome.pointless_evaluations(study, [cheap], [partial], a16.value - 2.0, True, clearly,
+                                         frozenset({cheap.plan_id})) == []
 
 
 def test_a_partial_plan_named_from_all_16_bit_is_no_ceiling(study, outcome):

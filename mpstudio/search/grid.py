@@ -21,8 +21,10 @@ class PrefixGrid:
     """One walk over k. `walk` supplies evaluate / left / reaches / pointless / workers (see `walk.Walk`)."""
 
     def __init__(self, walk, plan_k: Callable[[int], object], cap: int, known: dict[int, Evaluation],
-                 reuse: Callable[[object], Evaluation | None] | None = None):
+                 reuse: Callable[[object], Evaluation | None] | None = None, full: int | None = None):
         self.walk, self.plan_k, self.cap, self.known = walk, plan_k, cap, known
+        # The whole range before the budgets cut it to `cap` (a walk that goes on may widen `cap` up to it).
+        self.full = cap if full is None else full
         self.reuse = reuse  # a plan's evaluation this search already counted (another walk's), or None
         self.skipped: dict[int, Evaluation] = {}  # k -> the stored plan that made it pointless
         self.unbuilt: set[int] = set()  # k whose plan the walk's backend cannot build: passed over

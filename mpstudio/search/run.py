@@ -15,6 +15,7 @@ from ..data import Cancelled, Progress
 from ..errors import MpstudioError
 from .confirmation import confirm as confirm_front
 from .result import SearchResult
+from .rewalk import go_on
 from .targets import Target
 from .walk import Walk
 
@@ -108,6 +109,7 @@ def search(
         result = walk.run(goal, latency_budget_ms, weights, sensitivity_samples)
         if confirm is not None and confirm != backend:
             result = confirm_front(walk, result, confirm, int(confirm_plans))
+            result = go_on(walk, result, confirm_front, confirm, int(confirm_plans))
     except Cancelled:
         study.finish_search(search_id, "cancelled", None)
         raise

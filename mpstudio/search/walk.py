@@ -163,7 +163,7 @@ class Walk:
         if cap == 0:
             return self._result("every promotion costs at least as much as a stored plan that is as good, or is "
                                 "priced within the cost model's resolution of one", order)
-        self.grid = PrefixGrid(self, plan_k, cap, known)
+        self.grid = PrefixGrid(self, plan_k, cap, known, full=len(order))
         prior = self._guess(predicted, known, self.baselines, self.threshold, cap)
         down = top if steps is None and top in self.baselines else None
         return self._result(self._walks(prior, report, base_plan, base, down), order)
@@ -211,7 +211,8 @@ class Walk:
 
         # A demotion prefix may be a plan the bottom-up walk evaluated: known, not evaluated (nor counted) again.
         counted = {e.plan_hash: e for e in self.path}
-        self.down_grid = PrefixGrid(self, plan_k, cap, known, reuse=lambda plan: counted.get(plan.hash))
+        self.down_grid = PrefixGrid(self, plan_k, cap, known, reuse=lambda plan: counted.get(plan.hash),
+                                    full=len(order))
         return self.down_grid.run(points=latency_points(estimate_ms, cap, low.ms, high.ms))
 
     def estimate_ms(self, plan: PrecisionPlan) -> float:
