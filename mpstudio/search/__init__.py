@@ -20,7 +20,9 @@ The walk:
    that only help together, single promotions from the all-8-bit plan show nothing while single demotions
    still price every tensor.
 5. Confirm on the HTP (by default, when the walk ran on the CPU reference): the pick and its neighbours on
-   the front are evaluated on the HTP; where CPU and HTP disagree the result says so.
+   the front are evaluated on the HTP; where CPU and HTP disagree the result says so. When the HTP reads the
+   walk's pick short of the target, the walk goes on against the target tightened by that gap (`rewalk`),
+   and the HTP confirms what it finds.
 6. Recommend over every plan the study holds for the confirming backend (else the walk's), not only the walk's
    path (`choice`): the cheapest that reaches the target, else the most accurate within the latency budget,
    never a plan another stored plan dominates; the result lists the plans considered and why the pick.
@@ -32,7 +34,8 @@ interrupted search replays it against the stored results and continues where it 
 Its rooms: `targets` (what to reach, the baselines a target may name), `order` (the promotion order and the
 mixed weight order, the plans a prefix makes), `walk` (the walk and its recommendation), `grid` (the walk over k),
 `topdown` (the top-down walk's order and first points), `recommend` (the
-closest plan, much better for little more), `confirmation` (the HTP confirmation), `result` (what a search found,
+closest plan, much better for little more), `confirmation` (the HTP confirmation), `rewalk` (the walk going on
+past a pick the HTP reads short), `result` (what a search found,
 in words and JSON), `run` (the entry point, `search`) and `resuming` (killed searches continued).
 """
 
