@@ -96,9 +96,9 @@ def _why(result: SearchResult, gap: float, steer: float) -> str:
     pick = (result.walk_pick or result.recommended).plan_id
     short = next(c for c in result.confirmations if c.walk.plan_id == pick)
     sign = "<=" if not result.higher_is_better else ">="
-    return (f"{short.confirmed.accuracy_source} read {short.walk.name} {gap:.4f} worse than "
-            f"{short.walk.accuracy_source}, so the walk went on to {result.metric} {sign} {steer:.4f} there "
-            f"(the target with room for that gap)")
+    return (f"the {short.confirmed.backend.upper()} read {short.walk.name} {gap:.4f} worse than the "
+            f"{short.walk.backend.upper()}, so the walk went on to {result.metric} {sign} {steer:.4f} on the "
+            f"{short.walk.backend.upper()} (the target with room for that gap)")
 
 
 def _merged(before: SearchResult, after: SearchResult) -> SearchResult:
