@@ -73,6 +73,7 @@ def test_the_walk_goes_on_past_a_pick_the_htp_reads_short(tmp_path):
         # (the plans the first walk evaluated above its pick are dearer than all-16-bit, by the cost model).
         assert f"so the walk went on to output SNR (dB) >= {target + HTP_SHORT:.4f}" in result.stop_reason
         assert result.reached and result.verdict == "reaches"
+        assert result.threshold == target  # judged against the search's own target, not the tightened one
         assert result.recommended.accuracy_source == study.accuracy_source("htp")
         promoted = len(study.plan(result.recommended.plan_id).overrides)
         assert promoted > 2 and result.recommended.value == pytest.approx(_value(promoted, n, "htp"))

@@ -63,8 +63,9 @@ def go_on(walk, result: SearchResult, confirm, backend: str, confirm_plans: int)
                            stop_reason=result.stop_reason + f"; {_why(result, gap, steer)}: "
                                                              f"{again.stop_reason} (no new plan to confirm)")
         reason = f"{result.stop_reason}; {_why(result, gap, steer)}: {again.stop_reason}"
-        again = replace(again, stop_reason=reason, verdict=walk.evidence.verdict(again.recommended),
-                        reached=walk.reaches(again.recommended))
+        # Judged, from here on, against the search's own target (the walk's result carries the tightened one).
+        again = replace(again, threshold=walk.threshold, stop_reason=reason,
+                        verdict=walk.evidence.verdict(again.recommended), reached=walk.reaches(again.recommended))
         following = confirm(walk, again, backend, left)
         result = _merged(result, following)
     return result
