@@ -108,14 +108,14 @@ class HtpArch:
 
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
-FIT_SOURCE = "fitted 2026-11-26 by benchmarks/latency_fit.py on 2 published-latency file(s)"
-_FITTED_COSTS = dict(rate_16x8=1.37, rate_fp16=2.91, hvx_16bit=3.294, hvx_fp16=1.8, transcendental=0.3984,
-    transcendental_16=1.91, transcendental_fp16=7.987, normalize=3.113, op_cycles=2040.0, overlap=0.443,
-    memory_efficiency=0.9955, depthwise=0.3644)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=13560.0, clock_ghz=0.6315, fp16_factor=0.968), "75": dict(hmx_gmacs=19710.0,
-    clock_ghz=1.0, fp16_factor=1.0), "79": dict(hmx_gmacs=28640.0, clock_ghz=1.616, fp16_factor=1.009)}
-_FITTED_SPREAD = dict(absolute=0.2398, wide16=0.3782, fp16=0.3022, ratio16=0.1548, ratio_fp=0.2308, coverage=0.8)
-_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.966, clock=0.7932)}
+FIT_SOURCE = "fitted 2026-11-27 by benchmarks/latency_fit.py on 2 published-latency file(s)"
+_FITTED_COSTS = dict(rate_16x8=1.121, rate_fp16=3.052, hvx_16bit=3.683, hvx_fp16=3.253, transcendental=1.088,
+    transcendental_16=1.02, transcendental_fp16=1.924, normalize=6.385, op_cycles=2168.0, overlap=0.5888,
+    memory_efficiency=0.9994, depthwise=0.4248)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=13310.0, clock_ghz=0.5956, fp16_factor=0.9975), "75": dict(hmx_gmacs=19410.0,
+    clock_ghz=1.0, fp16_factor=1.0), "79": dict(hmx_gmacs=26400.0, clock_ghz=1.757, fp16_factor=1.055)}
+_FITTED_SPREAD = dict(absolute=0.2193, wide16=0.3658, fp16=0.2858, ratio16=0.1511, ratio_fp=0.1583, coverage=0.8)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9881, clock=0.8002)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)

@@ -12,6 +12,7 @@ import numpy as np
 
 from .arch import HtpArch
 from .ops import MECHANISMS, TYPE_BITS, HtpOp, type_bytes
+from .branches import parallel_widths
 from .reading import float_io_ops, parsed_model
 
 # HVX instructions per 128-byte vector of the cost classes whose count is not a fitted constant.
@@ -51,6 +52,7 @@ class OpFeatures:
     act_bytes: np.ndarray
     weight_bytes: np.ndarray
     hidden_by: np.ndarray  # index of the matrix op that can hide this op's HVX time, -1 if none
+    parallel: np.ndarray | None = None  # running ops sharing its depth (mechanism `branch_overlap`; None: 1 each)
 
     @functools.cached_property
     def _static(self) -> dict[str, np.ndarray]:
@@ -69,7 +71,8 @@ class OpFeatures:
                 "graph": self.kind == _KINDS.index("graph"), "partial_spill": MECHANISMS["vtcm_partial_spill"],
                 "overhead_overlaps": MECHANISMS["overhead_overlaps"],
                 "fixed_share": np.where(runs & (self.act_bytes + self.weight_bytes <= TINY_BYTES)
-                                        & MECHANISMS["tiny_ops"], TINY_SHARE, 1.0)}
+                                        & MECHANISMS["tiny_ops"], TINY_SHARE, 1.0)
+                / (self.parallel if self.parallel is not None else 1.0)}
 
     def costs(self, arch: HtpArch) -> dict[str, np.ndarray]:
         """compute_ms, memory_ms, overhead_ms, hidden_ms and ms of every op on `arch`."""
@@ -153,7 +156,7 @@ def features_of(ops: list[HtpOp], in_types=None, out_types=None) -> OpFeatures:
         act_type=np.array(cols[3], dtype=object), wide_weights=np.array(cols[4], dtype=bool),
         hmx_macs=np.array(cols[5], dtype=float), work=np.array(cols[6], dtype=float),
         act_bytes=np.array(cols[7], dtype=float), weight_bytes=np.array(cols[8], dtype=float),
-        hidden_by=np.array(cols[9], dtype=int))
+        hidden_by=np.array(cols[9], dtype=int), parallel=parallel_widths(ops))
 
 
 def op_ms(op: HtpOp, arch: HtpArch, in_types=None, out_types=None) -> float:

@@ -107,6 +107,12 @@ def bounds_and_nominal() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 # ---- pricing many models at once ---------------------------------------------------------------------------------
+def _column(f: OpFeatures, name: str) -> np.ndarray:
+    """`f`'s array `name`; `parallel` may be unset (None: every op alone at its depth)."""
+    value = getattr(f, name)
+    return np.ones(len(f.kind)) if value is None else value
+
+
 class Priced:
     """Every (model, precision)'s features concatenated into one OpFeatures, so that one pass of the cost
     formulas prices all of them on one generation (a fit prices them thousands of times)."""
@@ -121,7 +127,7 @@ class Priced:
             segment.append(np.where(on_htp, i, len(self.keys)))
         starts = np.cumsum([0] + [len(f.kind) for f in parts[:-1]])
         self.features = OpFeatures(**{
-            name: np.concatenate([getattr(f, name) for f in parts]) if parts else np.array([])
+            name: np.concatenate([_column(f, name) for f in parts]) if parts else np.array([])
             for name in OpFeatures.__dataclass_fields__ if name != "hidden_by"},
             hidden_by=np.concatenate([np.where(f.hidden_by >= 0, f.hidden_by + s, -1)
                                       for f, s in zip(parts, starts)]).astype(int) if parts else np.array([], int))

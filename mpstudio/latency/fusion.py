@@ -47,6 +47,12 @@ def concat_requantizations(ops: list[HtpOp]) -> list[HtpOp]:
                 or any(t.startswith("float") for _, t, _ in op.inputs + op.outputs)):
             continue
         name, dtype, _ = op.outputs[0]
+        if MECHANISMS["concat_requantize_per_input"]:
+            # One requantization per input (each has a scale of its own): an op, and a fixed cost, per input.
+            out += [HtpOp(f"{op.node} requantize {i}", "Requantize", "hvx", [source],
+                          [(f"{name} (requantized input {i})", dtype, source[2])], work=source[2], cls="convert")
+                    for i, source in enumerate(op.inputs)]
+            continue
         elements = sum(n for _, _, n in op.inputs)
         out.append(HtpOp(f"{op.node} requantize", "Requantize", "hvx", list(op.inputs),
                          [(f"{name} (requantized inputs)", dtype, elements)], work=elements, cls="convert"))
@@ -210,9 +216,10 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
         # PReLU (a per-channel slope) is a layer of its own on the device, run while the matrix unit works.
         if op.op_type == "PRelu" and MECHANISMS["prelu_overlaps"] and op.engine == "hvx":
             op.hidden_by = index
-        elif op.op_type in _FUSABLE or folds:
+        elif (op.op_type in _FUSABLE and not (op.op_type == "HardSwish" and MECHANISMS["hardswish_own_op"])
+              or folds):
             op.engine, op.fused_into = "fused", index
             for out, _, _ in op.outputs:
                 producer[out] = index
-        elif op.op_type in _OVERLAPPING and op.engine == "hvx":
+        elif (op.op_type in _OVERLAPPING or op.op_type == "HardSwish") and op.engine == "hvx":
             op.hidden_by = index
