@@ -44,3 +44,12 @@ def test_measured_weight_forms_decide_as_the_search_does(study):
 def test_an_unevaluated_plan_is_beaten_by_nothing(study):
     plan = PrecisionPlan.a8w8().promote(study.graph.activations()[2:4])
     assert beating_bases(study.front("estimate"), plan.hash, study.higher_is_better).empty
+
+
+def test_the_base_hint_never_shows_the_same_number_twice():
+    from mpstudio.widgets.opening_base import distinct_values
+
+    left, right = distinct_values(0.99874, 0.99866)
+    assert left != right and (left, right) == ("0.99874", "0.99866")
+    assert distinct_values(0.9, 0.1) == ("0.9", "0.1")
+    assert distinct_values(0.25, 0.25) == ("0.25", "0.25")  # equal values stay equal

@@ -71,6 +71,16 @@ class BaseOpening:
                             work, lambda result: state.refresh_evaluations())
 
 
+def distinct_values(a: float, b: float, digits: int = 4) -> tuple[str, str]:
+    """`a` and `b` written with `digits` significant digits, or as many more (up to 8) as tell them apart: a
+    hint that one plan beats another must not show the same number twice."""
+    for n in range(digits, 9):
+        left, right = f"{a:.{n}g}", f"{b:.{n}g}"
+        if left != right:
+            break
+    return left, right
+
+
 class BaseHint(View):
     """One line over the views when a stored base beats the current plan, with a button that loads it."""
 
@@ -101,10 +111,11 @@ class BaseHint(View):
         best = wins.iloc[0]
         current = state.evaluations[state.evaluations["plan_hash"] == state.plan.hash].iloc[0]
         self._best = int(best["plan_id"])
+        ours, theirs = distinct_values(float(best["value"]), float(current["value"]))
         self._text.object = (
             f"<span style='font-size:13px'>\u2191 <b>{html.escape(str(best['name']))}</b> beats the current plan: "
-            f"{html.escape(study.metric_name)} {best['value']:.4g} at {best['latency_ms']:.3g} ms against "
-            f"{current['value']:.4g} at {current['latency_ms']:.3g} ms "
+            f"{html.escape(study.metric_name)} {ours} at {best['latency_ms']:.3g} ms against "
+            f"{theirs} at {current['latency_ms']:.3g} ms "
             f"({html.escape(str(best['latency_label']))}). Promotions from it may pay more.</span>")
         self._row.visible = True
 
