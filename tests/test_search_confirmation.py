@@ -67,6 +67,23 @@ def test_walk_front_stops_at_a_plan_within_noise():
     assert front_order([False, True, True, True], at=3) == [3, 2, 1, 0]
 
 
+def _dearer_each_step(study: Study, steps: int) -> list[str]:
+    """The study's activations, ordered so that each of the first `steps` prefixes is priced dearer than the one
+    before by the cost model (the cheapest such step each time): which promotions add converts and which remove
+    one is the cost model's to say, so the order is asked of it rather than assumed from the graph's order."""
+    chosen, rest = [], list(study.graph.activations())
+    ms = study.estimate(PrecisionPlan.a8w8()).ms
+    for _ in range(steps):
+        priced = [(study.estimate(PrecisionPlan.a8w8().promote([*chosen, t])).ms, t) for t in rest]
+        dearer = [(m, t) for m, t in priced if m > ms]
+        if not dearer:
+            break
+        ms, pick = min(dearer)
+        chosen.append(pick)
+        rest.remove(pick)
+    return chosen + rest
+
+
 class _Stored:
     """Plans of a real chain model with their real cost-model estimates, and accuracies written into the study's
     store for the CPU and the HTP emulator (not measured: see the module docstring)."""
@@ -74,7 +91,7 @@ class _Stored:
     def __init__(self, study: Study):
         self.study = study
         self.cpu, self.htp = study.accuracy_source("cpu"), study.accuracy_source("htp")
-        self.activations = study.graph.activations()
+        self.activations = _dearer_each_step(study, 4)
         self.ids: dict[str, int] = {}
 
     def plan(self, k: int | str) -> PrecisionPlan:

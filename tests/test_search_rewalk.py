@@ -4,7 +4,7 @@ As in test_search_confirmation.py, a CPU/HTP disagreement large enough to turn a
 cannot be built with a small onnx.helper model, so the accuracies are written into a real study (its SQLite
 store; every plan real, estimated by the real cost model, ordered by a real sensitivity analysis) and the real
 search runs over them. Each plan's value depends only on how many activations it keeps at 16 bits: the CPU reads
-10 + 20 m / n dB for m of n, the HTP 2 dB less. A plan's values are written when the search first submits it
+10 + 20 m / n dB for m of n, the HTP 0.6 dB less. A plan's values are written when the search first submits it
 (written up front, every plan would be a stored plan the walk chooses from without evaluating), so the store
 answers every evaluation the search asks for.
 """
@@ -23,7 +23,7 @@ from mpstudio.search.rewalk import short_gap, tightened
 from mpstudio.store import AccuracyRecord
 from mpstudio.study import Study
 
-HTP_SHORT = 2.0  # dB the HTP reads below the CPU
+HTP_SHORT = 0.6  # dB the HTP reads below the CPU
 
 
 def _value(m: int, n: int, backend: str) -> float:
@@ -31,9 +31,10 @@ def _value(m: int, n: int, backend: str) -> float:
 
 
 def _written_study(tmp_path) -> tuple[Study, int]:
-    """The Sigmoid chain at 64x64 and 64 channels, whose plans get both backends' values when first submitted;
-    returns it and its number of activations."""
-    model = make_chain_model(blocks=6, channels=64, size=64)
+    """A long Sigmoid chain (24 blocks, 64x64, 16 channels), whose plans get both backends' values when first
+    submitted; returns it and its number of activations. Its first few promotions are priced clearly under
+    all-16-bit (each adds converts, so a dozen are not: the room the walk has between its pick and all-16-bit)."""
+    model = make_chain_model(blocks=24, channels=16, size=64)
     for node in model.graph.node:
         if node.op_type == "Relu":
             node.op_type = "Sigmoid"
@@ -63,11 +64,11 @@ def _written_study(tmp_path) -> tuple[Study, int]:
 def test_the_walk_goes_on_past_a_pick_the_htp_reads_short(tmp_path):
     study, n = _written_study(tmp_path)
     with study:
-        target = _value(2, n, "cpu") - 0.5  # the CPU reaches it with 2 promoted; the HTP needs 2 dB more
+        target = _value(1, n, "cpu") - 0.1  # the CPU reaches it with 1 or 2 promoted; the HTP needs 2 more
         result = search(study, target, weights="per-tensor", max_evaluations=20, confirm_plans=6, quiet=True)
-        first = result.confirmations[0]
-        assert len(study.plan(first.walk.plan_id).overrides) == 2  # the walk's pick, read short on the HTP
-        assert (first.walk_verdict, first.verdict) == ("reaches", "misses")
+        first = result.confirmations[0]  # the walk's pick: the cheapest that reaches the target on the CPU
+        assert study.plan(first.walk.plan_id).overrides
+        assert (first.walk_verdict, first.verdict) == ("reaches", "misses")  # read short on the HTP
         # The walk went on against the target with room for the gap the HTP showed, and the HTP confirmed what it
         # found: a partial promotion clearly cheaper than all-16-bit, which the confirmation alone settled on
         # (the plans the first walk evaluated above its pick are dearer than all-16-bit, by the cost model).
@@ -76,7 +77,8 @@ def test_the_walk_goes_on_past_a_pick_the_htp_reads_short(tmp_path):
         assert result.threshold == target  # judged against the search's own target, not the tightened one
         assert result.recommended.accuracy_source == study.accuracy_source("htp")
         promoted = len(study.plan(result.recommended.plan_id).overrides)
-        assert promoted > 2 and result.recommended.value == pytest.approx(_value(promoted, n, "htp"))
+        assert promoted > len(study.plan(first.walk.plan_id).overrides)
+        assert result.recommended.value == pytest.approx(_value(promoted, n, "htp"))
         a16 = result.baselines["a16w8"]
         assert clearly_cheaper(estimate_ms(result.recommended), estimate_ms(a16))
         # Every confirmation listed once, the first round's first, the pick among them.
