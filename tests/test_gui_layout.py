@@ -51,6 +51,9 @@ def test_views_do_not_overlap(browser, studio, width, height):
             assert part["x"] + part["width"] <= width + 0.5, f"at {width}x{height} the ranking's {name} is cut " \
                                                             f"at the right edge: {part}"
         assert caption["scroll"] <= caption["client"] + 1, f"the caption's text is cut: {caption}"
+        # The tabs under the plot (the ranking's among them): the plot's axis label must not run into them.
+        tab = box(page, "text=Time per node")
+        assert not overlap(plot, tab), f"at {width}x{height} the Pareto plot {plot} overlaps the tabs {tab}"
         header = box(page, "text=Accuracy vs latency")
 
         on_loop(state, lambda: state.show_error("an error whose message is long enough to need more than one line of "
