@@ -103,11 +103,11 @@ def _why(result: SearchResult, gap: float, steer: float) -> str:
 
 
 def _merged(before: SearchResult, after: SearchResult) -> SearchResult:
-    """`after` with `before`'s confirmations first (a plan confirmed twice listed once)."""
+    """`after` with `before`'s confirmations first (a plan confirmed twice listed once); `after`'s note says what
+    its confirmation left out (the earlier one's may no longer hold)."""
     seen = {c.walk.plan_id for c in before.confirmations}
     confirmations = (*before.confirmations, *(c for c in after.confirmations if c.walk.plan_id not in seen))
-    notes = "; ".join(n for n in (after.confirm_note,) if n)
-    return replace(after, confirmations=confirmations, confirm_note=notes,
+    return replace(after, confirmations=confirmations,
                    unbuildable=tuple({(f.plan_id, f.target): f for f in (*before.unbuildable,
                                                                          *after.unbuildable)}.values()))
 

@@ -163,9 +163,12 @@ class ParetoPlot(View):
         else:
             frame = frame.reset_index(drop=True)
             data, front, labels = _points(frame), _front(frame), _baseline_labels(frame)
-            self._note_base = (f"<span style='color:#666;font-size:12px'>{len(frame)} plan(s), "
-                               f"{int(frame['pareto'].astype(bool).sum())} on the front; accuracy from "
-                               f"{_short_source(str(frame['accuracy_source'].iloc[0]))}</span>")
+            source = str(frame["accuracy_source"].iloc[0])
+            # The source by its short name, the whole of it on hover: written out ("ORT CPU QDQ (fake-quant, HTP
+            # weights, ...)"), it wraps the note over more lines than it has room for above the plot.
+            self._note_base = (f"<span style='color:#666;font-size:12px' title='{html.escape(source, quote=True)}'>"
+                               f"{len(frame)} plan(s), {int(frame['pareto'].astype(bool).sum())} on the front; "
+                               f"accuracy from {html.escape(source.split(' (', 1)[0])}</span>")
         checks = self.state.cross_checks
         if checks is None or checks.empty or study is None or frame is None or frame.empty:
             checks_data = _empty(_CHECKS)
@@ -379,15 +382,6 @@ def _clip_limits(values) -> tuple[float, float]:
     low, high = min(finite), max(finite)
     span = (high - low) or max(abs(high) * 0.1, 1e-3)
     return low - span, high + span
-
-
-def _short_source(source: str) -> str:
-    """An accuracy source by its name alone, its details ("ORT CPU QDQ (fake-quant, HTP weights, ...)") on hover:
-    written out, they wrap the note over more lines than it has room for above the plot."""
-    name = source.split(" (", 1)[0]
-    if name == source:
-        return html.escape(source)
-    return f"<abbr title='{html.escape(source, quote=True)}'>{html.escape(name)}</abbr>"
 
 
 def _paired_note(rows: pd.DataFrame) -> str:
