@@ -7,19 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import IR
-from onnx import TensorProto, helper, numpy_helper
-from test_latency_mechanisms_more import _concat
+from onnx import helper
+from test_latency_mechanisms_more import _concat, _model
 
 from mpstudio.latency import estimate_latency
 from mpstudio.latency.ops import MECHANISMS
-
-
-def _model(nodes, consts, inputs, out_shape):
-    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
-                              initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
 
 
 def _four_sigmoids(branches: bool):
