@@ -214,12 +214,12 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
         folds = (op.op_type == "Add" and op.weight_bytes > 0 and src.op_type in ("MatMul", "Gemm")
                  or op.op_type in ("Mul", "Div") and 0 < op.weight_bytes <= 4)
         # PReLU (a per-channel slope) is a layer of its own on the device, run while the matrix unit works.
+        own_op = op.op_type == "HardSwish" and MECHANISMS["hardswish_own_op"]  # overlapped like a SiLU, not fused
         if op.op_type == "PRelu" and MECHANISMS["prelu_overlaps"] and op.engine == "hvx":
             op.hidden_by = index
-        elif (op.op_type in _FUSABLE and not (op.op_type == "HardSwish" and MECHANISMS["hardswish_own_op"])
-              or folds):
+        elif op.op_type in _FUSABLE and not own_op or folds:
             op.engine, op.fused_into = "fused", index
             for out, _, _ in op.outputs:
                 producer[out] = index
-        elif (op.op_type in _OVERLAPPING or op.op_type == "HardSwish") and op.engine == "hvx":
+        elif (op.op_type in _OVERLAPPING or own_op) and op.engine == "hvx":
             op.hidden_by = index

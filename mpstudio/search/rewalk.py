@@ -29,13 +29,22 @@ from .result import SearchResult
 ROUNDS = 2
 
 
+def _read_short(result: SearchResult):
+    """The confirmation of the walk's pick when the confirming backend read it short of the target while the walk's
+    backend said it reaches it, else None."""
+    pick = (result.walk_pick or result.recommended).plan_id
+    return next((c for c in result.confirmations
+                 if c.walk.plan_id == pick and c.walk_verdict == REACHES and c.verdict != REACHES), None)
+
+
 def short_gap(result: SearchResult) -> float:
     """How much worse the confirming backend read the walk's pick, which the walk's backend said reaches the
     target (in the metric's units, positive = worse there); 0 when it was not read short, or not confirmed."""
-    pick = (result.walk_pick or result.recommended).plan_id
+    short = _read_short(result)
+    if short is None:
+        return 0.0
     sign = 1.0 if result.higher_is_better else -1.0
-    return max([0.0, *(sign * (c.walk.value - c.confirmed.value) for c in result.confirmations
-                       if c.walk.plan_id == pick and c.walk_verdict == REACHES and c.verdict != REACHES)])
+    return max(0.0, sign * (short.walk.value - short.confirmed.value))
 
 
 def tightened(threshold: float, gap: float, higher_is_better: bool) -> float:
@@ -81,12 +90,10 @@ def _walk_to(walk, grid, steer: float, result: SearchResult, bound: float | None
     try:
         # What a stored plan made pointless against the old threshold may not be against this one.
         grid.skipped.clear()
-        cap = grid.full
-        if walk.latency_budget_ms is not None:
-            cap = largest(lambda k: walk._fits(grid.plan_k(k), walk.latency_budget_ms), cap)
+        cap = walk.fitting(grid.plan_k, grid.full)
         if bound is not None:
             cap = largest(lambda k: clearly_cheaper(walk.estimate_ms(grid.plan_k(k)), bound), cap)
-        grid.cap = largest(lambda k: k == 0 or walk.pointless(grid.plan_k(k)) is None, cap)
+        grid.cap = walk.worth_evaluating(grid.plan_k, cap)
         reason = grid.run() if grid.cap > 0 else "every further promotion is priced at or above a stored plan as good"
         return walk._result(reason, result.order)
     finally:
@@ -94,8 +101,7 @@ def _walk_to(walk, grid, steer: float, result: SearchResult, bound: float | None
 
 
 def _why(result: SearchResult, gap: float, steer: float) -> str:
-    pick = (result.walk_pick or result.recommended).plan_id
-    short = next(c for c in result.confirmations if c.walk.plan_id == pick)
+    short = _read_short(result)
     sign = "<=" if not result.higher_is_better else ">="
     return (f"the {short.confirmed.backend.upper()} read {short.walk.name} {gap:.4f} worse than the "
             f"{short.walk.backend.upper()}, so the walk went on to {result.metric} {sign} {steer:.4f} on the "

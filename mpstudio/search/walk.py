@@ -152,14 +152,10 @@ class Walk:
         top = {"a8w8": "a16w8", "a8w8-pc": "a16w8-pc"}.get(base.name if steps is None else "")
         if every and top in self.baselines:
             known[len(order)] = self.baselines[top]  # every activation at 16 bits: that baseline, evaluated
-        cap = len(order)
-        if latency_budget_ms is not None:
-            cap = largest(lambda k: self._fits(plan_k(k), latency_budget_ms), cap)
-            if cap == 0:
-                return self._result(f"no promotion fits the latency budget of {latency_budget_ms} ms", order)
-        # Plans dearer than a stored plan that reaches the target, or than the best all-16-bit plan, or priced within
-        # the cost model's resolution of one (a tie, which the better value wins), are pointless.
-        cap = largest(lambda k: k == 0 or self.pointless(plan_k(k)) is None, cap)
+        cap = self.fitting(plan_k, len(order))
+        if cap == 0:
+            return self._result(f"no promotion fits the latency budget of {latency_budget_ms} ms", order)
+        cap = self.worth_evaluating(plan_k, cap)
         if cap == 0:
             return self._result("every promotion costs at least as much as a stored plan that is as good, or is "
                                 "priced within the cost model's resolution of one", order)
@@ -195,10 +191,7 @@ class Walk:
             return plans[k]
 
         known: dict[int, Evaluation] = {0: base, len(order): self.baselines[top]}
-        cap = len(order)
-        if self.latency_budget_ms is not None:
-            cap = largest(lambda k: self._fits(plan_k(k), self.latency_budget_ms), cap)
-        cap = largest(lambda k: k == 0 or self.pointless(plan_k(k)) is None, cap)
+        cap = self.worth_evaluating(plan_k, self.fitting(plan_k, len(order)))
         if cap == 0:
             return "every demotion prefix is priced at or above a stored plan that is as good"
         low, high = self.study.estimate(base_plan), self.study.estimate(self.study.plan(self.baselines[top].plan_id))
@@ -223,8 +216,17 @@ class Walk:
             self._estimates[plan.hash] = latency.ms if latency is not None else math.inf
         return self._estimates[plan.hash]
 
-    def _fits(self, plan: PrecisionPlan, budget: float) -> bool:
-        return self.estimate_ms(plan) <= budget
+    def fitting(self, plan_k, n: int) -> int:
+        """The largest k of [0, n] whose plan `plan_k(k)` fits the latency budget (n without one)."""
+        if self.latency_budget_ms is None:
+            return n
+        return largest(lambda k: self.estimate_ms(plan_k(k)) <= self.latency_budget_ms, n)
+
+    def worth_evaluating(self, plan_k, n: int) -> int:
+        """The largest k of [0, n] whose plan is not pointless (`pointless`): plans dearer than a stored plan that
+        reaches the target, or than the best all-16-bit plan, or priced within the cost model's resolution of one
+        (a tie, which the better value wins), are."""
+        return largest(lambda k: k == 0 or self.pointless(plan_k(k)) is None, n)
 
     def pointless(self, plan: PrecisionPlan) -> Evaluation | None:
         """The stored plan that makes evaluating `plan` pointless (`choice.pointless_because`), or None."""

@@ -333,24 +333,22 @@ class Lanes:
     def _drain(self, doc) -> None:
         from panel.io.state import set_curdoc
 
-        with self.lock:  # what was posted until now goes to the browser as one batch; later posts next
-            batch, self._posted = self._posted, []
         if doc.session_context is None or self._tab_gone(doc):
             # The tab went between the posting and this tick: Panel would schedule the views' updates for a session
             # about to be destroyed, and fail on its removed models a tick later.
             with self.lock:
                 self._draining = False
-                batch, self._posted = batch + self._posted, []
+                batch, self._posted = self._posted, []
             for next_fn in batch:
                 self._after_session(next_fn)
             return
         if self._ready_since is None:
             self._ready_since = time.monotonic()
         if page_not_ready(doc, self._ready_since):  # Panel would drop the batch's changes: wait for the page
-            with self.lock:
-                self._posted = batch + self._posted
             doc.add_timeout_callback(lambda: self._drain(doc), READY_POLL_MS)
             return
+        with self.lock:  # what was posted until now goes to the browser as one batch; later posts next
+            batch, self._posted = self._posted, []
         try:
             with set_curdoc(doc), pn.io.hold(doc):
                 for next_fn in batch:
