@@ -193,6 +193,27 @@ def test_the_pick_prefers_a_plan_that_clearly_reaches_and_names_cheaper_ones_wit
     assert choice.pick.plan_id == 1 and "no stored plan clearly reaches" in choice.why
 
 
+def test_of_plans_within_noise_the_pick_is_one_whose_value_meets_the_target():
+    """None clearly reaches 0.895: a cheap plan 0.04 under it and a dearer one over it are both within noise of it
+    (the samples cannot tell). The dearer one meets the target by its value, so it is the pick, and the note names
+    the cheaper one that falls short; without any that meets it, the cheapest within noise is."""
+    from mpstudio.search import choose
+
+    short, over, dearest = _evaluation(1, 0.855, 0.177), _evaluation(2, 0.91, 0.244), _evaluation(3, 0.93, 0.30)
+    verdicts = {1: "within noise", 2: "within noise", 3: "within noise"}
+    choice = choose([short, over, dearest], 0.895, True, verdicts=verdicts)
+    assert choice.pick.plan_id == 2
+    assert "whose value meets it" in choice.why and "1 cheaper plan(s) within noise fall short" in choice.why
+    assert {c.plan_id: c.verdict for c in choice.considered}[1] == "within noise"
+    # Lower is better (CER): the same rule, mirrored.
+    low, high = _evaluation(4, 0.030, 1.0), _evaluation(5, 0.018, 1.4)
+    choice = choose([low, high], 0.020, False, verdicts={4: "within noise", 5: "within noise"})
+    assert choice.pick.plan_id == 5
+    # None meets it by its value: the cheapest within noise, said so.
+    choice = choose([short, _evaluation(6, 0.88, 0.2)], 0.895, True, verdicts={1: "within noise", 6: "within noise"})
+    assert choice.pick.plan_id == 1 and "none meets it by its value" in choice.why
+
+
 def test_the_search_reports_a_plan_within_noise_of_its_target(tmp_path):
     """A target half a sample above a16w8's top-1 (60 samples): a16w8 neither clearly reaches nor clearly misses
     it, and the search says so (its printed result, its JSON), while a8w8 clearly misses."""

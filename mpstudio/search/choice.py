@@ -1,8 +1,8 @@
 """The recommendation chosen over every plan a study holds for one accuracy source (not only the plans a walk
-evaluated): the cheapest plan that clearly reaches the target, else the cheapest within noise of it, else the most
-accurate within the latency budget, never a plan another stored plan dominates; and whether a plan is worth
-evaluating at all. Estimated latencies closer than the cost model resolves are a tie (`latency.resolution`), and a
-tie goes to the better value, here as in the walk's pruning."""
+evaluated): the cheapest plan that clearly reaches the target, else the cheapest within noise of it (those whose
+value meets it first), else the most accurate within the latency budget, never a plan another stored plan
+dominates; and whether a plan is worth evaluating at all. Estimated latencies closer than the cost model resolves
+are a tie (`latency.resolution`), and a tie goes to the better value, here as in the walk's pruning."""
 
 from __future__ import annotations
 
@@ -95,10 +95,11 @@ TIE_WORDS = (f"priced within the cost model's resolution ({TIE_SHARE:.0%} of the
 def choose(evaluations, threshold: float, higher_is_better: bool,
            latency_budget_ms: float | None = None, verdicts: dict | None = None) -> Choice:
     """The plan to recommend among `evaluations` (one accuracy source): the cheapest (estimated latency) of those
-    that clearly reach `threshold` within the budget; when none does, the cheapest within noise of it; when none
-    is, the most accurate within the budget (any plan when none fits it). A plan another one dominates
-    (`dominates`: a better value priced within the cost model's resolution of it dominates it too) is never picked,
-    so of two plans that reach the target at tied latencies the better value is. `verdicts` (plan id: "reaches",
+    that clearly reach `threshold` within the budget; when none does, the cheapest within noise of it whose value
+    meets the threshold, else the cheapest within noise; when none is, the most accurate within the budget (any
+    plan when none fits it). A plan another one dominates (`dominates`: a better value priced within the cost
+    model's resolution of it dominates it too) is never picked, so of two plans that reach the target at tied
+    latencies the better value is. `verdicts` (plan id: "reaches",
     "misses" or "within noise", from `evidence.TargetEvidence`) say which plans clearly reach; without them, a
     value that meets the threshold does."""
     unique = list({e.plan_id: e for e in evaluations}.values())
@@ -125,10 +126,18 @@ def choose(evaluations, threshold: float, higher_is_better: bool,
         if cheaper:
             why += f"; {len(cheaper)} cheaper plan(s) are within noise of the target (not clearly reaching it)"
     elif noisy:
-        pick = min(noisy, key=cheapest)
-        why = (f"no stored plan clearly reaches the target{budget}; the cheapest of {len(noisy)} within noise of it "
-               f"(value and target differ by less than the metric's resolution or the interval), among {len(unique)} "
+        # Within noise either way, a value that meets the threshold is the better bet: the cheapest of those, and
+        # only when none meets it the cheapest of the rest.
+        meeting = [e for e in noisy if meets(e.value, threshold, higher_is_better)]
+        pick = min(meeting or noisy, key=cheapest)
+        which = (f"the cheapest of {len(meeting)} whose value meets it" if meeting else
+                 f"none meets it by its value; the cheapest of those {len(noisy)}")
+        why = (f"no stored plan clearly reaches the target{budget}; {len(noisy)} are within noise of it (value and "
+               f"target differ by less than the metric's resolution or the interval), {which}, among {len(unique)} "
                "considered") + _tie_note(pick, unique, dominated, fits, evidence, higher_is_better, "within noise")
+        cheaper = [e for e in noisy if e not in meeting and clearly_cheaper(estimate_ms(e), estimate_ms(pick))]
+        if meeting and cheaper:
+            why += f"; {len(cheaper)} cheaper plan(s) within noise fall short of it by their value"
     else:
         pool = [e for e in open_ if fits[e.plan_id]]
         why = f"no stored plan reaches the target{budget}; the most accurate of {len(unique)} considered"
