@@ -262,34 +262,18 @@ def _scoring(evaluator: Evaluator, path: Path) -> float:
 
 # ---- HTP numerics ----------------------------------------------------------------------------------------------
 def constants_quantized(path: Path) -> Path:
-    """`path` with each QuantizeLinear of a constant (weights, biases) replaced by its integer codes, the form
-    QNN takes weights in (it leaves a QuantizeLinear of an initializer to the CPU): the same numbers, computed
-    once. AIMET's `to_onnx_qdq` keeps such nodes after Lite-MP's flips. Returns `path` when there is none."""
-    import numpy as np
-    from onnx import numpy_helper
+    """`path` with each QuantizeLinear of a constant (weights, biases) replaced by its integer codes
+    (`mpstudio.constant_codes`), the form QNN takes weights in (it leaves a QuantizeLinear of an initializer to the
+    CPU): the same numbers, computed once. AIMET's `to_onnx_qdq` keeps such nodes after Lite-MP's flips. Returns
+    `path` when there is none."""
+    from mpstudio.constant_codes import quantized_constants
 
     model = onnx.load(path)
-    inits = {i.name: i for i in model.graph.initializer}
-    folded = []
-    for node in model.graph.node:
-        if node.op_type != "QuantizeLinear" or not all(x in inits for x in node.input[:3]) or len(node.input) < 3:
-            continue
-        w, scale, zero = (numpy_helper.to_array(inits[x]) for x in node.input[:3])
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        if scale.size > 1:
-            shape = [1] * w.ndim
-            shape[axis] = -1
-            scale, zero = scale.reshape(shape), zero.reshape(shape)
-        info = np.iinfo(zero.dtype)
-        codes = np.clip(np.rint(w.astype(np.float64) / scale) + zero.astype(np.int64), info.min, info.max)
-        model.graph.initializer.append(numpy_helper.from_array(codes.astype(zero.dtype), node.output[0]))
-        folded.append(node)
-    if not folded:
+    folded = quantized_constants(model)
+    if folded is model:
         return path
-    for node in folded:
-        model.graph.node.remove(node)
     out = path.with_name(path.stem + ".constants-quantized.onnx")
-    onnx.save(model, out)
+    onnx.save(folded, out)
     return out
 
 

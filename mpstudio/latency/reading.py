@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..constant_codes import quantized_constants
 from ..model import load_model
 from ..qdq import read as read_qdq
 from .depth import blocked_elements, image_tensors
@@ -94,7 +95,9 @@ _SHAPE_OPS = {"Shape", "Constant", "ConstantOfShape", "Range", "Size"}
 
 
 def _parse(model: onnx.ModelProto) -> ParsedModel:
-    """The ops the HTP runs, read through the one QDQ reader (mpstudio.qdq), with their shapes and work."""
+    """The ops the HTP runs, read through the one QDQ reader (mpstudio.qdq), with their shapes and work. Weights
+    written as a QuantizeLinear of a float constant are read as the integer codes the device prepares from them."""
+    model = quantized_constants(model)
     qdq = read_qdq(model)
     shapes = _shapes(model)
     # Image-like tensors: read by the channel blocks and the channels-last transposes only, when either is on.
