@@ -80,6 +80,9 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 #     its own (a fixed cost per input), not in one pass over all of them;
 #   hardswish_own_op: a HardSwish after a matrix op runs as a vector op of its own, overlapped with that op like a
 #     SiLU, instead of fusing into it as a Relu does.
+#   metadata_ops_free: an op that moves no data (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout, a
+#     channels-last Transpose with channels_last_transpose, a float Concat with concat_in_place) has no fixed cost:
+#     the graph's preparation folds it into its tensors' descriptions, and it never runs (latency.features).
 # On: silu_after_depthwise (87 -> 86 of 256 cross-validated rows outside), prelu_overlaps (92 -> 91 with the
 # left-out fits started from nominal values), and shallow_input with shallow_input_packing and concat_requantize
 # (together 94 -> 70 of 256, with the fit's unidentifiable constants held: latency.fitting.HELD), then
@@ -94,7 +97,7 @@ MECHANISMS = {"layout_look_through": False, "clamp_after_vector": True, "channel
               "vtcm_partial_spill": False, "shallow_input": True,
               "shallow_input_packing": True, "tiny_ops": True, "overhead_overlaps": False,
               "layernorm_plain": False, "hardswish_own_op": False,
-              "branch_overlap": True, "concat_requantize_per_input": False}
+              "branch_overlap": True, "concat_requantize_per_input": False, "metadata_ops_free": True}
 
 TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
              "uint4": 4, "int4": 4}
