@@ -109,13 +109,13 @@ class HtpArch:
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
 FIT_SOURCE = "fitted 2026-11-27 by benchmarks/latency_fit.py on 2 published-latency file(s)"
-_FITTED_COSTS = dict(rate_16x8=1.121, rate_fp16=3.052, hvx_16bit=3.683, hvx_fp16=3.253, transcendental=1.088,
-    transcendental_16=1.02, transcendental_fp16=1.924, normalize=6.385, op_cycles=2168.0, overlap=0.5888,
-    memory_efficiency=0.9994, depthwise=0.4248)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=13310.0, clock_ghz=0.5956, fp16_factor=0.9975), "75": dict(hmx_gmacs=19410.0,
-    clock_ghz=1.0, fp16_factor=1.0), "79": dict(hmx_gmacs=26400.0, clock_ghz=1.757, fp16_factor=1.055)}
-_FITTED_SPREAD = dict(absolute=0.2193, wide16=0.3658, fp16=0.2858, ratio16=0.1511, ratio_fp=0.1583, coverage=0.8)
-_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9881, clock=0.8002)}
+_FITTED_COSTS = dict(rate_16x8=1.121, rate_fp16=3.061, hvx_16bit=3.671, hvx_fp16=3.261, transcendental=1.076,
+    transcendental_16=1.007, transcendental_fp16=1.894, normalize=6.546, op_cycles=2248.0, overlap=0.5741,
+    memory_efficiency=0.999, depthwise=0.4318)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=13320.0, clock_ghz=0.6078, fp16_factor=0.9922), "75": dict(hmx_gmacs=19680.0,
+    clock_ghz=1.0, fp16_factor=1.0), "79": dict(hmx_gmacs=26490.0, clock_ghz=1.771, fp16_factor=1.054)}
+_FITTED_SPREAD = dict(absolute=0.1428, wide16=0.3943, fp16=0.2651, ratio16=0.1694, ratio_fp=0.1825, coverage=0.8)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9858, clock=0.7791)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)

@@ -87,7 +87,8 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 # left-out fits started from nominal values), and shallow_input with shallow_input_packing and concat_requantize
 # (together 94 -> 70 of 256, with the fit's unidentifiable constants held: latency.fitting.HELD), then
 # depthwise_tap_groups (70 -> 60) and tiny_ops (60 -> 59; issue 22), then concat_in_place with
-# clamp_after_vector (59 -> 56) and branch_overlap (56 -> 53; issue 22, second round). Off: the others,
+# clamp_after_vector (59 -> 56) and branch_overlap (56 -> 53; issue 22, second round), then metadata_ops_free
+# (53 -> 50; issue 22, third round). Off: the others,
 # each of which, measured alone or with the others, left more cross-validation misses than without it (the refit
 # moves other architectures' rows); kept to be measured again with the next formula changes (docs/latency.md, "Fit").
 MECHANISMS = {"layout_look_through": False, "clamp_after_vector": True, "channels_last_transpose": False,
