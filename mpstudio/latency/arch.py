@@ -109,13 +109,13 @@ class HtpArch:
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
 FIT_SOURCE = "fitted 2026-11-27 by benchmarks/latency_fit.py on 2 published-latency file(s)"
-_FITTED_COSTS = dict(rate_16x8=1.121, rate_fp16=3.061, hvx_16bit=3.671, hvx_fp16=3.261, transcendental=1.076,
-    transcendental_16=1.007, transcendental_fp16=1.894, normalize=6.546, op_cycles=2248.0, overlap=0.5741,
-    memory_efficiency=0.999, depthwise=0.4318)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=13320.0, clock_ghz=0.6078, fp16_factor=0.9922), "75": dict(hmx_gmacs=19680.0,
+_FITTED_COSTS = dict(rate_16x8=1.121, rate_fp16=3.061, hvx_16bit=3.673, hvx_fp16=3.262, transcendental=1.076,
+    transcendental_16=1.007, transcendental_fp16=1.895, normalize=6.55, op_cycles=2250.0, overlap=0.5744,
+    memory_efficiency=0.999, depthwise=0.4316)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=13320.0, clock_ghz=0.608, fp16_factor=0.9923), "75": dict(hmx_gmacs=19680.0,
     clock_ghz=1.0, fp16_factor=1.0), "79": dict(hmx_gmacs=26490.0, clock_ghz=1.771, fp16_factor=1.054)}
-_FITTED_SPREAD = dict(absolute=0.1428, wide16=0.3943, fp16=0.2651, ratio16=0.1694, ratio_fp=0.1825, coverage=0.8)
-_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9858, clock=0.7791)}
+_FITTED_SPREAD = dict(absolute=0.1511, wide16=0.3434, fp16=0.2569, ratio16=0.1491, ratio_fp=0.1923, coverage=0.8)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9861, clock=0.7794)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)
