@@ -109,13 +109,13 @@ class HtpArch:
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
 FIT_SOURCE = "fitted 2026-11-27 by benchmarks/latency_fit.py on 2 published-latency file(s)"
-_FITTED_COSTS = dict(rate_16x8=1.121, rate_fp16=3.061, hvx_16bit=3.673, hvx_fp16=3.262, transcendental=1.076,
-    transcendental_16=1.007, transcendental_fp16=1.895, normalize=6.55, op_cycles=2250.0, overlap=0.5744,
-    memory_efficiency=0.999, depthwise=0.4316)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=13320.0, clock_ghz=0.608, fp16_factor=0.9923), "75": dict(hmx_gmacs=19680.0,
+_FITTED_COSTS = dict(rate_16x8=1.121, rate_fp16=3.061, hvx_16bit=3.674, hvx_fp16=3.262, transcendental=1.076,
+    transcendental_16=1.007, transcendental_fp16=1.895, normalize=6.551, op_cycles=2251.0, overlap=0.5745,
+    memory_efficiency=0.9989, depthwise=0.4315)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=13320.0, clock_ghz=0.6081, fp16_factor=0.9923), "75": dict(hmx_gmacs=19680.0,
     clock_ghz=1.0, fp16_factor=1.0), "79": dict(hmx_gmacs=26490.0, clock_ghz=1.771, fp16_factor=1.054)}
-_FITTED_SPREAD = dict(absolute=0.1511, wide16=0.3434, fp16=0.2569, ratio16=0.1491, ratio_fp=0.1923, coverage=0.8)
-_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9861, clock=0.7794)}
+_FITTED_SPREAD = dict(absolute=0.2111, wide16=0.3324, fp16=0.285, ratio16=0.1604, ratio_fp=0.1674, coverage=0.8)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9862, clock=0.7795)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)
