@@ -109,13 +109,13 @@ class HtpArch:
 
 # BEGIN FITTED CONSTANTS (written by benchmarks/latency_fit.py --write; do not edit by hand)
 FIT_SOURCE = "fitted 2026-11-27 by benchmarks/latency_fit.py on 2 published-latency file(s)"
-_FITTED_COSTS = dict(rate_16x8=1.121, rate_fp16=3.061, hvx_16bit=3.674, hvx_fp16=3.262, transcendental=1.076,
-    transcendental_16=1.007, transcendental_fp16=1.895, normalize=6.551, op_cycles=2251.0, overlap=0.5745,
-    memory_efficiency=0.9989, depthwise=0.4315)
-_FITTED_ARCHS = {"73": dict(hmx_gmacs=13320.0, clock_ghz=0.6081, fp16_factor=0.9923), "75": dict(hmx_gmacs=19680.0,
-    clock_ghz=1.0, fp16_factor=1.0), "79": dict(hmx_gmacs=26490.0, clock_ghz=1.771, fp16_factor=1.054)}
-_FITTED_SPREAD = dict(absolute=0.2111, wide16=0.3324, fp16=0.285, ratio16=0.1604, ratio_fp=0.1674, coverage=0.8)
-_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9862, clock=0.7795)}
+_FITTED_COSTS = dict(rate_16x8=1.252, rate_fp16=3.062, hvx_16bit=2.908, hvx_fp16=2.769, transcendental=0.3747,
+    transcendental_16=4.339, transcendental_fp16=7.977, normalize=2.998, op_cycles=2415.0, overlap=0.5708,
+    memory_efficiency=0.9962, depthwise=0.5499)
+_FITTED_ARCHS = {"73": dict(hmx_gmacs=13190.0, clock_ghz=0.6217, fp16_factor=0.9939), "75": dict(hmx_gmacs=19770.0,
+    clock_ghz=1.0, fp16_factor=1.0), "79": dict(hmx_gmacs=28070.0, clock_ghz=1.703, fp16_factor=1.094)}
+_FITTED_SPREAD = dict(absolute=0.1431, wide16=0.3132, fp16=0.2502, ratio16=0.1585, ratio_fp=0.1636, coverage=0.8)
+_FITTED_DEVICES = {"Snapdragon X Elite CRD": dict(arch="73", hmx=0.9966, clock=0.774)}
 # END FITTED CONSTANTS
 
 COSTS = CostConstants(**_FITTED_COSTS)
