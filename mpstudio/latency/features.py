@@ -72,7 +72,10 @@ class OpFeatures:
                 "overhead_overlaps": MECHANISMS["overhead_overlaps"],
                 "fixed_share": np.where(runs & (self.act_bytes + self.weight_bytes <= TINY_BYTES)
                                         & MECHANISMS["tiny_ops"], TINY_SHARE, 1.0)
-                / (self.parallel if self.parallel is not None else 1.0)}
+                / (self.parallel if self.parallel is not None else 1.0)
+                # Mechanism `metadata_ops_free`: an op that moves no data (a reshape, a float Concat its producers
+                # write in place) is folded into its tensors' descriptions when the graph is prepared: never run.
+                * np.where((engine == "none") & MECHANISMS["metadata_ops_free"], 0.0, 1.0)}
 
     def costs(self, arch: HtpArch) -> dict[str, np.ndarray]:
         """compute_ms, memory_ms, overhead_ms, hidden_ms and ms of every op on `arch`."""

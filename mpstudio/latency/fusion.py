@@ -183,6 +183,8 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
     its own); SiLU, GELU... run on HVX while the matrix unit works (`hidden_by`)."""
     producer = dict(graph.producer)
     for op in ops:
+        if op.op_type == "Add" and len(op.inputs) == 2 and MECHANISMS["vector_add_folds"]:
+            _fold_vector_add(ops, graph, producer, op)
         if op.engine == "fused" or len(op.inputs) != 1 or op.kind != "compute":
             continue
         name, received, _ = op.inputs[0]
@@ -223,3 +225,20 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
                 producer[out] = index
         elif (op.op_type in _OVERLAPPING or own_op) and op.engine == "hvx":
             op.hidden_by = index
+
+
+def _fold_vector_add(ops: list[HtpOp], graph: _OpGraph, producer: dict, add: HtpOp) -> None:
+    """Mechanism `vector_add_folds`: an Add of a Gemm's or MatMul's sole output (same type) and an activation of
+    one value per output column, broadcast over the rows (an attention mask [1, 1, 1, S] after the query-key
+    MatMul), is a bias: the matrix unit's output stage adds it as it writes, and no vector op runs."""
+    if add.engine != "hvx" or add.kind != "compute":
+        return
+    for (name, received, _), (_, _, other) in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+        index = producer.get(name)
+        src = ops[index] if index is not None else None
+        if (src is not None and src.engine == "hmx" and src.out_channels and other == src.out_channels
+                and len(graph.readers[name]) == 1 and received == src.outputs[0][1]):
+            add.engine, add.fused_into = "fused", index
+            for out, _, _ in add.outputs:
+                producer[out] = index
+            return

@@ -21,7 +21,7 @@ from .arch import htp_arch
 # against +8 promoted tensors: 0.641 against 0.657 ms, 2.4 %).
 TIE_SHARE = 0.01
 # Below any share: one op's fixed cost on the HTP (scheduling, synchronisation; `op_cycles` at the default v75's
-# clock, 2.0 us; 3.3 us on v73), the smallest item the cost model prices. A smaller difference is whether one op
+# clock, 2.5 us; 3.9 us on v73), the smallest item the cost model prices. A smaller difference is whether one op
 # runs at all, which the model cannot resolve.
 _DEFAULT = htp_arch("75")
 TIE_FLOOR_MS = _DEFAULT.costs.op_cycles / (_DEFAULT.clock_ghz * 1e6)

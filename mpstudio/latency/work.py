@@ -59,6 +59,7 @@ def shape_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, weights, image_lik
         op.macs = int(out_n) * k
         op.engine, op.cls = "hmx", "hmx"
         op.hmx_macs = int(out_n // max(n, 1)) * _pad(n) * _pad(k)
+        op.out_channels = n
         return
     if t in REDUCE_OPS:
         op.cls, op.work = "reduce", op.inputs[0][2] if op.inputs else out_n
