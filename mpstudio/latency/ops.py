@@ -92,9 +92,9 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 # depthwise_tap_groups (70 -> 60) and tiny_ops (60 -> 59; issue 22), then concat_in_place with
 # clamp_after_vector (59 -> 56) and branch_overlap (56 -> 53; issue 22, second round), then metadata_ops_free
 # (53 -> 50), vector_add_folds (50 -> 49), channels_last_transpose (49 -> 48), hardswish_own_op (48 -> 46),
-# layernorm_plain (46 -> 37) and layout_look_through (37 -> 35; issue 22, third round). Off: the others, each of which, measured alone or with the
-# others, left more cross-validation misses than without it (the refit moves other architectures' rows); kept to be
-# measured again with the next formula changes (docs/latency.md, "Fit").
+# layernorm_plain (46 -> 37) and layout_look_through (37 -> 35; issue 22, third round). Off: the others, each of
+# which, measured alone or with the others, left more cross-validation misses than without it (the refit moves
+# other architectures' rows); kept to be measured again with the next formula changes (docs/latency.md, "Fit").
 MECHANISMS = {"layout_look_through": True, "clamp_after_vector": True, "channels_last_transpose": True,
               "prelu_overlaps": True, "concat_in_place": True, "silu_after_depthwise": True,
               "depthwise_tap_groups": True, "concat_requantize": True,
