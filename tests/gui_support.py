@@ -324,7 +324,7 @@ def top_ranked_row(page, state):
     return source_column(page, "nodes", "id").index(node), tensor
 
 
-def wait_centred(page, state, timeout: float = 30.0):
+def wait_centred(page, state, timeout: float = 60.0):
     """Wait until the graph's window shows the top-ranked tensor's node (it opens on the most sensitive region);
     the ranking is read at each look, since it may change its head while the studio opens."""
     seen = {}
