@@ -23,7 +23,8 @@ from onnx import numpy_helper
 
 from .folding import FOLDED_ACTIVATIONS
 from .graph import BIAS, ModelGraph
-from .qdq import PARAM, QUANTIZED_INITIALIZER_SUFFIX, Encoding, QdqModel, QuantizedTensor, quantized_tensors, read
+from .qdq import (PARAM, QUANTIZED_INITIALIZER_SUFFIX, Encoding, QdqModel, QuantizedTensor, quantize,
+                  quantized_tensors, read)
 
 
 def unapplied_encodings(qdq_model, graph: ModelGraph, tensors: Iterable) -> list[tuple[str, str]]:
@@ -144,11 +145,4 @@ def _codes(model: QdqModel, name: str, encoding: Encoding) -> np.ndarray | None:
     w = numpy_helper.to_array(value)
     if np.issubdtype(w.dtype, np.integer):  # stored codes under the tensor's own name (AIMET writes `W_q`)
         return w
-    w = w.astype(np.float32)
-    scale = np.asarray(encoding.scale, np.float32)
-    zero = np.asarray(encoding.zero_point, np.int64)
-    if encoding.per_channel:
-        shape = [1] * w.ndim
-        shape[encoding.axis % w.ndim] = -1
-        scale, zero = scale.reshape(shape), zero.reshape(shape)
-    return np.clip(np.rint(w / scale) + zero, encoding.qmin, encoding.qmax).astype(np.int64)
+    return quantize(w, encoding.scale, encoding.zero_point, encoding.qmin, encoding.qmax, encoding.axis)

@@ -131,6 +131,22 @@ def dequantize(codes, scale, zero_point, axis: int | None = None) -> np.ndarray:
     return np.asarray((codes - zero).astype(np.float32) * scale, np.float32)
 
 
+def quantize(values, scale, zero_point, qmin: int, qmax: int, axis: int | None = None) -> np.ndarray:
+    """The int64 codes a QuantizeLinear computes for `values`, the inverse of `dequantize`: the float32 quotient by
+    `scale` rounded half to even, plus `zero_point`, saturated to [`qmin`, `qmax`]. Per tensor, or per channel along
+    `axis` (one scale and zero point per channel)."""
+    values = np.asarray(values, np.float32)
+    scale = np.asarray(scale, np.float32)
+    zero = np.asarray(zero_point).astype(np.int64)
+    if axis is None:
+        scale, zero = scale.reshape(()), zero.reshape(())
+    else:
+        shape = [1] * values.ndim
+        shape[axis % values.ndim] = -1
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return np.clip(np.rint(values / scale).astype(np.int64) + zero, qmin, qmax)
+
+
 # ---- what a QDQ model says ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class QuantizedTensor:
@@ -444,6 +460,6 @@ def with_outputs(model, names) -> bytes:
     return copy.SerializeToString()
 
 
-__all__ = ["Encoding", "dequantize", "QuantizedTensor", "QdqModel", "QdqOp", "OpOperand", "QdqConvert", "GraphIO", "read",
-           "load", "quantized_tensors", "with_outputs", "ACTIVATION", "PARAM", "GRAPH_OUTPUT_SUFFIX",
+__all__ = ["Encoding", "dequantize", "quantize", "QuantizedTensor", "QdqModel", "QdqOp", "OpOperand", "QdqConvert",
+           "GraphIO", "read", "load", "quantized_tensors", "with_outputs", "ACTIVATION", "PARAM", "GRAPH_OUTPUT_SUFFIX",
            "DEQUANTIZED_SUFFIX", "QUANTIZED_INITIALIZER_SUFFIX", "INTEGER_TYPES"]

@@ -99,9 +99,8 @@ def choose(evaluations, threshold: float, higher_is_better: bool,
     meets the threshold, else the cheapest within noise; when none is, the most accurate within the budget (any
     plan when none fits it). A plan another one dominates (`dominates`: a better value priced within the cost
     model's resolution of it dominates it too) is never picked, so of two plans that reach the target at tied
-    latencies the better value is. `verdicts` (plan id: "reaches",
-    "misses" or "within noise", from `evidence.TargetEvidence`) say which plans clearly reach; without them, a
-    value that meets the threshold does."""
+    latencies the better value is. `verdicts` (plan id: "reaches", "misses" or "within noise", from
+    `evidence.TargetEvidence`) say which plans clearly reach; without them, a value that meets the threshold does."""
     unique = list({e.plan_id: e for e in evaluations}.values())
     if not unique:
         raise MpstudioError("no evaluated plan to recommend")
