@@ -120,14 +120,7 @@ def dequantize(codes, scale, zero_point, axis: int | None = None) -> np.ndarray:
     computes them: the difference in integers, then one float32 product. Per tensor (`scale` and `zero_point`
     scalars or one-element arrays), or per channel along `axis` (one of each per channel)."""
     codes = np.asarray(codes).astype(np.int64)
-    scale = np.asarray(scale, np.float32)
-    zero = np.asarray(zero_point).astype(np.int64)
-    if axis is None:
-        scale, zero = scale.reshape(()), zero.reshape(())
-    else:
-        shape = [1] * codes.ndim
-        shape[axis] = -1
-        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    scale, zero = _along(scale, zero_point, codes.ndim, axis)
     return np.asarray((codes - zero).astype(np.float32) * scale, np.float32)
 
 
@@ -136,15 +129,19 @@ def quantize(values, scale, zero_point, qmin: int, qmax: int, axis: int | None =
     `scale` rounded half to even, plus `zero_point`, saturated to [`qmin`, `qmax`]. Per tensor, or per channel along
     `axis` (one scale and zero point per channel)."""
     values = np.asarray(values, np.float32)
-    scale = np.asarray(scale, np.float32)
-    zero = np.asarray(zero_point).astype(np.int64)
-    if axis is None:
-        scale, zero = scale.reshape(()), zero.reshape(())
-    else:
-        shape = [1] * values.ndim
-        shape[axis % values.ndim] = -1
-        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    scale, zero = _along(scale, zero_point, values.ndim, axis)
     return np.clip(np.rint(values / scale).astype(np.int64) + zero, qmin, qmax)
+
+
+def _along(scale, zero_point, ndim: int, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """A quantizer's float32 scale and int64 zero point shaped to broadcast over an array of `ndim` axes: scalars
+    per tensor (`axis` None), one per channel along `axis` otherwise."""
+    scale, zero = np.asarray(scale, np.float32), np.asarray(zero_point).astype(np.int64)
+    if axis is None:
+        return scale.reshape(()), zero.reshape(())
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return scale.reshape(shape), zero.reshape(shape)
 
 
 # ---- what a QDQ model says ----------------------------------------------------------------------------------
