@@ -358,6 +358,10 @@ class QdqModel:
         return Encoding(INTEGER_TYPES[elem_type][0], tuple(float(s) for s in scale),
                         tuple(int(z) for z in zero), axis)
 
+    def quantized_type(self, node: onnx.NodeProto) -> str:
+        """The quantized type a QuantizeLinear of this model writes or a DequantizeLinear reads."""
+        return _dtype(node, self.initializers)
+
     # ---- ops ----
     def origin(self, value: str) -> str:
         """The float model's tensor a (possibly converted) quantized value stands for."""

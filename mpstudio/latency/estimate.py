@@ -110,16 +110,18 @@ class LatencyEstimate:
                 "ops": self.ops.to_dict(orient="records")}
 
 
-def estimate_latency(qdq_model, htp_arch: str | int | HtpArch = "75") -> LatencyEstimate:
+def estimate_latency(qdq_model, htp_arch: str | int | HtpArch = "75", build=None) -> LatencyEstimate:
     """Estimate the latency of `qdq_model` (a path or ModelProto) on HTP `htp_arch` with the cost model.
 
     A QDQ model (QuantizeLinear/DequantizeLinear around float ops, as ORT's quantize_static makes for QNN) is
     priced with the types its Q/DQ nodes give each op; a float model (no QDQ) as fp16 on the HTP. `htp_arch`
     may be a calibrated HtpArch (`calibrate`). The result's latencies have source "estimate"; they are not
-    measurements.
+    measurements. A node unit the QNN EP does not group (its quantized activation types differ) is priced as the
+    HTP runs it: the op in fp16 with its own Q/DQ ops; `build` (mpstudio.htp_build.htp_build of the model) takes
+    the HTP's own answer of which ops compute in float instead.
     """
     arch = resolve_arch(htp_arch)
-    parsed = parsed_model(qdq_model)
+    parsed = parsed_model(qdq_model, build)
     ops_list = list(parsed.ops)
     if not parsed.quantized:
         ops_list += float_io_ops(parsed)  # the HTP casts fp32 graph inputs to fp16 and outputs back

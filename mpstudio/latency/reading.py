@@ -19,6 +19,7 @@ from .depth import blocked_elements, image_tensors
 from .fusion import concat_requantizations, fuse
 from .ops import MECHANISMS, HtpOp, type_bytes
 from .shallow import shallow_inputs
+from .units import built_units, float_units
 from .work import shape_work
 
 
@@ -33,19 +34,21 @@ class ParsedModel:
     graph_outputs: tuple[str, ...]
 
 
-def parsed_model(model) -> ParsedModel:
-    """The ops of `model`, cached for a path while the file is unchanged."""
+def parsed_model(model, build=None) -> ParsedModel:
+    """The ops of `model`, cached for a path while the file is unchanged. `build` (mpstudio.htp_build.HtpBuild):
+    the graph the HTP prepared of this model, which settles which ops compute in float (else the rule of
+    latency.units does)."""
     if isinstance(model, (str, os.PathLike)) and Path(model).is_file():
         path = Path(model).resolve()
         stat = path.stat()
-        return _parsed_file(str(path), stat.st_mtime_ns, stat.st_size, tuple(sorted(MECHANISMS.items())))
-    return _parse(load_model(model))
+        return _parsed_file(str(path), stat.st_mtime_ns, stat.st_size, tuple(sorted(MECHANISMS.items())), build)
+    return _parse(load_model(model), build)
 
 
 @lru_cache(maxsize=64)  # a study re-estimates every plan when it recalibrates on a device
-def _parsed_file(path: str, mtime_ns: int, size: int, mechanisms: tuple) -> ParsedModel:
+def _parsed_file(path: str, mtime_ns: int, size: int, mechanisms: tuple, build=None) -> ParsedModel:
     """The parse reads the mechanisms switched on (fusions, image-like tensors): they are part of the key."""
-    return _parse(load_model(path))
+    return _parse(load_model(path), build)
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, tuple]:
@@ -94,11 +97,13 @@ def _elements(shape) -> int | None:
 _SHAPE_OPS = {"Shape", "Constant", "ConstantOfShape", "Range", "Size"}
 
 
-def _parse(model: onnx.ModelProto) -> ParsedModel:
+def _parse(model: onnx.ModelProto, build=None) -> ParsedModel:
     """The ops the HTP runs, read through the one QDQ reader (mpstudio.qdq), with their shapes and work. Weights
-    written as a QuantizeLinear of a float constant are read as the integer codes the device prepares from them."""
+    written as a QuantizeLinear of a float constant are read as the integer codes the device prepares from them.
+    A node unit the HTP does not run quantized (latency.units) computes in fp16 beside its own Q/DQ ops."""
     model = quantized_constants(model)
     qdq = read_qdq(model)
+    units = built_units(qdq, build) if build is not None else float_units(qdq)
     shapes = _shapes(model)
     # Image-like tensors: read by the channel blocks and the channels-last transposes only, when either is on.
     wanted = MECHANISMS["channel_blocks"] or MECHANISMS["channels_last_transpose"]
@@ -106,8 +111,10 @@ def _parse(model: onnx.ModelProto) -> ParsedModel:
     counter = _ElementCounter(shapes, images if MECHANISMS["channel_blocks"] else set())
     ops = [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "QuantizeLinear"]
     ops += [_convert_op(c, counter) for c in qdq.converts]
-    computed = [op for op in (_compute_op(o, counter, images) for o in qdq.ops if o.op_type not in _SHAPE_OPS)
-                if op]
+    ops += [_standalone_op(node, qdq.quantized_type(node), counter) for node in model.graph.node
+            if (node.name or node.output[0]) in units.standalone]
+    computed = [op for op in (_compute_op(o, counter, images, o.node.name in units.float_ops) for o in qdq.ops
+                              if o.op_type not in _SHAPE_OPS) if op]
     ops += shallow_inputs(computed, qdq.ops, shapes, qdq.graph_inputs) + computed
     ops += concat_requantizations(ops)
     ops += [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "DequantizeLinear"]
@@ -151,21 +158,34 @@ def _convert_op(convert, elements: _ElementCounter) -> HtpOp:
                  cls="convert", kind="convert")
 
 
+def _standalone_op(node, dtype: str, elements: _ElementCounter) -> HtpOp:
+    """A QuantizeLinear or DequantizeLinear of `dtype` that the HTP runs as an op of its own (beside an op
+    computing in float), priced as a convert."""
+    value = node.input[0] if node.op_type == "QuantizeLinear" else node.output[0]
+    n = elements(value)
+    ins, outs = ("float16", dtype) if node.op_type == "QuantizeLinear" else (dtype, "float16")
+    return HtpOp(node.name or node.output[0], node.op_type, "hvx", [(value, ins, n)], [(value, outs, n)], work=n,
+                 cls="convert", kind="convert")
+
+
 def _htp_type(dtype: str) -> str:
     return "float16" if dtype.startswith("float") else dtype  # the HTP computes float in fp16
 
 
-def _compute_op(qop, elements: _ElementCounter, images: set[str] = frozenset()) -> HtpOp | None:
+def _compute_op(qop, elements: _ElementCounter, images: set[str] = frozenset(), in_float: bool = False
+                ) -> HtpOp | None:
+    """`in_float`: the HTP computes the op in fp16 although its Q/DQ nodes quantize it (latency.units)."""
     op = HtpOp(qop.name, qop.op_type, "hvx", [], [])
     def counted(operands, lanes: bool = False) -> list:
-        return [(o.tensor, _htp_type(o.dtype), elements(o.value, o.tensor, lanes)) for o in operands]
+        return [(o.tensor, "float16" if in_float else _htp_type(o.dtype), elements(o.value, o.tensor, lanes))
+                for o in operands]
 
     op.inputs, op.outputs = counted(qop.activations, lanes=True), counted(qop.outputs, lanes=True)
     if not op.outputs:
         return None
-    weights = [(o.value, _htp_type(o.dtype)) for o in qop.weights]
+    weights = [(o.value, "float16" if in_float and o.dtype != "int32" else _htp_type(o.dtype)) for o in qop.weights]
     shapes = elements.shapes
-    op.weights = [(o.tensor, _htp_type(o.dtype), _elements(shapes.get(o.value)) or 0) for o in qop.weights]
+    op.weights = [(o.tensor, t, _elements(shapes.get(o.value)) or 0) for o, (_, t) in zip(qop.weights, weights)]
     op.weight_bytes = float(sum((_elements(shapes.get(w)) or 0) * type_bytes(t) for w, t in weights))
     if qop.op_type == "Gather" and weights:  # a table lookup reads only the rows it gathers
         op.weight_bytes = float(op.outputs[0][2] * type_bytes(weights[0][1]))
