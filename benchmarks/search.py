@@ -13,7 +13,11 @@ The one evaluator, for every row: the QDQ model a method ends with (mpstudio: th
 for the recommended plan; AIMET: `QuantizationSimModel.to_onnx_qdq()`), run on ONNX Runtime's CPU EP with
 mpstudio's default CPU numerics (`runtime.DEFAULT_CPU_NUMERICS`, the run `Study.evaluate` makes) over all evaluation samples and scored by the
 study's metric. "est. ms" is mpstudio's HTP cost model (`mpstudio.latency.estimate_latency`) on that same
-QDQ model: an estimate, not a measurement.
+QDQ model: an estimate, not a measurement. It prices each op in the type the HTP computes it in: a node group
+ONNX Runtime's QNN EP does not hand over quantized (a 16-bit input and an 8-bit output, as a per-tensor
+layout writes wherever an 8-bit op reads a 16-bit tensor; a LayerNormalization with a float bias) computes in
+fp16 beside its own Q/DQ ops. With `--htp` each row is priced as the HTP built it (`mpstudio.htp_build`: the
+graph QNN prepared) and the note says what it built.
 
 Rows (wall time from the float model to the scored result, calibration included):
 - mpstudio: `mpstudio.search.search` (sensitivity analysis, weights first, gain per latency cost, bisection)
@@ -134,8 +138,8 @@ class Evaluator:
                            {"htp_arch": self.study.htp_arch}, allow_cpu_fallback=allow_cpu_fallback)
         return self.scorer.score([[r[n] for n in self.scorer.output_names] for r in runs])
 
-    def estimate_ms(self, path: Path) -> float:
-        return estimate_latency(path, htp_arch=self.study.htp_arch).ms
+    def estimate_ms(self, path: Path, build=None) -> float:
+        return estimate_latency(path, htp_arch=self.study.htp_arch, build=build).ms
 
 
 def sixteen_bit_tensors(path: Path) -> int:
@@ -277,14 +281,30 @@ def constants_quantized(path: Path) -> Path:
     return out
 
 
+def built_on_htp(row: Row, evaluator: Evaluator) -> Row:
+    """`row` priced as the HTP built its model (`mpstudio.htp_build`: which ops compute in float, which Q/DQ run on
+    their own), with what the HTP built in the note; the row as it was when the HTP cannot prepare it."""
+    from mpstudio.htp_build import htp_build
+
+    path = constants_quantized(row.path)
+    try:
+        build = htp_build(path)
+    except Exception as error:
+        return replace(row, htp_note="; ".join(n for n in (row.htp_note, f"not priced as built: {error}") if n))
+    summary = build.summary().split(": ", 1)[-1]  # "<n> computing in float, <n> standalone Q/DQ, <n> converts"
+    return replace(row, estimate_ms=evaluator.estimate_ms(path, build),
+                   htp_note="; ".join(n for n in (row.htp_note, f"built: {summary}") if n))
+
+
 def judged_on_htp(rows: list[Row], evaluator: Evaluator, threshold: float) -> list[Row]:
     """Each row's final model scored again on the HTP emulator; "reached" is then the HTP's verdict (None, with
-    QNN's error in `htp_note`, when QNN refuses the model)."""
+    QNN's error in `htp_note`, when QNN refuses the model). Each row is priced as the HTP built it."""
     judged = []
     for r in rows:
         if r.path is None:
             judged.append(r)
             continue
+        r = built_on_htp(r, evaluator)
         try:
             value, note = evaluator.score_htp(r.path), ""
         except Exception:  # QNN refusing part of a model is a result of the comparison, not a crash

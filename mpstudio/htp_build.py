@@ -48,9 +48,16 @@ class BuiltOp:
 
 @dataclass(frozen=True)
 class HtpBuild:
-    """The QNN ops the HTP was handed for one model, with their ONNX source nodes."""
+    """The QNN ops the HTP was handed for one model, with their ONNX source nodes (`partitions`: how many QNN graphs
+    the EP made of it; a node of the model in none of them runs on ORT's CPU EP)."""
 
     ops: tuple[BuiltOp, ...]
+    partitions: int = 1
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        """The ONNX nodes the HTP took (a quantized group by its op's name: its Q/DQ nodes are not listed)."""
+        return frozenset(o.node for o in self.ops if o.node)
 
     @property
     def float_nodes(self) -> frozenset[str]:
@@ -72,7 +79,8 @@ class HtpBuild:
                      and op not in ("q::Input", "q::Output"))
         standalone = sum(n for (op, _), n in c.items() if op in STANDALONE_OPS)
         converts = sum(n for (op, _), n in c.items() if op == "q::QNN_Convert")
-        return (f"{sum(c.values())} QNN ops: {floats} computing in float, {standalone} standalone "
+        parts = f" in {self.partitions} partitions" if self.partitions > 1 else ""
+        return (f"{sum(c.values())} QNN ops{parts}: {floats} computing in float, {standalone} standalone "
                 f"Quantize/Dequantize, {converts} converts")
 
 
@@ -120,10 +128,13 @@ def htp_build(model: str | os.PathLike, timeout: float = BUILD_TIMEOUT) -> HtpBu
             process.join(10)
         if error:
             raise MpstudioError(f"the HTP could not prepare {Path(path).name}: {error}")
-        found = sorted(glob.glob(os.path.join(workdir, "*schematic.bin")), key=os.path.getsize)
+        found = sorted(glob.glob(os.path.join(workdir, "*schematic.bin")))
         if not found:
-            raise MpstudioError("the HTP wrote no schematic; this QNN version may not support optrace profiling")
-        return read_schematic(Path(found[-1]).read_bytes().decode("latin-1"))
+            raise MpstudioError("the HTP wrote no schematic; this QNN version may not support optrace profiling, "
+                                "or the EP took no node of the model")
+        # one schematic per QNN partition: the nodes between them were left to ORT's CPU EP
+        parts = [read_schematic(Path(f).read_bytes().decode("latin-1")) for f in found]
+        return HtpBuild(tuple(op for part in parts for op in part.ops), len(parts))
 
 
 def _build_worker(conn, path: str, workdir: str) -> None:

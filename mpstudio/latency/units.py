@@ -70,7 +70,8 @@ def float_units(qdq) -> Units:
 def built_units(qdq, build) -> Units:
     """`build` (an mpstudio.htp_build.HtpBuild of the same model) as Units of `qdq`'s node names. ORT's graph
     optimizations rename some nodes they fuse ("<node>/MatMulAddFusion"): such a name counts for the node it
-    starts with."""
+    starts with. An op the rule leaves float that the HTP's graph does not name (the EP left it to ORT's CPU EP)
+    keeps the rule's answer."""
     names = {n.name for n in qdq.model.graph.node if n.name}
     io = {io.name for io in qdq.graph_io}
 
@@ -79,8 +80,21 @@ def built_units(qdq, build) -> Units:
             name = name.rpartition("/")[0]
         return name or None
 
-    floats = {n for n in (known(b) for b in build.float_nodes) if n}
+    listed = {n for n in (known(b) for b in build.nodes) if n}
+    rule = float_units(qdq)
+    unlisted = rule.float_ops - listed
+    floats = {n for n in (known(b) for b in build.float_nodes) if n} | unlisted
     standalone = {n for n in build.standalone if n in names and n not in io}
-    unknown = len(build.float_nodes) - len({b for b in build.float_nodes if known(b)})
-    notes = (f"{unknown} float op(s) of the HTP's graph match no node of the model",) if unknown else ()
+    standalone |= {n for n in rule.standalone if n not in listed and _beside(qdq, n, unlisted)}
+    notes = (f"{len(unlisted)} op(s) the rule computes in float are not in the HTP's graph (left to ORT's CPU EP): "
+             "priced by the rule",) if unlisted else ()
     return Units(frozenset(floats), frozenset(standalone), "htp", notes)
+
+
+def _beside(qdq, name: str, ops: set[str]) -> bool:
+    """Whether the Q/DQ node `name` reads from or writes to one of `ops`."""
+    node = next((n for n in qdq.model.graph.node if n.name == name), None)
+    if node is None:
+        return False
+    around = [qdq.producer.get(node.input[0])] + list(qdq.consumers.get(node.output[0], ()))
+    return any(n is not None and n.name in ops for n in around)
