@@ -64,6 +64,11 @@ class ImportedPlan:
     float_biases: tuple[str, ...] = ()
     weight_codes: tuple[tuple[str, int, int], ...] = ()  # (weight, codes differing from the source's, codes)
     source_codes: tuple[tuple[str, int, int], ...] = ()  # (weight, codes taken from the source, codes)
+    # A QDQ source's node groups ORT's QNN EP does not quantize (the HTP computes them in float:
+    # mpstudio.latency.units), and the cost model's ms of the source as written and of the plan's model.
+    source_float_ops: tuple[str, ...] = ()
+    source_ms: float | None = None
+    plan_ms: float | None = None
 
     def describe(self) -> str:
         lines = [f"imported {self.source} as plan {self.plan_id} ({self.plan.summary()})",
@@ -92,6 +97,13 @@ class ImportedPlan:
             for why, count in reasons.items():
                 names = [name for name, reason in self.skipped if reason == why]
                 lines.append(f"  {count} entr{'y' if count == 1 else 'ies'} not pinned ({why}): {_few(names)}")
+        if self.source_float_ops:
+            ms = (f"; estimated {self.source_ms:.3f} ms as written against {self.plan_ms:.3f} ms for the plan's "
+                  "model, which writes a convert at each precision boundary instead"
+                  if self.source_ms is not None and self.plan_ms is not None else "")
+            lines.append(f"  as written, {len(self.source_float_ops)} op(s) of the source would compute in float "
+                         "on the HTP (ORT's QNN EP does not quantize a group whose input and output types differ, "
+                         f"or a LayerNormalization with a float bias){ms}: {_few(self.source_float_ops)}")
         if self.calibrated:
             lines.append(f"  {len(self.calibrated)} quantizable tensor(s) not in the import, calibrated by the study "
                          "where ORT quantizes them (a plan quantizes every tensor ORT does; where the source left one "
@@ -129,9 +141,30 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     mentioned = {t.name for t in tensors} | {name for name, _ in skipped}
     calibrated = tuple(n for n in graph.activations() + graph.weights()
                        if n not in mentioned and graph.tensors[n].quantizable)
+    floats, source_ms, plan_ms = _source_layout(study, model, generated)
     return ImportedPlan(plan, plan_id, kind, kept, tuple(skipped), calibrated, tuple(unapplied),
                         tuple(quantized_before_activation(generated, graph, kept)),
-                        tuple(float_biases(graph, model, mentioned)), tuple(remaining), taken)
+                        tuple(float_biases(graph, model, mentioned)), tuple(remaining), taken, floats, source_ms,
+                        plan_ms)
+
+
+def _source_layout(study, model, generated) -> tuple[tuple[str, ...], float | None, float | None]:
+    """A QDQ source's ops the HTP would compute in float as written, with the cost model's ms of the source and of
+    the plan's model when there are any (else nothing is estimated)."""
+    if model is None:
+        return (), None, None
+    from .constant_codes import quantized_constants
+    from .latency import estimate_latency
+    from .latency.units import float_units
+
+    floats = tuple(sorted(float_units(qdq.read(quantized_constants(model.model))).float_ops))
+    if not floats:
+        return (), None, None
+    try:
+        return (floats, estimate_latency(model.model, study.cost_model.arch).ms,
+                estimate_latency(generated, study.cost_model.arch).ms)
+    except MpstudioError:
+        return floats, None, None
 
 
 def read_import(source, graph: ModelGraph) -> tuple[str, list[ImportedTensor], list[tuple[str, str]]]:

@@ -72,3 +72,27 @@ def test_a_plans_own_qdq_model_imports_with_no_such_difference(tmp_path):
         codes = numpy_helper.to_array({i.name: i for i in onnx.load(str(own)).graph.initializer}
                                       ["conv.weight_quantized"])
         assert codes.dtype == np.int8
+
+
+def test_a_source_written_with_one_quantizer_per_tensor_reports_the_ops_the_htp_would_compute_in_float(tmp_path):
+    """AIMET's layout of a mixed plan: mul_out at 16 bits, read directly by the 8-bit Add. ORT's QNN EP does not
+    quantize the Mul (8-bit in, 16-bit out) or the Add (16- and 8-bit in): the import says so, with the source's
+    estimated latency as written beside the plan's model, which writes a convert instead."""
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(DATA / "eltwise_qdq.onnx"))
+    inits = {i.name: i for i in model.graph.initializer}
+    zero = int(numpy_helper.to_array(inits["mul_out_zero_point"]))
+    scale = numpy_helper.to_array(inits["mul_out_scale"]) / 257
+    inits["mul_out_zero_point"].CopyFrom(helper.make_tensor("mul_out_zero_point", TensorProto.UINT16, [], [zero * 257]))
+    inits["mul_out_scale"].CopyFrom(numpy_helper.from_array(scale.astype(np.float32), "mul_out_scale"))
+    mixed = tmp_path / "mixed_qdq.onnx"
+    onnx.save(model, str(mixed))
+    with _study(tmp_path) as study:
+        plain = study.import_plan(DATA / "eltwise_qdq.onnx")
+        assert plain.source_float_ops == () and "compute in float" not in plain.describe()
+        imported = study.import_plan(mixed, name="mixed")
+        assert imported.plan.overrides["mul_out"].type == "uint16"
+        assert imported.source_float_ops == ("/add/Add", "/scale/Mul")
+        assert imported.source_ms > imported.plan_ms  # two fp16 ops and their Q/DQ against one convert
+        assert "2 op(s) of the source would compute in float on the HTP" in imported.describe()
