@@ -90,39 +90,19 @@ def test_an_ungrouped_unit_is_priced_in_fp16_with_its_own_q_dq_ops():
     assert mixed.htp.ms > uniform.htp.ms
 
 
+def _entry(op_id: int, operation: str, dtype: str) -> str:
+    """One op of a schematic's graph, as QNN writes it."""
+    return (f"\t0x{op_id:016x}: {{\n\t\t'operation':'{operation}',\n\t\t'inputs' : [],\n\t\t'outputs' : [\t{{\n"
+            f"\t\t\t'dtype': '{dtype}', 'rank': 4,\n\t\t\t}},\n\t\t],\n\t}},\n")
+
+
 def test_the_schematic_reader_names_the_float_ops_and_the_standalone_q_dq():
-    text = """graph_before_optimization = { # :::BEGIN:graph_before_optimization:::
-\t0x0000000000000010: {
-\t\t'operation':'q::QNN_Dequantize',
-\t\t'inputs' : [],
-\t\t'outputs' : [\t{
-\t\t\t'dtype': 'Float32', 'rank': 4,
-\t\t\t},
-\t\t],
-\t},
-\t0x0000000000000011: {
-\t\t'operation':'q::QNN_ElementWiseAdd',
-\t\t'inputs' : [],
-\t\t'outputs' : [\t{
-\t\t\t'dtype': 'Float32', 'rank': 4,
-\t\t\t},
-\t\t],
-\t},
-\t0x0000000000000012: {
-\t\t'operation':'q::QNN_ElementWiseMultiply',
-\t\t'inputs' : [],
-\t\t'outputs' : [\t{
-\t\t\t'dtype': 'QUInt8', 'rank': 4,
-\t\t\t},
-\t\t],
-\t},
-# :::END:graph_before_optimization:::
-qnn_name_translations = {
-0x0000000000000010: 'x_dequantize',
-0x0000000000000011: 'the_add',
-0x0000000000000012: 'the_mul',
-}
-"""
+    ops = [(0x10, "q::QNN_Dequantize", "Float32", "x_dequantize"), (0x11, "q::QNN_ElementWiseAdd", "Float32", "the_add"),
+           (0x12, "q::QNN_ElementWiseMultiply", "QUInt8", "the_mul")]
+    text = ("graph_before_optimization = { # :::BEGIN:graph_before_optimization:::\n"
+            + "".join(_entry(i, op, dtype) for i, op, dtype, _ in ops)
+            + "# :::END:graph_before_optimization:::\nqnn_name_translations = {\n"
+            + "".join(f"0x{i:016x}: '{name}',\n" for i, _, _, name in ops) + "}\n")
     build = read_schematic(text)
     assert build.float_nodes == {"the_add"} and build.standalone == {"x_dequantize"}
     assert "1 computing in float, 1 standalone" in build.summary()
