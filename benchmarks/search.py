@@ -312,13 +312,13 @@ def judged_on_htp(rows: list[Row], evaluator: Evaluator, threshold: float) -> li
                 value = evaluator.score_htp(r.path, allow_cpu_fallback=True)
             except Exception as error:
                 text = str(error).strip().splitlines()
-                judged.append(replace(r, reached=None, htp_note="HTP refused the model: " + (
-                    text[-1] if text else type(error).__name__)))
+                refused = "HTP refused the model: " + (text[-1] if text else type(error).__name__)
+                judged.append(replace(r, reached=None, htp_note="; ".join(n for n in (refused, r.htp_note) if n)))
                 continue
             note = "QNN EP refused part of the model (ONNX Runtime's log lists the nodes): HTP value with " \
                    "those nodes on ORT's CPU EP"
         judged.append(replace(r, htp_value=value, reached=meets(value, threshold, evaluator.higher_is_better),
-                              htp_note=note))
+                              htp_note="; ".join(n for n in (note, r.htp_note) if n)))
         print(f"{r.method} on the HTP: {value:.4f}", flush=True)
     return judged
 

@@ -139,6 +139,7 @@ def htp_build(model: str | os.PathLike, timeout: float = BUILD_TIMEOUT) -> HtpBu
 
 def _build_worker(conn, path: str, workdir: str) -> None:
     os.chdir(workdir)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # QNN's native lines go to fd 1; this process prints nothing
     try:
         import onnxruntime as ort
 
