@@ -291,9 +291,8 @@ def built_on_htp(row: Row, evaluator: Evaluator) -> Row:
         build = htp_build(path)
     except Exception as error:
         return replace(row, htp_note="; ".join(n for n in (row.htp_note, f"not priced as built: {error}") if n))
-    summary = build.summary().split(": ", 1)[-1]  # "<n> computing in float, <n> standalone Q/DQ, <n> converts"
     return replace(row, estimate_ms=evaluator.estimate_ms(path, build),
-                   htp_note="; ".join(n for n in (row.htp_note, f"built: {summary}") if n))
+                   htp_note="; ".join(n for n in (row.htp_note, f"built: {build.summary()}") if n))
 
 
 def judged_on_htp(rows: list[Row], evaluator: Evaluator, threshold: float) -> list[Row]:
