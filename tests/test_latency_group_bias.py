@@ -1,4 +1,4 @@
-"""Two switchable mechanisms of the cost formulas (issue 24; docs/latency.md, "Fit"): a grouped convolution packs
+"""Two switchable mechanisms of the cost formulas (issue 22, fourth round; docs/latency.md, "Fit"): a grouped convolution packs
 groups narrower than the matrix unit's channel block of 32 into one block (`group_packing`), and a constant Add after
 a Gemm or MatMul folds into its output stage only when it is one value per output column (`bias_per_column`)."""
 
