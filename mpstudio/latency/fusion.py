@@ -214,7 +214,7 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
             continue
         # A bias, or a scale by a constant, folds into the matrix op's output requantization.
         folds = (op.op_type == "Add" and op.weight_bytes > 0 and src.op_type in ("MatMul", "Gemm")
-                 or op.op_type in ("Mul", "Div") and 0 < op.weight_bytes <= 4)
+                 and _one_per_column(op, src) or op.op_type in ("Mul", "Div") and 0 < op.weight_bytes <= 4)
         # PReLU (a per-channel slope) is a layer of its own on the device, run while the matrix unit works.
         own_op = op.op_type == "HardSwish" and MECHANISMS["hardswish_own_op"]  # overlapped like a SiLU, not fused
         if op.op_type == "PRelu" and MECHANISMS["prelu_overlaps"] and op.engine == "hvx":
@@ -225,6 +225,15 @@ def _fuse_activations(ops: list[HtpOp], graph: _OpGraph) -> None:
                 producer[out] = index
         elif (op.op_type in _OVERLAPPING or own_op) and op.engine == "hvx":
             op.hidden_by = index
+
+
+def _one_per_column(add: HtpOp, src: HtpOp) -> bool:
+    """Whether a constant Add after a matrix op is a bias, one value per output column (mechanism
+    `bias_per_column`): the output stage adds a bias as it writes; a whole constant tensor (BEiT's relative position
+    bias [1, 12, 197, 197] on the attention scores) is an element-wise Add of its own on HVX."""
+    if not MECHANISMS["bias_per_column"] or not src.out_channels:
+        return True
+    return sum(n for _, _, n in add.weights) <= src.out_channels
 
 
 def _fold_vector_add(ops: list[HtpOp], graph: _OpGraph, producer: dict, add: HtpOp) -> None:

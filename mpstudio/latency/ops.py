@@ -83,6 +83,13 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 #   vector_add_folds: an Add of a matrix op's output and an activation that is one vector along that output's
 #     columns (an attention mask [1, 1, 1, S] after the query-key MatMul) folds into the matrix op's output stage
 #     as its bias does, instead of running as a vector op over the whole output (latency.fusion);
+#   bias_per_column: a constant Add after a Gemm or MatMul folds into its output stage only when it is one value
+#     per output column (a bias); a whole constant tensor (a relative position bias on attention scores) runs as an
+#     element-wise Add of its own, reading the constant;
+#   group_packing: a grouped convolution whose groups are narrower than the matrix unit's channel block of 32 packs
+#     32 / width groups into one block (their weights a block-diagonal tile): a 4-wide group costs 32 / 4 of its
+#     MACs, not (32 / 4)^2 as a group padded to a block of its own (QNN HTP guideline "Number of channels": more
+#     channels in a group "up to the hardware capacity of 32", group widths a small power of 2);
 #   metadata_ops_free: an op that moves no data (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout, a
 #     channels-last Transpose with channels_last_transpose, a float Concat with concat_in_place) has no fixed cost:
 #     the graph's preparation folds it into its tensors' descriptions, and it never runs (latency.features).
@@ -92,7 +99,8 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 # depthwise_tap_groups (70 -> 60) and tiny_ops (60 -> 59; issue 22), then concat_in_place with
 # clamp_after_vector (59 -> 56) and branch_overlap (56 -> 53; issue 22, second round), then metadata_ops_free
 # (53 -> 50), vector_add_folds (50 -> 49), channels_last_transpose (49 -> 48), hardswish_own_op (48 -> 46),
-# layernorm_plain (46 -> 37) and layout_look_through (37 -> 35; issue 22, third round). Off: the others, each of
+# layernorm_plain (46 -> 37) and layout_look_through (37 -> 35; issue 22, third round), then bias_per_column
+# (35 -> 34; issue 22, fourth round; group_packing, measured with it and alone: 39). Off: the others, each of
 # which, measured alone or with the others, left more cross-validation misses than without it (the refit moves
 # other architectures' rows); kept to be measured again with the next formula changes (docs/latency.md, "Fit").
 MECHANISMS = {"layout_look_through": True, "clamp_after_vector": True, "channels_last_transpose": True,
@@ -103,7 +111,8 @@ MECHANISMS = {"layout_look_through": True, "clamp_after_vector": True, "channels
               "shallow_input_packing": True, "tiny_ops": True, "overhead_overlaps": False,
               "layernorm_plain": True, "hardswish_own_op": True,
               "branch_overlap": True, "concat_requantize_per_input": False, "metadata_ops_free": True,
-              "vector_add_folds": True}
+              "vector_add_folds": True, "group_packing": False,
+              "bias_per_column": True}
 
 TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
              "uint4": 4, "int4": 4}

@@ -101,7 +101,11 @@ def _conv_work(op: HtpOp, node: onnx.NodeProto, shapes: dict, out_shape) -> None
                 op.work = op.macs // max(kernel, 1) * 4 * (math.ceil(kernel / 4) + 1)
             return
         op.engine, op.cls = "hmx", "hmx"
-        op.hmx_macs = batch * group * _pad(cout_g) * spatial * _pad(cin_g) * kernel
+        # Mechanism `group_packing`: groups narrower than a channel block share one (a block-diagonal weight tile).
+        packed = (_HMX_DEPTH // max(cout_g, cin_g, 1)
+                  if group > 1 and max(cout_g, cin_g) < _HMX_DEPTH and MECHANISMS["group_packing"] else 1)
+        op.hmx_macs = (batch * math.ceil(group / packed) * _pad(packed * cout_g) * spatial * _pad(packed * cin_g)
+                       * kernel)
     else:
         in_shape = shapes.get(node.input[0])
         cin, cout_g = int(w[0]), int(w[1])
