@@ -97,7 +97,8 @@ def _entry(op_id: int, operation: str, dtype: str) -> str:
 
 
 def test_the_schematic_reader_names_the_float_ops_and_the_standalone_q_dq():
-    ops = [(0x10, "q::QNN_Dequantize", "Float32", "x_dequantize"), (0x11, "q::QNN_ElementWiseAdd", "Float32", "the_add"),
+    ops = [(0x10, "q::QNN_Dequantize", "Float32", "x_dequantize"),
+           (0x11, "q::QNN_ElementWiseAdd", "Float32", "the_add"),
            (0x12, "q::QNN_ElementWiseMultiply", "QUInt8", "the_mul")]
     text = ("graph_before_optimization = { # :::BEGIN:graph_before_optimization:::\n"
             + "".join(_entry(i, op, dtype) for i, op, dtype, _ in ops)

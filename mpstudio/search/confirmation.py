@@ -32,8 +32,9 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
     promotions until one clearly reaches it, then the all-16-bit plans estimated at most `LITTLE_MORE` (10 %) above
     the pick (a clear answer for little more); when none does, the result says so. While no confirmed plan reaches
     the target or meets it by its value, the last evaluation goes to the cheapest all-16-bit plan whatever its cost
-    (the upper end: whether the target can be met there at all). At most `max_plans` evaluations (`walk_front`). A plan the backend cannot build is infeasible there: it is stored as
-    such (`loop.build_failures`), passed over for the next candidate, and listed in the result.
+    (the upper end: whether the target can be met there at all). At most `max_plans` evaluations
+    (`_confirm_along`). A plan the backend cannot build is infeasible there: it is stored as such
+    (`loop.build_failures`), passed over for the next candidate, and listed in the result.
     The recommendation is then chosen over every plan the study holds from `backend` (`choice.choose`, so only
     plans that built): the cheapest that clearly reaches the target, else the cheapest within noise of it, else
     the most accurate, never dominated.
@@ -75,21 +76,7 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
 
     failure = ""
     try:
-        # The all-16-bit plans are the dearest candidates (`confirmation_order`): the first of them ends the rest.
-        mixed = next((i for i in range(at + 1, len(front)) if _all_sixteen(walk, front[i])), len(front))
-        near = mixed + sum(1 for e in front[mixed:] if estimate_ms(e) <= estimate_ms(front[at]) * (1 + LITTLE_MORE))
-
-        def upper_end_wanted() -> bool:
-            """Plans within noise were confirmed but none reaches the target or meets it by its value: the last
-            evaluation is kept for the cheapest all-16-bit plan, so the pick can be one that meets it there."""
-            return (mixed < len(front) and mixed not in tried and any(c.verdict == WITHIN_NOISE for c in done)
-                    and not any(c.verdict == REACHES or meets(c.confirmed.value, walk.evidence.threshold, walk.hib)
-                                for c in done))
-
-        walk_front(len(front), at, check, lambda: len(done) >= max_plans - (1 if upper_end_wanted() else 0),
-                   mixed, near)
-        if upper_end_wanted() and len(done) < max_plans:
-            check(mixed)
+        _confirm_along(walk, front, at, check, done, tried, max_plans)
     except MpstudioError as exc:  # the walk's result stands; what was confirmed before the failure counts
         failure = (f"the confirmation on the HTP stopped after {len(done)} plan(s): {exc} (rerun the search to "
                    "continue it; --no-confirm skips it)")
@@ -100,6 +87,25 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
         return replace(result, confirm_note=failure, unbuildable=(*result.unbuildable, *unbuilt))
     return _recommend(walk, result, done, failure or _untried_note(done, front, at, tried, max_plans),
                       tuple(unbuilt))
+
+
+def _confirm_along(walk: Walk, front: list[Evaluation], at: int, check, done: list[Confirmation], tried: set[int],
+                   max_plans: int) -> None:
+    """`walk_front` over `front` from the pick at `at`, at most `max_plans` confirmations (`done`), keeping the last
+    of them for the cheapest all-16-bit plan while the plans confirmed within noise of the target all fall short of
+    it by their value (so the pick can be one that meets it there)."""
+    # The all-16-bit plans are the dearest candidates (`confirmation_order`): the first of them ends the rest.
+    mixed = next((i for i in range(at + 1, len(front)) if _all_sixteen(walk, front[i])), len(front))
+    near = mixed + sum(1 for e in front[mixed:] if estimate_ms(e) <= estimate_ms(front[at]) * (1 + LITTLE_MORE))
+
+    def upper_end_wanted() -> bool:
+        return (mixed < len(front) and mixed not in tried and any(c.verdict == WITHIN_NOISE for c in done)
+                and not any(c.verdict == REACHES or meets(c.confirmed.value, walk.threshold, walk.hib)
+                            for c in done))
+
+    walk_front(len(front), at, check, lambda: len(done) >= max_plans - (1 if upper_end_wanted() else 0), mixed, near)
+    if upper_end_wanted() and len(done) < max_plans:
+        check(mixed)
 
 
 def walk_front(n: int, at: int, check, full, mixed: int | None = None, near: int | None = None) -> None:
