@@ -1,8 +1,8 @@
 """The HTP confirmation of a search: the walk's pick evaluated on the HTP, then its neighbours (cheaper plans of
 the walk's front when the pick reaches the target there, every dearer plan the walk evaluated when it clearly
 misses, the dearer partial promotions when it is within noise of the target, then an all-16-bit plan that costs
-little more, or whatever it costs when no confirmed plan meets the target by its value), a pick within noise
-reported as such, and the recommendation made on the HTP's numbers."""
+little more; whatever it costs, one past the budget, when no confirmed plan meets the target by its value), a
+pick within noise reported as such, and the recommendation made on the HTP's numbers."""
 
 from __future__ import annotations
 
@@ -30,10 +30,9 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
     or is within noise of it; when it is within noise (it meets or misses the threshold by less than the metric's
     resolution, or the threshold lies inside its interval: `evidence.TargetEvidence`), the dearer partial
     promotions until one clearly reaches it, then the all-16-bit plans estimated at most `LITTLE_MORE` (10 %) above
-    the pick (a clear answer for little more); when none does, the result says so. While no confirmed plan reaches
-    the target or meets it by its value, the last evaluation goes to the cheapest all-16-bit plan whatever its cost
-    (the upper end: whether the target can be met there at all). At most `max_plans` evaluations
-    (`_confirm_along`). A plan the backend cannot build is infeasible there: it is stored as such
+    the pick (a clear answer for little more); when none does, the result says so. At most `max_plans` evaluations,
+    and one more when no confirmed plan reaches the target or meets it by its value: the cheapest all-16-bit plan
+    whatever its cost (the upper end: whether the target can be met there at all; `_confirm_along`). A plan the backend cannot build is infeasible there: it is stored as such
     (`loop.build_failures`), passed over for the next candidate, and listed in the result.
     The recommendation is then chosen over every plan the study holds from `backend` (`choice.choose`, so only
     plans that built): the cheapest that clearly reaches the target, else the cheapest within noise of it, else
@@ -91,9 +90,9 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
 
 def _confirm_along(walk: Walk, front: list[Evaluation], at: int, check, done: list[Confirmation], tried: set[int],
                    max_plans: int) -> None:
-    """`walk_front` over `front` from the pick at `at`, at most `max_plans` confirmations (`done`), keeping the last
-    of them for the cheapest all-16-bit plan while the plans confirmed within noise of the target all fall short of
-    it by their value (so the pick can be one that meets it there)."""
+    """`walk_front` over `front` from the pick at `at`, at most `max_plans` confirmations (`done`); then, when the
+    plans it confirmed within noise of the target all fall short of it by their value and none reaches it, one
+    more: the cheapest all-16-bit plan (the upper end), so the pick can be one that meets the target there."""
     # The all-16-bit plans are the dearest candidates (`confirmation_order`): the first of them ends the rest.
     mixed = next((i for i in range(at + 1, len(front)) if _all_sixteen(walk, front[i])), len(front))
     near = mixed + sum(1 for e in front[mixed:] if estimate_ms(e) <= estimate_ms(front[at]) * (1 + LITTLE_MORE))
@@ -103,8 +102,8 @@ def _confirm_along(walk: Walk, front: list[Evaluation], at: int, check, done: li
                 and not any(c.verdict == REACHES or meets(c.confirmed.value, walk.threshold, walk.hib)
                             for c in done))
 
-    walk_front(len(front), at, check, lambda: len(done) >= max_plans - (1 if upper_end_wanted() else 0), mixed, near)
-    if upper_end_wanted() and len(done) < max_plans:
+    walk_front(len(front), at, check, lambda: len(done) >= max_plans, mixed, near)
+    if upper_end_wanted():
         check(mixed)
 
 
