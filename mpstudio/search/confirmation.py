@@ -32,8 +32,9 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
     promotions until one clearly reaches it, then the all-16-bit plans estimated at most `LITTLE_MORE` (10 %) above
     the pick (a clear answer for little more); when none does, the result says so. At most `max_plans` evaluations,
     and one more when no confirmed plan reaches the target or meets it by its value: the cheapest all-16-bit plan
-    whatever its cost (the upper end: whether the target can be met there at all; `_confirm_along`). A plan the backend cannot build is infeasible there: it is stored as such
-    (`loop.build_failures`), passed over for the next candidate, and listed in the result.
+    whatever its cost (the upper end: whether the target can be met there at all; `_confirm_along`). A plan the
+    backend cannot build is infeasible there: it is stored as such (`loop.build_failures`), passed over for the next
+    candidate, and listed in the result.
     The recommendation is then chosen over every plan the study holds from `backend` (`choice.choose`, so only
     plans that built): the cheapest that clearly reaches the target, else the cheapest within noise of it, else
     the most accurate, never dominated.
@@ -68,9 +69,9 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
         verdict = walk.evidence.verdict(confirmed)
         done.append(Confirmation(e, confirmed, walk.evidence.verdict(e), verdict))
         if walk.progress:
-            walk.progress(len(done), max_plans, f"search: confirmed {e.name} on {confirmed.accuracy_source}: "
-                                                f"{confirmed.metric} {confirmed.value:.4f} (walk {e.value:.4f}), "
-                                                f"{verdict}")
+            walk.progress(len(done), max(max_plans, len(done)),  # the upper end can go one past the budget
+                          f"search: confirmed {e.name} on {confirmed.accuracy_source}: "
+                          f"{confirmed.metric} {confirmed.value:.4f} (walk {e.value:.4f}), {verdict}")
         return {REACHES: True, MISSES: False}.get(verdict, WITHIN_NOISE)
 
     failure = ""
