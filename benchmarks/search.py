@@ -272,11 +272,13 @@ def constants_quantized(path: Path) -> Path:
     `path` when there is none."""
     from mpstudio.constant_codes import quantized_constants
 
+    out = path.with_name(path.stem + ".constants-quantized.onnx")
+    if out.exists() and out.stat().st_mtime_ns >= path.stat().st_mtime_ns:
+        return out  # written for this model already (the HTP's score and its build read the same form)
     model = onnx.load(path)
     folded = quantized_constants(model)
     if folded is model:
         return path
-    out = path.with_name(path.stem + ".constants-quantized.onnx")
     onnx.save(folded, out)
     return out
 

@@ -72,7 +72,8 @@ def built_units(qdq, build) -> Units:
     optimizations rename some nodes they fuse ("<node>/MatMulAddFusion"): such a name counts for the node it
     starts with. An op the rule leaves float that the HTP's graph does not name (the EP left it to ORT's CPU EP)
     keeps the rule's answer."""
-    names = {n.name for n in qdq.model.graph.node if n.name}
+    nodes = {n.name: n for n in qdq.model.graph.node if n.name}
+    names = set(nodes)
     io = {io.name for io in qdq.graph_io}
 
     def known(name: str) -> str | None:
@@ -85,15 +86,14 @@ def built_units(qdq, build) -> Units:
     unlisted = rule.float_ops - listed
     floats = {n for n in (known(b) for b in build.float_nodes) if n} | unlisted
     standalone = {n for n in build.standalone if n in names and n not in io}
-    standalone |= {n for n in rule.standalone if n not in listed and _beside(qdq, n, unlisted)}
+    standalone |= {n for n in rule.standalone if n not in listed and _beside(qdq, nodes.get(n), unlisted)}
     notes = (f"{len(unlisted)} op(s) the rule computes in float are not in the HTP's graph (left to ORT's CPU EP): "
              "priced by the rule",) if unlisted else ()
     return Units(frozenset(floats), frozenset(standalone), "htp", notes)
 
 
-def _beside(qdq, name: str, ops: set[str]) -> bool:
-    """Whether the Q/DQ node `name` reads from or writes to one of `ops`."""
-    node = next((n for n in qdq.model.graph.node if n.name == name), None)
+def _beside(qdq, node, ops: set[str]) -> bool:
+    """Whether the Q/DQ `node` reads from or writes to one of `ops`."""
     if node is None:
         return False
     around = [qdq.producer.get(node.input[0])] + list(qdq.consumers.get(node.output[0], ()))
