@@ -133,3 +133,47 @@ def test_a_plans_own_qdq_model_with_a_layer_norm_imports(tmp_path):
         h = imported.plan.overrides.get("h")
         assert (h.type if h else imported.plan.activation_type) == "uint16"
         assert ("beta", "a bias: ORT derives its int32 encoding from the input and weight scales") in imported.skipped
+
+
+
+def _chain_model() -> onnx.ModelProto:
+    """x[1,4,8,8] -> Mul -> a -> Add -> b -> Mul -> c -> Add -> y, each with a constant operand."""
+    from onnx import TensorProto, helper
+
+    from conftest import IR
+
+    rng = np.random.default_rng(0)
+    inits, nodes, previous = [], [], "x"
+    for i, (op, out) in enumerate([("Mul", "a"), ("Add", "b"), ("Mul", "c"), ("Add", "y")]):
+        inits.append(numpy_helper.from_array(rng.uniform(0.5, 1.5, (1, 4, 1, 1)).astype(np.float32), f"k{i}"))
+        nodes.append(helper.make_node(op, [previous, f"k{i}"], [out], name=f"{op.lower()}{i}"))
+        previous = out
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def test_a_mixed_plans_own_qdq_model_imports_as_a_plan_that_regenerates_it(tmp_path):
+    """Promoting b makes ORT write c at 16 bits (its producer computes at 16) and convert it to 8 for the last Add:
+    the imported plan must not promote c itself, which would pull the last Add (and y) to 16 bits too."""
+    from mpstudio import qdq
+    from mpstudio.data import FeedList
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.study import Study
+
+    def types(path):
+        return {t.name: (t.encoding.dtype, tuple(c.dtype for c in t.converts))
+                for t in qdq.read(path).tensors.values() if t.kind == "activation"}
+
+    rng = np.random.default_rng(1)
+    feeds = FeedList([{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(4)])
+    for base in (PrecisionPlan.a8w8(), PrecisionPlan.a16w8()):
+        with Study.create(tmp_path / base.activation_type, _chain_model(), feeds) as study:
+            other = "uint8" if base.activation_type == "uint16" else "uint16"
+            source = study.quantizer.generate(base.with_overrides({"b": other}))
+            written = types(source)
+            assert written["c"] == (other, (base.activation_type,))  # written wide, converted back for the last Add
+            imported = study.import_plan(source, name="own")
+            assert "c" not in imported.plan.overrides
+            assert types(study.quantizer.generate(imported.plan)) == written
+            assert imported.unapplied == ()
