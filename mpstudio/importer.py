@@ -142,8 +142,9 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     left_out = {name for name, _ in unapplied}
     kept = tuple(t.name for t in tensors if t.name not in left_out)
     mentioned = {t.name for t in tensors} | {name for name, _ in skipped}
+    quantized = qdq.read(generated).tensors  # ORT fuses some outputs into their Relu/Clip and keeps Clip bounds float
     calibrated = tuple(n for n in graph.activations() + graph.weights()
-                       if n not in mentioned and graph.tensors[n].quantizable)
+                       if n not in mentioned and graph.tensors[n].quantizable and n in quantized)
     floats, source_ms, plan_ms = _source_layout(study, model, generated)
     return ImportedPlan(plan, plan_id, kind, kept, tuple(skipped), calibrated, tuple(unapplied),
                         tuple(quantized_before_activation(generated, graph, kept)),
