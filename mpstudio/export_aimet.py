@@ -76,16 +76,22 @@ def encodings_for_sim(encodings: str | os.PathLike | Mapping, sim: Any) -> tuple
     return raw, left_out
 
 
+_SHOWN_CONVERTS = 3
+
+
 def encodings_cannot_carry(qdq_model, *, biases: bool) -> list[str]:
     """What the encodings of `qdq_model` leave out, one line each: converts (one encoding per tensor) and, when
     left out, the int32 biases."""
     tensors = qdq.quantized_tensors(qdq_model).values()
     lines = []
-    for tensor in tensors:
-        for convert in tensor.converts:
-            lines.append(f"{tensor.name}: written as {tensor.encoding.dtype}, converted to {convert.dtype} "
-                         f"(scale {convert.scale[0]:.6g}, zero point {convert.zero_point[0]}) for some consumers; "
-                         "the file has the producer's encoding, QNN inserts its own convert")
+    converted = [(tensor, convert) for tensor in tensors for convert in tensor.converts]
+    if converted:  # a mixed encoder has dozens: the count and a few, not a paragraph of them
+        shown = ", ".join(f"{tensor.name} ({tensor.encoding.dtype} to {convert.dtype}: scale {convert.scale[0]:.6g}, "
+                          f"zero point {convert.zero_point[0]})" for tensor, convert in converted[:_SHOWN_CONVERTS])
+        more = f" and {len(converted) - _SHOWN_CONVERTS} more" if len(converted) > _SHOWN_CONVERTS else ""
+        lines.append(f"{len(converted)} tensor(s) written at one width and converted to the other for some "
+                     f"consumers, {shown}{more}: the file has each producer's encoding, QNN inserts its own "
+                     "converts")
     if not biases:
         count = sum(1 for t in tensors if t.encoding.dtype == "int32")
         if count:

@@ -17,8 +17,10 @@ from .errors import MpstudioError
 # initializer it leaves alone (shapes, indices, axes).
 INPUT, ACTIVATION, OUTPUT, WEIGHT, BIAS, CONSTANT = "input", "activation", "output", "weight", "bias", "constant"
 
-# Input positions that hold a bias (quantized to int32 from the weight and input scales).
-_BIAS_INPUTS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+# Input positions that hold a bias (quantized to int32 from the weight and input scales). ORT's QDQ quantizer
+# treats a normalization's bias so too (onnxruntime.quantization.operators.norm.QDQNormalization).
+_BIAS_INPUTS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2,
+                "LayerNormalization": 2, "InstanceNormalization": 2, "BatchNormalization": 2}
 _FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 
 

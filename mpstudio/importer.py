@@ -117,13 +117,16 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     take, channel counts) is reported at once before anything is stored."""
     graph = study.graph
     kind, tensors, skipped = read_import(source, graph)
-    plan = derive_plan(graph, tensors)
+    model = qdq.read(source) if kind == "QDQ model" else None
+    converted = _converted(model, graph) if model is not None else frozenset()
+    plan = derive_plan(graph, tensors, converted)
     plan.validate(graph, study.htp_arch)
     encodings = {t.name: t.encoding for t in tensors}
     stem = Path(source).stem if isinstance(source, (str, os.PathLike)) else "plan"
     plan = replace(plan, encodings=study.quantizer.save_pinned(encodings), name=name or f"imported {stem}")
     generated = study.quantizer.generate(plan)
-    model = qdq.read(source) if kind == "QDQ model" else None
+    if converted:
+        plan, generated = _closer_default(study, model, graph, tensors, converted, plan, generated)
     taken, remaining = (), []
     if model is not None:
         names = _float_names(model, graph)
@@ -139,8 +142,9 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     left_out = {name for name, _ in unapplied}
     kept = tuple(t.name for t in tensors if t.name not in left_out)
     mentioned = {t.name for t in tensors} | {name for name, _ in skipped}
+    quantized = qdq.read(generated).tensors  # ORT fuses some outputs into their Relu/Clip and keeps Clip bounds float
     calibrated = tuple(n for n in graph.activations() + graph.weights()
-                       if n not in mentioned and graph.tensors[n].quantizable)
+                       if n not in mentioned and graph.tensors[n].quantizable and n in quantized)
     floats, source_ms, plan_ms = _source_layout(study, model, generated)
     return ImportedPlan(plan, plan_id, kind, kept, tuple(skipped), calibrated, tuple(unapplied),
                         tuple(quantized_before_activation(generated, graph, kept)),
@@ -322,12 +326,53 @@ def _unsigned(encoding: Encoding) -> Encoding:
     return Encoding("u" + encoding.dtype, encoding.scale, tuple(z + shift for z in encoding.zero_point), encoding.axis)
 
 
-def derive_plan(graph: ModelGraph, tensors: list[ImportedTensor]) -> PrecisionPlan:
+def _converted(model: qdq.QdqModel, graph: ModelGraph) -> frozenset[str]:
+    """The activations a QDQ source writes at one width and converts to another for some of their consumers
+    (under the float model's names)."""
+    names = _float_names(model, graph)
+    return frozenset(names[t.name] for t in model.tensors.values()
+                     if t.kind == ACTIVATION and t.converts and t.name in names)
+
+
+def _activation_types(model: qdq.QdqModel, names: Mapping[str, str] | None = None) -> dict[str, tuple]:
+    return {(names or {}).get(t.name, t.name): (t.encoding.dtype, tuple(c.dtype for c in t.converts))
+            for t in model.tensors.values() if t.kind == ACTIVATION}
+
+
+def _closer_default(study, model: qdq.QdqModel, graph: ModelGraph, tensors, converted, plan, generated):
+    """`plan` and its model, or the plan derived with the other default activation type when its model writes
+    the source's activation types and converts where `plan`'s does not. ORT's fixer grows a region of the
+    non-default width from each override, so the same types written per tensor come from one default only, and
+    the source does not say which."""
+    wanted = _activation_types(model, _float_names(model, graph))
+
+    def differences(path) -> int:
+        got = _activation_types(qdq.read(path))
+        return sum(got.get(name) != types for name, types in wanted.items())
+
+    first = differences(generated)
+    if first == 0:
+        return plan, generated
+    other = "uint16" if plan.activation_type == "uint8" else "uint8"
+    alternative = replace(derive_plan(graph, tensors, converted, activation_type=other), encodings=plan.encodings,
+                          name=plan.name)
+    alternative.validate(graph, study.htp_arch)
+    alternative_model = study.quantizer.generate(alternative)
+    return (alternative, alternative_model) if differences(alternative_model) < first else (plan, generated)
+
+
+def derive_plan(graph: ModelGraph, tensors: list[ImportedTensor], converted: frozenset[str] = frozenset(),
+                activation_type: str | None = None) -> PrecisionPlan:
     """The PrecisionPlan whose types are the imported ones: the most common activation and weight types (and
-    per-channel Conv weights) as defaults, an override for every tensor that differs."""
+    per-channel Conv weights) as defaults (or `activation_type`), an override for every tensor that differs.
+    The `converted` activations (a QDQ source writes them at one width and converts them for some consumers)
+    take the default: ORT's QNN fixer writes a tensor so when its producer computes at the width of a
+    neighbouring override, never when the plan names the tensor itself, and an override on it would widen
+    that region by its consumers."""
     activations = [t for t in tensors if t.kind == ACTIVATION]
     weights = [t for t in tensors if t.kind == PARAM]
-    activation_type = _most_common([t.encoding.dtype for t in activations], "uint8")
+    activation_type = activation_type or _most_common(
+        [t.encoding.dtype for t in activations if t.name not in converted], "uint8")
     # The weights of Conv/Gemm/MatMul decide the default: AIMET also lists every Clip bound and element-wise
     # constant (uint8, like activations), which outnumber them in a CNN with one Clip per layer.
     op_weights = [t for t in weights if not _constant_operand(graph, t.name)] or weights
@@ -336,7 +381,7 @@ def derive_plan(graph: ModelGraph, tensors: list[ImportedTensor]) -> PrecisionPl
     per_channel = sum(t.encoding.per_channel for t in convs) * 2 > len(convs)
     overrides: dict[str, TensorOverride] = {}
     for t in activations:
-        if t.encoding.dtype != activation_type:
+        if t.encoding.dtype != activation_type and t.name not in converted:
             overrides[t.name] = TensorOverride(type=t.encoding.dtype)
     for t in weights:
         default_pc = per_channel and _default_per_channel(graph, t.name)

@@ -186,7 +186,10 @@ def prepare_model(
     steps += _name_unnamed_nodes(model)
 
     if optimize:
-        model, folded = _fold_constants(model)
+        try:
+            model, folded = _fold_constants(model)
+        except MpstudioError as exc:
+            raise _shape_hint(exc, input_shapes) from exc
         steps += folded
 
     if rewrite:
@@ -389,6 +392,17 @@ def ort_max_ir_version() -> int:
         except Exception:
             continue
     return 7
+
+
+def _shape_hint(exc: MpstudioError, input_shapes: dict | None) -> MpstudioError:
+    """`exc` with the shapes given named when ONNX Runtime's shape inference refused them: the message alone
+    names a node deep inside the model, not the user's choice that caused it."""
+    if not input_shapes or "ShapeInferenceError" not in str(exc):
+        return exc
+    given = " ".join(f"--shape {name}={','.join(str(d) for d in dims)}" for name, dims in input_shapes.items())
+    return MpstudioError(f"{exc}. The model cannot take the input shape given ({given}): choose another; a network "
+                         "that downsamples and upsamples again (a detector, a segmenter) usually needs each spatial "
+                         "size to be a multiple of its total stride (often 32)")
 
 
 def _fix_input_shapes(model: onnx.ModelProto, input_shapes: dict) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from .errors import MpstudioError
 from .folding import folded_activation
-from .graph import ModelGraph, unknown_name_message
+from .graph import BIAS, ModelGraph, unknown_name_message
 
 PLAN_FORMAT = 1
 
@@ -233,6 +233,11 @@ class PrecisionPlan:
             if tensor not in graph.tensors:
                 raise MpstudioError(unknown_name_message("tensor", tensor, graph.tensors) + " (in the plan's overrides)")
             info = graph.tensors[tensor]
+            if info.kind == BIAS:
+                raise MpstudioError(
+                    f"tensor {tensor!r} is a bias: ORT quantizes it to int32 at its input's scale x its weight's "
+                    "scale, which a plan does not choose; remove its override (promote the op's input or weight)"
+                )
             if not info.quantizable:
                 raise MpstudioError(
                     f"tensor {tensor!r} is a {info.kind} of type {info.dtype}, which is not quantized; remove its override"

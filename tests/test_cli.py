@@ -121,6 +121,27 @@ def test_evaluate_scores_one_plan_of_a_study(tmp_path):
     assert bad.returncode == 2 and "unknown plan" in bad.stderr and "Traceback" not in bad.stderr
 
 
+
+def test_export_takes_a_plan_by_the_name_study_show_lists(tmp_path):
+    """`mpstudio export --plan` reads a plan as `evaluate --plan` does: a stored plan's name as well as its id."""
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.study import Study
+
+    model = tmp_path / "m.onnx"
+    onnx.save(make_conv_model(), model)
+    with Study.create(tmp_path / "s", model, FeedList(conv_feeds(4))):
+        pass
+    PrecisionPlan.a8w8(name="mine").promote(["conv1_out"], name="mine").save(tmp_path / "plan.json")
+    assert run("evaluate", str(tmp_path / "s"), "--plan", str(tmp_path / "plan.json"), "--quiet").returncode == 0
+    by_name = run("export", str(tmp_path / "s"), "--plan", "mine", "--format", "ort")
+    assert by_name.returncode == 0, by_name.stderr
+    by_id = run("export", str(tmp_path / "s"), "--plan", "1", "--format", "ort", "-o", str(tmp_path / "by-id"))
+    assert by_id.returncode == 0, by_id.stderr
+    exported = sorted((tmp_path / "s" / "exports" / "plan-1").glob("*.overrides.json"))
+    assert [p.name for p in exported] == [p.name for p in sorted((tmp_path / "by-id").glob("*.overrides.json"))]
+    bad = run("export", str(tmp_path / "s"), "--plan", "nonesuch", "--format", "ort")
+    assert bad.returncode == 2 and "mine" in bad.stderr and "Traceback" not in bad.stderr
+
 def test_search_progress_is_a_few_lines_and_native_logs_go_to_the_study(tmp_path):
     """A search that evaluates several plans (and confirms one on the HTP emulator) prints one progress line per
     phase through a pipe, not one per sample; the study keeps the native log; an error is one line naming it."""

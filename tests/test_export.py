@@ -403,3 +403,30 @@ def test_the_documented_pipeline_reproduces_the_model(conv, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "docs/export.md", "exec"), {"reader": CalibrationReader(FeedList(conv_feeds(3, seed=5)))})
     assert read_quantized_tensors(tmp_path / "mixed.mine.onnx") == read_quantized_tensors(conv.generate(MIXED))
+
+
+def test_the_converts_the_encodings_cannot_carry_are_counted_with_a_few_named(tmp_path):
+    """A plan with many precision boundaries (an encoder with a few promoted tensors has dozens) gives one line
+    with the count and a few examples, not one line per convert run together into a paragraph."""
+    from mpstudio.export_aimet import encodings_cannot_carry
+
+    rng = np.random.default_rng(0)
+    inits, nodes, previous = [], [], "x"
+    for i in range(10):
+        inits.append(numpy_helper.from_array(rng.uniform(0.5, 1.5, (1, 4, 1, 1)).astype(np.float32), f"k{i}"))
+        nodes.append(helper.make_node("Mul" if i % 2 else "Add", [previous, f"k{i}"], [f"t{i}"], name=f"op{i}"))
+        previous = f"t{i}"
+    nodes[-1].output[0] = "y"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+    feeds = FeedList([{"x": rng.normal(0, 1, (1, 4, 4, 4)).astype(np.float32)} for _ in range(2)])
+    quantizer = Quantizer(prepare_model(model), feeds, tmp_path / "cache")
+    path = quantizer.generate(PrecisionPlan.a8w8().promote(["t1", "t5"]))
+    converts = sum(len(t.converts) for t in read_quantized_tensors(path).values())
+    assert converts > 3
+    lines = encodings_cannot_carry(path, biases=False)
+    assert len(lines) == 1 and lines[0].startswith(f"{converts} tensor(s) written at one width")
+    assert lines[0].count("scale") == 3 and f"and {converts - 3} more" in lines[0]
+    few = encodings_cannot_carry(quantizer.generate(PrecisionPlan.a8w8().promote(["t1"])), biases=False)
+    assert len(few) == 1 and "more" not in few[0]

@@ -69,6 +69,9 @@ def test_a_plans_own_qdq_model_imports_with_no_such_difference(tmp_path):
         own = study.quantizer.generate(first.plan)  # int32 biases, stored weight codes
         again = study.import_plan(own, name="again")
         assert again.float_biases == () and again.weight_codes == ()
+        # conv_out and add_out are fused into their Relu and Clip: neither model quantizes them, so the import
+        # does not list them as tensors the study calibrates in the source's place.
+        assert again.calibrated == () and "not in the import" not in again.describe()
         codes = numpy_helper.to_array({i.name: i for i in onnx.load(str(own)).graph.initializer}
                                       ["conv.weight_quantized"])
         assert codes.dtype == np.int8
@@ -96,3 +99,84 @@ def test_a_source_written_with_one_quantizer_per_tensor_reports_the_ops_the_htp_
         assert imported.source_float_ops == ("/add/Add", "/scale/Mul")
         assert imported.source_ms > imported.plan_ms  # two fp16 ops and their Q/DQ against one convert
         assert "2 op(s) of the source would compute in float on the HTP" in imported.describe()
+
+
+def _layer_norm_model() -> onnx.ModelProto:
+    """x[1,8,16] -> MatMul -> LayerNormalization (gamma, beta) -> y: ORT's QDQ quantizer writes the
+    LayerNormalization's bias (its third input) as int32, as it does a Gemm's or a Conv's."""
+    from onnx import TensorProto, helper
+
+    from conftest import IR
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (16, 16)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, 16).astype(np.float32), "gamma"),
+             numpy_helper.from_array(rng.normal(0, 0.2, 16).astype(np.float32), "beta")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+             helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["y"], axis=-1, name="norm")]
+    graph = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def test_a_plans_own_qdq_model_with_a_layer_norm_imports(tmp_path):
+    from mpstudio.data import FeedList
+    from mpstudio.graph import BIAS
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.study import Study
+
+    rng = np.random.default_rng(1)
+    feeds = FeedList([{"x": rng.normal(0, 1, (1, 8, 16)).astype(np.float32)} for _ in range(4)])
+    with Study.create(tmp_path / "study", _layer_norm_model(), feeds) as study:
+        assert study.graph.tensors["beta"].kind == BIAS
+        own = study.quantizer.generate(PrecisionPlan.a8w8_pc().promote(["h"]))
+        beta = [n for n in onnx.load(str(own)).graph.node if n.output == ["beta"]]
+        assert beta and beta[0].op_type == "DequantizeLinear"  # ORT's int32 bias
+        imported = study.import_plan(own, name="own")
+        h = imported.plan.overrides.get("h")
+        assert (h.type if h else imported.plan.activation_type) == "uint16"
+        assert ("beta", "a bias: ORT derives its int32 encoding from the input and weight scales") in imported.skipped
+
+
+
+def _chain_model() -> onnx.ModelProto:
+    """x[1,4,8,8] -> Mul -> a -> Add -> b -> Mul -> c -> Add -> y, each with a constant operand."""
+    from onnx import TensorProto, helper
+
+    from conftest import IR
+
+    rng = np.random.default_rng(0)
+    inits, nodes, previous = [], [], "x"
+    for i, (op, out) in enumerate([("Mul", "a"), ("Add", "b"), ("Mul", "c"), ("Add", "y")]):
+        inits.append(numpy_helper.from_array(rng.uniform(0.5, 1.5, (1, 4, 1, 1)).astype(np.float32), f"k{i}"))
+        nodes.append(helper.make_node(op, [previous, f"k{i}"], [out], name=f"{op.lower()}{i}"))
+        previous = out
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def test_a_mixed_plans_own_qdq_model_imports_as_a_plan_that_regenerates_it(tmp_path):
+    """Promoting b makes ORT write c at 16 bits (its producer computes at 16) and convert it to 8 for the last Add:
+    the imported plan must not promote c itself, which would pull the last Add (and y) to 16 bits too."""
+    from mpstudio import qdq
+    from mpstudio.data import FeedList
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.study import Study
+
+    def types(path):
+        return {t.name: (t.encoding.dtype, tuple(c.dtype for c in t.converts))
+                for t in qdq.read(path).tensors.values() if t.kind == "activation"}
+
+    rng = np.random.default_rng(1)
+    feeds = FeedList([{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(4)])
+    for base in (PrecisionPlan.a8w8(), PrecisionPlan.a16w8()):
+        with Study.create(tmp_path / base.activation_type, _chain_model(), feeds) as study:
+            other = "uint8" if base.activation_type == "uint16" else "uint16"
+            source = study.quantizer.generate(base.with_overrides({"b": other}))
+            written = types(source)
+            assert written["c"] == (other, (base.activation_type,))  # written wide, converted back for the last Add
+            imported = study.import_plan(source, name="own")
+            assert "c" not in imported.plan.overrides
+            assert types(study.quantizer.generate(imported.plan)) == written
+            assert imported.unapplied == ()

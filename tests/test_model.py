@@ -74,6 +74,26 @@ def test_bad_shapes_are_errors(tmp_path, shapes, match):
         prepare_model(path, shapes)
 
 
+
+def _down_up_model() -> onnx.ModelProto:
+    """x[1,1,H,W] + upsampled(AveragePool stride 2 of x): as a detector's FPN, it takes only even H and W."""
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [4], [1, 1, 2, 2])
+    nodes = [helper.make_node("AveragePool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+             helper.make_node("Resize", ["p", "", "scales"], ["u"], mode="nearest", name="up"),
+             helper.make_node("Add", ["x", "u"], ["y"], name="merge")]
+    graph = helper.make_graph(nodes, "fpn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "h", "w"])], [scales])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=IR)
+
+
+def test_a_shape_the_model_cannot_take_names_the_shape_given(tmp_path):
+    path = tmp_path / "fpn.onnx"
+    onnx.save(_down_up_model(), path)
+    assert prepare_model(path, {"x": [1, 1, 8, 8]}).outputs[0].shape == (1, 1, 8, 8)
+    with pytest.raises(MpstudioError, match=r"Incompatible dimensions.*x=1,1,9,8.*multiple of") as caught:
+        prepare_model(path, {"x": [1, 1, 9, 8]})
+    assert "--shape" in str(caught.value)
+
 def test_ir_version_is_lowered_to_what_ort_accepts():
     from mpstudio.model import ort_max_ir_version
 

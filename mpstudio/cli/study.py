@@ -185,6 +185,7 @@ def _diverge(args) -> int:
 def _export(args) -> int:
     from contextlib import ExitStack
 
+    from ..diverge import resolve_plan
     from ..export import export_plan
     from ..study import Study
 
@@ -192,7 +193,7 @@ def _export(args) -> int:
                "float": ("float",), "all": ("ort", "qnn", "model", "float")}[args.format]
     with ExitStack() as stack:
         study = stack.enter_context(Study.open(args.folder))
-        plan = study.plan(args.plan)
+        plan = resolve_plan(study, args.plan)  # as `evaluate --plan` reads it: an id, a name, a baseline, a file
         agent = None
         if args.format == "context" or args.agent or args.local_agent:
             runner = open_runner(args, stack)
@@ -201,7 +202,9 @@ def _export(args) -> int:
             agent = runner.healthy()[0] if hasattr(runner, "healthy") else runner
             if args.format == "all":
                 formats = formats + ("context",)
-        out = Path(args.output) if args.output else study.folder / "exports" / f"plan-{study.plan_id(plan)}"
+        plan_id = study.plan_id(plan)
+        out = Path(args.output) if args.output else study.folder / "exports" / (
+            f"plan-{plan_id}" if plan_id is not None else f"plan-{plan.hash}")
         result = export_plan(study.quantizer, plan, out, formats, agent=agent,
                              provider_options={"htp_arch": study.htp_arch}, with_parameters=args.pin_parameters,
                              encodings_version=args.encodings_version)
@@ -313,7 +316,8 @@ def add_study_parser(sub) -> None:
 def add_export_parser(sub) -> None:
     e = sub.add_parser("export", help="write a plan's ORT overrides, QNN encodings, QDQ model (and context binary)")
     e.add_argument("folder", help="study folder")
-    e.add_argument("--plan", required=True, help="plan id or hash (see mpstudio study show)")
+    e.add_argument("--plan", required=True, help="a stored plan's id, name or hash (see mpstudio study show), a "
+                                                 "baseline (a8w8, a16w8, a8w8-pc, a16w8-pc) or a plan JSON file")
     e.add_argument("--format", default="all", choices=["ort", "qnn", "model", "float", "context", "all"],
                    help="ort: TensorQuantOverrides JSON; qnn: QNN/AIMET encodings JSON; model: the QDQ model; "
                         "float: the prepared float model the encodings name; context: the QNN context binary "
