@@ -489,6 +489,18 @@ def test_a_model_typed_in_the_panel_never_reopens_the_study_the_studio_started_o
     state.close()
 
 
+def test_an_axis_no_plan_has_says_which_runner_times_its_plans(state):
+    """The study's plans ran in this process (accuracy and the cost model's estimate): the emulator and measured
+    axes are empty, and say how to get a point on them, rather than "evaluate a plan" (done already)."""
+    plot = ParetoPlot(state=state)
+    assert "plan(s)" in plot._note.object
+    state.latency_source = "emulator"
+    assert state.evaluations.empty
+    assert "local agent" in plot._note.object and "htp" in plot._note.object
+    state.latency_source = "measured"
+    assert state.evaluations.empty and "remote agent" in plot._note.object
+
+
 def test_baseline_labels_on_the_pareto_plot_do_not_cover_each_other():
     """Baselines of one latency and nearly one accuracy (a8w8 and a8w8-pc on an encoder) get their names on
     different sides; the highest point's name goes below it, clear of the legend over the frame."""
