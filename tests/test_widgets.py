@@ -489,9 +489,10 @@ def test_a_model_typed_in_the_panel_never_reopens_the_study_the_studio_started_o
     state.close()
 
 
-def test_an_axis_no_plan_has_says_which_runner_times_its_plans(state):
+def test_an_axis_no_plan_has_says_which_runner_times_its_plans(tmp_path):
     """The study's plans ran in this process (accuracy and the cost model's estimate): the emulator and measured
     axes are empty, and say how to get a point on them, rather than "evaluate a plan" (done already)."""
+    state = StudioState(make_small_study(tmp_path / "study", analyzed=False), auto_analyze=False)
     plot = ParetoPlot(state=state)
     assert "plan(s)" in plot._note.object
     state.latency_source = "emulator"
@@ -499,6 +500,7 @@ def test_an_axis_no_plan_has_says_which_runner_times_its_plans(state):
     assert "local agent" in plot._note.object and "htp" in plot._note.object
     state.latency_source = "measured"
     assert state.evaluations.empty and "remote agent" in plot._note.object
+    state.close()
 
 
 def test_baseline_labels_on_the_pareto_plot_do_not_cover_each_other():
