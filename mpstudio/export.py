@@ -443,9 +443,14 @@ class ExportResult:
 
 
 def export_name(plan: PrecisionPlan) -> str:
-    """A file-name stem for the plan: its name made safe, or its hash."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", plan.name).strip("._")
-    return stem or plan.hash
+    """A file-name stem for the plan: its name made safe; without one, the name the studio and the study show
+    for it and the start of its hash ("a8w8+5x16-43166552"), which tells apart two plans promoting as many."""
+    stem = _safe_stem(plan.name)
+    return stem or f"{_safe_stem(plan.short_name)}-{plan.hash[:8]}"
+
+
+def _safe_stem(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+_-]+", "_", name).strip("._")
 
 
 def export_plan(

@@ -16,9 +16,9 @@ from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 from conftest import IR, conv_feeds, make_conv_model, requires_qnn
 from mpstudio.data import Cancelled, FeedList
 from mpstudio.errors import MpstudioError
-from mpstudio.export import (ExportResult, check_context_model, export_plan, load_ort_overrides, ort_overrides,
-                             qnn_config_arguments, qnn_encodings, read_quantized_tensors, validate_encodings,
-                             validate_ort_overrides)
+from mpstudio.export import (ExportResult, check_context_model, export_name, export_plan, load_ort_overrides,
+                             ort_overrides, qnn_config_arguments, qnn_encodings, read_quantized_tensors,
+                             validate_encodings, validate_ort_overrides)
 from mpstudio.graph import ModelGraph
 from mpstudio.model import prepare_model
 from mpstudio.plan import PrecisionPlan, TensorOverride
@@ -338,7 +338,11 @@ def test_export_names_files_after_a_safe_plan_name(conv, tmp_path):
     result = export_plan(conv, plan, tmp_path, formats=("qnn",))
     assert result.encodings.name == "stem_16-bit_try_2.encodings.json" and result.overrides is None
     unnamed = export_plan(conv, PrecisionPlan.a8w8(name=""), tmp_path, formats=())
-    assert unnamed.plan.name == f"{PrecisionPlan.a8w8().hash}.plan.json"
+    assert unnamed.plan.name == f"a8w8-{PrecisionPlan.a8w8().hash[:8]}.plan.json"
+    # An unnamed plan's files say what it is, as the studio names it, and which one it is.
+    promoted = PrecisionPlan.a8w8().promote(conv.graph.activations()[1:3])
+    assert promoted.name == "" and promoted.short_name == "a8w8+2x16"
+    assert export_name(promoted) == f"a8w8+2x16-{promoted.hash[:8]}"
 
 
 @pytest.mark.htp

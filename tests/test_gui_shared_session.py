@@ -158,6 +158,11 @@ def test_a_tab_that_comes_back_after_every_tab_closed_shows_the_running_analysis
                    message=f"the analysis's result did not reach the new tab: {job.status} {job.done}/{job.total} "
                            f"{job.message} {job.finished.is_set()} {_stacks()}")
         assert _analyses(studio.states) == [job], "an analysis was started again"
+        # The tab was told a job of the study was already running; once that job has ended, the message line no
+        # longer says it runs.
+        told = page.locator(".mpstudio-message", has_text="already running on this study")
+        wait_until(lambda: "already running" not in second.message and told.count() == 0, 60,
+                   message=f"the message still says an ended job runs: {second.message!r}")
 
         page.context.close()  # and once more, after the analysis ended: its ranking is shown, nothing re-run
         wait_until(lambda: second._membership.closed, 30, message="the second tab's session did not end")

@@ -3,6 +3,9 @@ the window's right edge, its points (one with a long name) and the graph's nodes
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 
 from gui_support import (chromium_path, frame_box, make_small_study, open_studio, screen_points, source_column,
@@ -91,3 +94,32 @@ def test_the_tabs_beside_the_ranking_fit_the_window(browser, studio):
             assert tab["x"] + tab["width"] <= WIDTH + 0.5, f"the tab {title!r} is cut at the right edge: {tab}"
     finally:
         context.close()
+
+
+def test_a_nodes_tooltip_says_a_missing_score_is_missing_not_nan(browser, studio):
+    """A score the node does not have (no HTP run of the plan, so no HTP/CPU divergence) reads "-", as in the
+    ranking, never "NaN steps RMS"; the scores it has keep their figures and units."""
+    context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
+    page = context.new_page()
+    page.set_default_timeout(60000)
+    try:
+        state = open_studio(page, studio)
+        assert state.tensors["divergence"].isna().all() and state.tensors["snr_db"].notna().any()
+        frame = frame_box(page, "graph")
+        points = screen_points(page, "graph", source_column(page, "nodes", "x"), source_column(page, "nodes", "y"))
+        snr = source_column(page, "nodes", "snr_db")
+        sx, sy = next(p for p, value in zip(points, snr) if value is not None and math.isfinite(value)
+                      and frame["x"] < p[0] < frame["x"] + frame["width"]
+                      and frame["y"] < p[1] < min(frame["y"] + frame["height"], HEIGHT))
+        page.mouse.move(sx, sy)
+        text = wait_until(lambda: page.evaluate(TOOLTIP_TEXT), 10, message="no tooltip on the node")
+        assert "NaN" not in text, text
+        assert re.search(r"HTP vs CPU:\s*-(\s|$)", text), text
+        assert re.search(r"SNR:\s*-?\d+\.\d\d dB", text), text
+    finally:
+        context.close()
+
+
+# The text of the shown tooltips (BokehJS draws each in a shadow root of its own).
+TOOLTIP_TEXT = """() => [...document.querySelectorAll('.bk-Tooltip')].filter((el) => el.getBoundingClientRect().width > 0)
+  .map((el) => (el.shadowRoot || el).querySelector('.bk-tooltip-content')?.innerText || '').join('\\n')"""

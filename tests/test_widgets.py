@@ -462,6 +462,47 @@ def test_a_dynamic_input_is_fixed_in_the_input_shapes_field(tmp_path, monkeypatc
     state.close()
 
 
+def test_a_model_typed_in_the_panel_never_reopens_the_study_the_studio_started_on(tmp_path, monkeypatch):
+    """`panel serve app.py --args --model M --data D --study S`: S is M's study. A model a visitor then types in
+    the Model and data panel (a broken one, another one) gets its own error or its own study, not S again."""
+    from conftest import conv_feeds, make_conv_model
+    from mpstudio.data import FeedList
+
+    monkeypatch.setenv("MPSTUDIO_CACHE_DIR", str(tmp_path / "cache"))
+    first, other, broken, data = (tmp_path / name for name in ("first.onnx", "other.onnx", "broken.onnx", "samples"))
+    onnx.save(make_conv_model(seed=0), first)
+    onnx.save(make_conv_model(seed=1), other)
+    broken.write_bytes(first.read_bytes()[:200])
+    FeedList(conv_feeds(4)).save_npz(data)
+    started_on = tmp_path / "first.study"
+    state = StudioState.from_arguments(study=str(started_on), model=str(first), data=str(data), auto_analyze=False)
+    assert state.jobs[0].wait(120) and state.study.folder == started_on, state.error
+
+    state.param.update(model_path=str(broken), data_path=str(data))
+    job = state.open_model()
+    assert job.wait(60) and job.status == "failed", "a broken model opened the study the studio started on"
+    assert "broken.onnx" in state.error and state.study.folder == started_on
+    state.model_path = str(other)
+    job = state.open_model()
+    assert job.wait(120) and job.status == "done", job.error
+    assert state.study.folder != started_on and state.study.name == "other"
+    state.close()
+
+
+def test_an_axis_no_plan_has_says_which_runner_times_its_plans(tmp_path):
+    """The study's plans ran in this process (accuracy and the cost model's estimate): the emulator and measured
+    axes are empty, and say how to get a point on them, rather than "evaluate a plan" (done already)."""
+    state = StudioState(make_small_study(tmp_path / "study", analyzed=False), auto_analyze=False)
+    plot = ParetoPlot(state=state)
+    assert "plan(s)" in plot._note.object
+    state.latency_source = "emulator"
+    assert state.evaluations.empty
+    assert "local agent" in plot._note.object and "htp" in plot._note.object
+    state.latency_source = "measured"
+    assert state.evaluations.empty and "remote agent" in plot._note.object
+    state.close()
+
+
 def test_baseline_labels_on_the_pareto_plot_do_not_cover_each_other():
     """Baselines of one latency and nearly one accuracy (a8w8 and a8w8-pc on an encoder) get their names on
     different sides; the highest point's name goes below it, clear of the legend over the frame."""

@@ -13,8 +13,8 @@ from functools import partial
 import numpy as np
 import panel as pn
 import param
-from bokeh.models import (BoxSelectTool, ColorBar, ColumnDataSource, HoverTool, LinearColorMapper, Range1d,
-                          RangeTool, TapTool, WheelZoomTool)
+from bokeh.models import (BoxSelectTool, ColorBar, ColumnDataSource, CustomJSHover, HoverTool, LinearColorMapper,
+                          Range1d, RangeTool, TapTool, WheelZoomTool)
 from bokeh.palettes import RdYlGn11, YlOrRd9
 from bokeh.plotting import figure
 from bokeh.transform import factor_cmap, factor_mark
@@ -36,6 +36,18 @@ _NUMERIC = {"score", "line_width", *_HOVER_COLUMNS}
 # Columns that depend on scores and the plan (patched); the rest depend on the layout only (replaced).
 _STYLE_COLUMNS = ["score", "bits", "line_width", "tensor", *_HOVER_COLUMNS]
 _BITS = list(_MARKERS)
+# A score in a node's tooltip, "$index{COLUMN DIGITS[%] [UNIT]}": the hovered row's value; one the node lacks (NaN:
+# not analysed yet, no HTP run of the plan) reads "-", as in the ranking, never "NaN". (BokehJS writes "NaN" for a
+# NaN field before any formatter of the field sees it; the row's index is never NaN.)
+_SCORE_OR_DASH = """
+    const [column, digits, ...unit] = format.split(" ");
+    const values = source.get_column(column);
+    const score = values == null ? null : values[value];
+    if (score == null || Number.isNaN(score)) return "-";
+    const percent = digits.endsWith("%");
+    const text = (percent ? 100 * score : score).toFixed(parseInt(digits)) + (percent ? "%" : "");
+    return unit.length ? text + " " + unit.join(" ") : text;
+"""
 
 
 class GraphView(View):
@@ -128,9 +140,11 @@ class GraphView(View):
         self.labels = NodeLabels(fig, self.nodes, lambda: (self._labels, self._node_tensors))
         hover = HoverTool(renderers=[nodes], tooltips=[
             ("tensor", "@tensor"), ("node", "@id"), ("op", "@op"), ("bits", "@bits"),
-            ("SNR", "@snr_db{0.00} dB"), ("cosine", "@cosine{0.0000}"), ("local SNR 8-bit", "@local_snr_8{0.0} dB"),
-            ("isolation gain", "@isolation_gain{0.0000}"), ("rank", "@rank"),
-            ("latency share", "@latency_share{0.0%}"), ("HTP vs CPU", "@divergence{0.00} steps RMS")])
+            ("SNR", "$index{snr_db 2 dB}"), ("cosine", "$index{cosine 4}"),
+            ("local SNR 8-bit", "$index{local_snr_8 1 dB}"), ("isolation gain", "$index{isolation_gain 4}"),
+            ("rank", "$index{rank 0}"), ("latency share", "$index{latency_share 1%}"),
+            ("HTP vs CPU", "$index{divergence 2 steps RMS}")],
+            formatters={"$index": CustomJSHover(args={"source": self.nodes}, code=_SCORE_OR_DASH)})
         wheel = WheelZoomTool()
         fig.add_tools(hover, TapTool(renderers=[nodes]), wheel)
         fig.toolbar.active_scroll = wheel

@@ -49,6 +49,13 @@ _SHORT_AXIS = {"estimate": "latency (ms, HTP cost-model estimate)",  # fits a 12
                "emulator": "emulator host time (ms, not device latency)",
                "measured": "latency (ms, measured on the device)"}
 
+# The note of an axis no evaluation has yet: where its latency comes from (a run in this process times nothing).
+_NONE_YET = {"estimate": "no evaluations yet: evaluate a plan",
+             "emulator": "no plan timed on the HTP emulator yet: evaluate one on the local agent, backend htp (a run "
+                         "in this process gives its accuracy, not a timing)",
+             "measured": "no plan timed on a device yet: evaluate one on a remote agent (a run in this process gives "
+                         "its accuracy, not a timing)"}
+
 
 class ParetoPlot(View):
     """Every evaluation of the study as a point; tap one to load its plan into the graph."""
@@ -158,8 +165,8 @@ class ParetoPlot(View):
         study = self.state.study
         if frame is None or frame.empty or study is None:
             data, front, labels = _empty(_POINTS), _empty(_XY), _empty(_LABELS)
-            self._note_base = ("<span style='color:#666'>no evaluations with this latency yet: evaluate a plan"
-                               "</span>") if study is not None else ""
+            self._note_base = (f"<span style='color:#666'>{_NONE_YET[self.state.latency_source]}</span>"
+                               if study is not None else "")
         else:
             frame = frame.reset_index(drop=True)
             data, front, labels = _points(frame), _front(frame), _baseline_labels(frame)

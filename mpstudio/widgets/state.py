@@ -153,19 +153,21 @@ class StudioState(param.Parameterized):
 
     def open_demo(self) -> Job:
         return self.submit("open", "opening the demo (PP-OCRv4 text-line recognizer)",
-                           lambda progress, cancel: demo_study(self.study_folder, progress), self.set_study)
+                           lambda progress, cancel: demo_study(None, progress), self.set_study)
 
     def open_model(self, model: str | Path | None = None, data: str | Path | None = None,
                    shapes: str | None = None, allow_fallback: bool | None = None) -> Job:
         """A new study of `model` on the `.npz` samples in `data` (or the one made from the same files). Arguments
-        default to the fields a visitor types, which must lie, with what they link to, under the server's roots."""
+        default to the fields a visitor types, which must lie, with what they link to, under the server's roots.
+        `study_folder` holds the caller's own files' study only (the demo and a typed model have their own)."""
         confine = self.policy.confine if model is None or data is None else None
+        folder = self.study_folder if confine is None else None
         model = model or self.policy.confine(self.model_path, "model file (.onnx)")
         data = data or self.policy.confine(self.data_path, "data folder")
         shapes, fallback = (self.input_shapes if shapes is None else shapes,
                             self.allow_fallback if allow_fallback is None else allow_fallback)
         return self.submit("open", f"opening {Path(str(model)).name}", lambda progress, cancel: model_study(
-            model, data, shapes, fallback, self.study_folder, progress, confine), self.set_study)
+            model, data, shapes, fallback, folder, progress, confine), self.set_study)
 
     # ---- selection and plan ---------------------------------------------------------------------------
     def select(self, tensors) -> None:

@@ -200,10 +200,18 @@ class StudyMembership:
             return None
         job = session.running(kind, title)
         if job is not None:
+            told = (f"already running on this study: {job.title} (its progress is in the job bar of every tab on "
+                    f"the study)")
             with writable(self.state):
-                self.state.message = (f"already running on this study: {job.title} (its progress is in the job "
-                                      f"bar of every tab on the study)")
+                self.state.message = told
+            after_jobs([job], lambda: self.state.post(lambda: self._ended(job, told)))
         return job
+
+    def _ended(self, job: Job, told: str) -> None:
+        """The job this tab was `told` runs has ended: the message line says so, unless it says something newer."""
+        if self.state.message == told:
+            with writable(self.state):
+                self.state.message = f"{job.title}: {job.status} (it ran for the study's tabs)"
 
     def add(self, job: Job) -> bool:
         """Record `job` in the session and show it in every tab; False when this state does not share."""
