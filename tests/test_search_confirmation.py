@@ -53,6 +53,12 @@ def test_walk_front_stops_at_a_plan_within_noise():
     assert front_order([True, True, N, N, False, True], at=2, mixed=4, near=6) == [2, 3, 4, 5]
     assert front_order([True, True, N, True], at=2, mixed=3, near=3) == [2]
     assert front_order([True, True, N, N, N, True], at=2, budget=2) == [2, 3]
+    # ... passing over the dearer plans the walk's backend says clearly miss the target (a clear reach is what
+    # the budget looks for), whatever the confirming backend would have said of them.
+    assert front_order([True, True, N, True, False, True], at=2, hopeless={3, 4}) == [2, 5]
+    assert front_order([True, True, N, N, True], at=2, budget=2, hopeless={3}) == [2, 4]
+    # A clear miss of the pick on the confirming backend still tries them: the backends disagree there.
+    assert front_order([True, True, False, False, True], at=2, hopeless={3}) == [2, 3, 4]
     # The pick clearly misses: dearer plans until one reaches, or is within noise.
     assert front_order([True, True, False, False, True, True], at=2) == [2, 3, 4]
     assert front_order([True, True, False, N, True], at=2) == [2, 3]

@@ -1,6 +1,7 @@
 """The HTP confirmation of a search: the walk's pick evaluated on the HTP, then its neighbours (cheaper plans of
 the walk's front when the pick reaches the target there, every dearer plan the walk evaluated when it clearly
-misses, the dearer partial promotions when it is within noise of the target, then an all-16-bit plan that costs
+misses, the dearer partial promotions the walk does not put clearly under the target when it is within noise of
+it, then an all-16-bit plan that costs
 little more; whatever it costs, one past the budget, when no confirmed plan meets the target by its value), a
 pick within noise reported as such, and the recommendation made on the HTP's numbers."""
 
@@ -29,7 +30,8 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
     walk's backend may have been pessimistic); when it clearly misses, the next dearer ones until one reaches it
     or is within noise of it; when it is within noise (it meets or misses the threshold by less than the metric's
     resolution, or the threshold lies inside its interval: `evidence.TargetEvidence`), the dearer partial
-    promotions until one clearly reaches it, then the all-16-bit plans estimated at most `LITTLE_MORE` (10 %) above
+    promotions until one clearly reaches it (passing over those the walk's own numbers put clearly under the
+    target), then the all-16-bit plans estimated at most `LITTLE_MORE` (10 %) above
     the pick (a clear answer for little more); when none does, the result says so. At most `max_plans` evaluations,
     and one more when no confirmed plan reaches the target or meets it by its value: the cheapest all-16-bit plan
     whatever its cost (the upper end: whether the target can be met there at all; `_confirm_along`). A plan the
@@ -103,12 +105,15 @@ def _confirm_along(walk: Walk, front: list[Evaluation], at: int, check, done: li
                 and not any(c.verdict == REACHES or meets(c.confirmed.value, walk.threshold, walk.hib)
                             for c in done))
 
-    walk_front(len(front), at, check, lambda: len(done) >= max_plans, mixed, near)
+    # A dearer plan the walk's own numbers put clearly under the target is no candidate for clearly reaching it.
+    hopeless = frozenset(i for i in range(at + 1, len(front)) if walk.evidence.verdict(front[i]) == MISSES)
+    walk_front(len(front), at, check, lambda: len(done) >= max_plans, mixed, near, hopeless)
     if upper_end_wanted():
         check(mixed)
 
 
-def walk_front(n: int, at: int, check, full, mixed: int | None = None, near: int | None = None) -> None:
+def walk_front(n: int, at: int, check, full, mixed: int | None = None, near: int | None = None,
+               hopeless: frozenset[int] = frozenset()) -> None:
     """Confirm along `n` candidate plans (cheapest first: `confirmation_order`) from the pick at `at`: `check(i)`
     says whether plan i reaches the target on the confirming backend (True), clearly misses it (False), is within
     noise of it (`WITHIN_NOISE`) or cannot be built there (None); `full()` whether the budget is spent; the
@@ -119,7 +124,9 @@ def walk_front(n: int, at: int, check, full, mixed: int | None = None, near: int
     reaches it or is within noise of it; when it is within noise, the dearer partial promotions while the budget
     lasts, until one clearly reaches it (a plan the samples can tell from the target, at a small step in cost),
     then the all-16-bit plans that cost little more (before `near`), never a dearer one (a difference the samples
-    cannot tell calls for no jump to it). Plans that cannot be built
+    cannot tell calls for no jump to it), passing over the `hopeless` ones (the walk's backend says they clearly
+    miss the target: a confirmation that looks for a clear reach does not spend the budget on them). Plans that
+    cannot be built
     are passed over; when no dearer plan that builds reaches the target and some dearer ones could not be built,
     the cheaper ones follow (while they reach it, once one does): they are what is left to recommend from."""
     tried: set[int] = set()
@@ -148,7 +155,7 @@ def walk_front(n: int, at: int, check, full, mixed: int | None = None, near: int
         for i in range(anchor + 1, near):
             if full():
                 return
-            if i not in tried and verdict(i) is True:
+            if i not in tried and i not in hopeless and verdict(i) is True:
                 return
         return
     step = -1 if reaches is True else 1
