@@ -118,7 +118,8 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     graph = study.graph
     kind, tensors, skipped = read_import(source, graph)
     model = qdq.read(source) if kind == "QDQ model" else None
-    converted = _converted(model, graph) if model is not None else frozenset()
+    names = _float_names(model, graph) if model is not None else {}
+    converted = _converted(model, names) if model is not None else frozenset()
     plan = derive_plan(graph, tensors, converted)
     plan.validate(graph, study.htp_arch)
     encodings = {t.name: t.encoding for t in tensors}
@@ -126,10 +127,9 @@ def import_plan(study, source: str | os.PathLike | Mapping | onnx.ModelProto, *,
     plan = replace(plan, encodings=study.quantizer.save_pinned(encodings), name=name or f"imported {stem}")
     generated = study.quantizer.generate(plan)
     if converted:
-        plan, generated = _closer_default(study, model, graph, tensors, converted, plan, generated)
+        plan, generated = _closer_default(study, model, names, tensors, converted, plan, generated)
     taken, remaining = (), []
     if model is not None:
-        names = _float_names(model, graph)
         codes = weight_code_differences(model, names, generated)
         if codes:  # the source rounded some weights another way: the plan's model takes its codes
             pinned_codes = {weight: (indices, values) for weight, indices, values, _ in codes}
@@ -326,10 +326,9 @@ def _unsigned(encoding: Encoding) -> Encoding:
     return Encoding("u" + encoding.dtype, encoding.scale, tuple(z + shift for z in encoding.zero_point), encoding.axis)
 
 
-def _converted(model: qdq.QdqModel, graph: ModelGraph) -> frozenset[str]:
+def _converted(model: qdq.QdqModel, names: Mapping[str, str]) -> frozenset[str]:
     """The activations a QDQ source writes at one width and converts to another for some of their consumers
-    (under the float model's names)."""
-    names = _float_names(model, graph)
+    (under the float model's names: `names`, `_float_names`)."""
     return frozenset(names[t.name] for t in model.tensors.values()
                      if t.kind == ACTIVATION and t.converts and t.name in names)
 
@@ -339,12 +338,13 @@ def _activation_types(model: qdq.QdqModel, names: Mapping[str, str] | None = Non
             for t in model.tensors.values() if t.kind == ACTIVATION}
 
 
-def _closer_default(study, model: qdq.QdqModel, graph: ModelGraph, tensors, converted, plan, generated):
+def _closer_default(study, model: qdq.QdqModel, names: Mapping[str, str], tensors, converted, plan, generated):
     """`plan` and its model, or the plan derived with the other default activation type when its model writes
     the source's activation types and converts where `plan`'s does not. ORT's fixer grows a region of the
     non-default width from each override, so the same types written per tensor come from one default only, and
     the source does not say which."""
-    wanted = _activation_types(model, _float_names(model, graph))
+    graph = study.graph
+    wanted = _activation_types(model, names)
 
     def differences(path) -> int:
         got = _activation_types(qdq.read(path))

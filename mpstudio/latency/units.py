@@ -73,11 +73,10 @@ def built_units(qdq, build) -> Units:
     starts with. An op the rule leaves float that the HTP's graph does not name (the EP left it to ORT's CPU EP)
     keeps the rule's answer."""
     nodes = {n.name: n for n in qdq.model.graph.node if n.name}
-    names = set(nodes)
     io = {io.name for io in qdq.graph_io}
 
     def known(name: str) -> str | None:
-        while name and name not in names:
+        while name and name not in nodes:
             name = name.rpartition("/")[0]
         return name or None
 
@@ -85,7 +84,7 @@ def built_units(qdq, build) -> Units:
     rule = float_units(qdq)
     unlisted = rule.float_ops - listed
     floats = {n for n in (known(b) for b in build.float_nodes) if n} | unlisted
-    standalone = {n for n in build.standalone if n in names and n not in io}
+    standalone = {n for n in build.standalone if n in nodes and n not in io}
     standalone |= {n for n in rule.standalone if n not in listed and _beside(qdq, nodes.get(n), unlisted)}
     notes = (f"{len(unlisted)} op(s) the rule computes in float are not in the HTP's graph (left to ORT's CPU EP): "
              "priced by the rule",) if unlisted else ()
