@@ -49,6 +49,7 @@ def _evaluate(args) -> int:
             versus = study.evaluate(versus, args.backend, runner, origin="evaluate", progress=progress)
         done = study.evaluate(plan, args.backend, runner, origin="evaluate", progress=progress)
         paired = study.compare(done.plan_id, versus.plan_id, done.accuracy_source) if versus is not None else None
+        note = study.quantizer.range_note(plan)
     for placement in () if args.json else getattr(runner, "placements", ()):
         print(f"ran on Ray: {placement.describe()}")
     if args.json:
@@ -58,7 +59,8 @@ def _evaluate(args) -> int:
                           "accuracy_source": done.accuracy_source, "samples": done.samples, "cached": done.cached,
                           "latencies": [{"ms": lat.ms, "source": lat.source, "label": str(lat)}
                                         for lat in done.latencies],
-                          "versus": paired.to_json() if paired is not None else None}, indent=2))
+                          "versus": paired.to_json() if paired is not None else None,
+                          "warning": note or None}, indent=2))
         return 0
     print(f"plan {done.plan_id} {done.name}: {done.metric} {done.value:.4f}{done.interval_text()} "
           f"[{done.accuracy_source}, {done.samples} samples]" + (" (already in the study)" if done.cached else ""))
@@ -66,6 +68,8 @@ def _evaluate(args) -> int:
         print(f"  paired: {paired.describe()}")
     for lat in done.latencies:
         print(f"  latency: {lat}")
+    if note:
+        print(note)
     if not done.latencies:
         print("  latency: none (the cost model could not read this plan's model)")
     return 0

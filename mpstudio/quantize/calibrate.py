@@ -10,10 +10,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationMethod
-from onnxruntime.quantization.calibrate import TensorsData, create_calibrator, save_tensors_data
+from onnxruntime.quantization.calibrate import TensorsData, create_calibrator, load_tensors_data, save_tensors_data
 
 from ..cache import exclusive
 from ..data import CalibrationReader, DataSource, Progress
@@ -28,6 +29,12 @@ CALIBRATION_METHODS = {
 }
 # Bounds calibration memory: ranges are merged every this many samples instead of at the end.
 CALIBRATION_CHUNK = 16
+# The narrowest range ORT quantizes a tensor for QNN with (`get_qnn_qdq_config`'s "MinimumRealRange"): a tensor
+# whose calibrated range is narrower is quantized on this one, its values a few steps at most.
+QNN_MINIMUM_RANGE = 1e-4
+# Narrow ranges on this share of the activations (or on a model output) are worth a warning: a dead channel's
+# tensor is narrow in any model, most of a model's tensors only when its data or its weights are off.
+NARROW_SHARE = 0.05
 # Stands for "the float model's own ranges" where a plan names the ranges to use.
 FLOAT_RANGES = object()
 
@@ -143,3 +150,31 @@ def store_ranges(directory: Path, key: str, ranges, samples: int, seconds: float
         json.dumps({"samples": samples, "seconds": seconds, "method": method}))
     os.replace(meta_path.with_name(meta_path.name + unique), meta_path)
     return CalibrationCache(path, key, method, samples, seconds)
+
+
+def narrow_tensors(cache: CalibrationCache, names) -> list[str]:
+    """The tensors of `names` whose calibrated range, widened to hold zero as ORT's quantizer widens it, is
+    narrower than the minimum range ORT quantizes for QNN, in `names`' order; tensors without a range are skipped."""
+    ranges = load_tensors_data(str(cache.path)).data
+    narrow = []
+    for name in names:
+        if name in ranges:
+            low, high = ranges[name].range_value
+            if max(float(np.max(high)), 0.0) - min(float(np.min(low)), 0.0) < QNN_MINIMUM_RANGE:
+                narrow.append(name)
+    return narrow
+
+
+def narrow_range_note(narrow: list[str], total: int, outputs=()) -> str:
+    """A warning when the narrow ranges (`narrow_tensors`) are more than a dead channel's ("" otherwise): how
+    many, which, what follows and what to check."""
+    at_output = [name for name in outputs if name in narrow]
+    if not narrow or (len(narrow) < NARROW_SHARE * total and not at_output):
+        return ""
+    named = ", ".join(narrow[:3]) + (" ..." if len(narrow) > 3 else "")
+    where = f" (the model output {', '.join(at_output[:2])} among them)" if at_output else ""
+    return (f"warning: {len(narrow)} of {total} activation tensors{where} span less than {QNN_MINIMUM_RANGE:g} over "
+            f"the calibration data: {named}. ORT quantizes each for QNN on a range of {QNN_MINIMUM_RANGE:g}, so its "
+            "values round to a few steps and its scores read near 0 dB. Check that the data is preprocessed as the "
+            "model expects (scale, normalization); a model with random weights needs trained statistics (e.g. "
+            "BatchNorm's) or its activations vanish.")

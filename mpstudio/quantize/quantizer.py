@@ -23,8 +23,8 @@ from ..model import PreparedModel
 from ..plan import PrecisionPlan
 from ..qdq import Encoding
 from .calibrate import (CALIBRATION_METHODS, FLOAT_RANGES, CalibrationCache, cached_ranges, collect_ranges,
-                        scratch_lock,
-                        store_ranges, weight_form, weight_form_plan, with_quantized_weights)
+                        narrow_range_note, narrow_tensors, scratch_lock, store_ranges, weight_form, weight_form_plan,
+                        with_quantized_weights)
 from .config import qnn_config, quantize_kwargs
 from .fusion import fuse_activations
 from .unfold import set_weight_codes, unfold_imported
@@ -103,6 +103,13 @@ class Quantizer:
         model never clips."""
         with self._lock:
             return self._calibration_model(plan, self._calibrate_float(None, None))
+
+    def range_note(self, plan: PrecisionPlan | None = None) -> str:
+        """A warning when many of the activations `plan`'s ranges are calibrated for (None: the default plan's)
+        span less than QNN's minimum range ("" otherwise; `calibrate.narrow_range_note`). Calibrates if needed."""
+        names = self.graph.activations()
+        narrow = narrow_tensors(self.calibrate(plan=plan), names)
+        return narrow_range_note(narrow, len(names), [o.name for o in self.prepared.model.graph.output])
 
     @property
     def _ranges_dir(self) -> Path:

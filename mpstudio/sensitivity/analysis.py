@@ -47,7 +47,12 @@ class SensitivityReport:
         return bool(self.meta.get("partial", False))
 
     def status(self) -> str:
-        """How far the analysis behind this report got, in a few words ("" for a complete exhaustive one)."""
+        """How far the analysis behind this report got, in a few words ("" for a complete exhaustive one), and
+        the calibration's warning when there is one."""
+        note = self.meta.get("range_note") or ""
+        return "; ".join(part for part in (self._progress(), note) if part)
+
+    def _progress(self) -> str:
         meta = self.meta
         tensors = meta.get("tensors", "?")
         stage = meta.get("stage")
@@ -213,7 +218,7 @@ def analyze(
         result = isolation_scores(switchable, iso_data, regions, scorer, True, progress, cancel)
     ranking = rank_tensors(tensors, result)
     meta = {"model": quantizer.prepared.source, "model_sha256": quantizer.prepared.sha256, "plan": plan.summary(),
-            "plan_hash": plan.hash, "samples": len(data), "data": data.name}
+            "plan_hash": plan.hash, "samples": len(data), "data": data.name, "range_note": quantizer.range_note(plan)}
     return SensitivityReport(ranking, tensors, weights, result, meta)
 
 

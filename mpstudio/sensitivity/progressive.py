@@ -160,7 +160,7 @@ class _Analysis:
         self.meta = {"evaluated": 0, "model": q.prepared.source, "model_sha256": q.prepared.sha256, "plan": self.plan.summary(),
                      "plan_hash": self.plan.hash, "samples": len(self.data), "data": self.data.name,
                      "mode": "exhaustive" if self.exhaustive else "progressive", "tensors": len(self.tensors),
-                     "workers": len(self.pool.processes)}
+                     "workers": len(self.pool.processes), "range_note": q.range_note(self.plan)}
         self.pool.setup(scoring=ScoringSpec(str(q.float_path), str(plan_path), params_8, params_16,
                                             str(q.calibration_model(PrecisionPlan.a8w8()))))
         ids = self._submit_scores()

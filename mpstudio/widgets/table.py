@@ -39,7 +39,7 @@ def ranking_status(report) -> str:
     status = report.status()
     if not status:
         return ""
-    color = "#b26b00" if report.partial else "#666"
+    color = "#b26b00" if report.partial or "warning:" in status else "#666"
     label = "partial: " if report.partial else ""
     return f"<span style='color:{color};font-size:12px'>{label}{html.escape(status)}</span>"
 
