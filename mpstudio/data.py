@@ -236,8 +236,10 @@ def check_feed(feed: Feed, inputs, where: str) -> None:
     for name, spec in expected.items():
         arr = feed[name]
         if arr.dtype.name != spec.dtype:
+            why = (" (mpstudio quantizes a float16 model's float32 form)"
+                   if (arr.dtype.name, spec.dtype) == ("float16", "float32") else "")
             raise MpstudioError(
-                f"{where}: input {name!r} is {arr.dtype.name}, the model wants {spec.dtype}; "
+                f"{where}: input {name!r} is {arr.dtype.name}, the model wants {spec.dtype}{why}; "
                 f"convert it with .astype(np.{spec.dtype})"
             )
         if tuple(arr.shape) != tuple(spec.shape):

@@ -20,6 +20,7 @@ from onnx import helper
 
 from .errors import MpstudioError, brief
 from .graph import ModelGraph, node_display_name
+from .float16 import float16_to_float32
 from .qnn_probe import verify_support
 from .qnn_support import FALLBACK, SupportIssue, check_qnn_support, summarize
 from .attention_rewrites import drop_softmax_nan_guards, gather_nd_in_order_to_reshape
@@ -178,6 +179,7 @@ def prepare_model(
     steps += _lower_ir_version(model)
 
     _check_model(model, source)
+    steps += float16_to_float32(model)
 
     steps += _fix_input_shapes(model, input_shapes or {})
 
