@@ -70,6 +70,10 @@ class ErrorAccumulator:
         self.dtype = dtype
 
     def add(self, reference: np.ndarray, test: np.ndarray) -> None:
+        """Add a pair; integer and boolean values (a model's labels or indices: decisions, not values to
+        compare in power) are left out (`output_note`)."""
+        if np.asarray(reference).dtype.kind not in "fc":
+            return
         x = np.ravel(np.asarray(reference, dtype=self.dtype))
         y = np.ravel(np.asarray(test, dtype=self.dtype))
         if x.shape != y.shape:
@@ -119,6 +123,20 @@ class ErrorAccumulator:
     @property
     def mse(self) -> float:
         return self.noise / self.count if self.count else float("nan")
+
+
+def output_note(outputs) -> str:
+    """What output SNR and cosine leave out of a model's outputs (`TensorSpec`s): its integer and boolean ones
+    ("" when every output is float), and what to do when that is all of them."""
+    left_out = [spec for spec in outputs if np.dtype(spec.dtype).kind not in "fc"]
+    if not left_out:
+        return ""
+    named = ", ".join(f"{spec.name} ({spec.dtype})" for spec in left_out[:3]) + (" ..." if len(left_out) > 3 else "")
+    if len(left_out) < len(outputs):
+        return f"note: output SNR and cosine compare the float outputs; {named} left out"
+    return (f"warning: every output of the model is an integer or boolean ({named}): output SNR and cosine compare "
+            "float outputs and see nothing here. Score with a task metric, or export the model with the float "
+            "tensors these are computed from (e.g. the logits before an ArgMax) as outputs.")
 
 
 def output_agreement(references: Sequence[Feed], outputs: Sequence[Feed]) -> tuple[float, float]:

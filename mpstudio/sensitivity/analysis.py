@@ -14,6 +14,7 @@ import pandas as pd
 from ..blas_threads import with_one_blas_thread
 from ..data import DataSource, Progress, TaskMetric
 from ..errors import MpstudioError
+from ..metrics import output_note
 from ..runtime import available_cores
 from ..plan import PrecisionPlan
 from ..quantize import Quantizer
@@ -49,8 +50,8 @@ class SensitivityReport:
     def status(self) -> str:
         """How far the analysis behind this report got, in a few words ("" for a complete exhaustive one), and
         the calibration's warning when there is one."""
-        note = self.meta.get("range_note") or ""
-        return "; ".join(part for part in (self._progress(), note) if part)
+        notes = (self.meta.get("range_note") or "", self.meta.get("output_note") or "")
+        return "; ".join(part for part in (self._progress(), *notes) if part)
 
     def _progress(self) -> str:
         meta = self.meta
@@ -218,7 +219,8 @@ def analyze(
         result = isolation_scores(switchable, iso_data, regions, scorer, True, progress, cancel)
     ranking = rank_tensors(tensors, result)
     meta = {"model": quantizer.prepared.source, "model_sha256": quantizer.prepared.sha256, "plan": plan.summary(),
-            "plan_hash": plan.hash, "samples": len(data), "data": data.name, "range_note": quantizer.range_note(plan)}
+            "plan_hash": plan.hash, "samples": len(data), "data": data.name, "range_note": quantizer.range_note(plan),
+            "output_note": output_note(quantizer.prepared.outputs)}
     return SensitivityReport(ranking, tensors, weights, result, meta)
 
 

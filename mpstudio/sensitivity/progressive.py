@@ -34,6 +34,7 @@ import pandas as pd
 
 from ..blas_threads import with_one_blas_thread
 from ..data import Cancelled, DataSource, Progress, TaskMetric
+from ..metrics import output_note
 from ..noise import added_noise, removed_noise
 from ..plan import PrecisionPlan
 from ..quantize import Quantizer
@@ -160,7 +161,8 @@ class _Analysis:
         self.meta = {"evaluated": 0, "model": q.prepared.source, "model_sha256": q.prepared.sha256, "plan": self.plan.summary(),
                      "plan_hash": self.plan.hash, "samples": len(self.data), "data": self.data.name,
                      "mode": "exhaustive" if self.exhaustive else "progressive", "tensors": len(self.tensors),
-                     "workers": len(self.pool.processes), "range_note": q.range_note(self.plan)}
+                     "workers": len(self.pool.processes), "range_note": q.range_note(self.plan),
+                     "output_note": output_note(q.prepared.outputs)}
         self.pool.setup(scoring=ScoringSpec(str(q.float_path), str(plan_path), params_8, params_16,
                                             str(q.calibration_model(PrecisionPlan.a8w8()))))
         ids = self._submit_scores()
