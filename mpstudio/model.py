@@ -23,6 +23,7 @@ from .graph import ModelGraph, node_display_name
 from .qnn_probe import verify_support
 from .qnn_support import FALLBACK, SupportIssue, check_qnn_support, summarize
 from .attention_rewrites import drop_softmax_nan_guards, gather_nd_in_order_to_reshape
+from .rank_rewrites import lower_high_rank_transposes
 from .rewrites import RewriteResult, rewrite_for_htp
 
 # ORT's quantization tools look for this metadata to know the model was pre-processed.
@@ -193,7 +194,8 @@ def prepare_model(
         steps += folded
 
     if rewrite:
-        torch_attention = (drop_softmax_nan_guards(model), gather_nd_in_order_to_reshape(model))
+        torch_attention = (drop_softmax_nan_guards(model), gather_nd_in_order_to_reshape(model),
+                           lower_high_rank_transposes(model))
         rewrites = tuple(rewrite_for_htp(model)) + tuple(r for r in torch_attention if r is not None)
     else:
         rewrites = ()
