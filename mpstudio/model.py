@@ -24,6 +24,7 @@ from .float16 import float16_to_float32
 from .qnn_probe import verify_support
 from .qnn_support import FALLBACK, SupportIssue, check_qnn_support, summarize
 from .attention_rewrites import drop_softmax_nan_guards, gather_nd_in_order_to_reshape
+from .rank_rewrites import lower_high_rank_transposes
 from .rewrites import RewriteResult, rewrite_for_htp
 
 # ORT's quantization tools look for this metadata to know the model was pre-processed.
@@ -162,11 +163,10 @@ def prepare_model(
     subgraphs into initializers (ORT's basic graph optimizations, as ORT's own pre-processing does);
     name unnamed nodes; with `rewrite`, rewrite exporter patterns QNN HTP does not run or quantizes badly
     (`mpstudio.rewrites`: exact Erf-GELU to Gelu, attention-mask sentinels such as -3.4e38 to -100;
-    `mpstudio.attention_rewrites`: the NaN guard after an attention Softmax and the GatherND that reads
-    a mask in order, which QNN HTP cannot build), each
-    named among the steps; infer shapes; report nodes QNN's HTP backend would not take. Nodes the documentation
-    does not settle are probed on the HTP backend (`mpstudio.qnn_probe`, verdicts cached per toolchain) unless
-    `verify` is False; without the backend they are reported as unverified.
+    `mpstudio.attention_rewrites`: the NaN guard after an attention Softmax and the GatherND that reads a mask
+    in order; `mpstudio.rank_rewrites`: rank-6 window transposes), each named among the steps; infer shapes;
+    report nodes QNN's HTP backend would not take. Nodes the documentation does not settle are probed on the HTP
+    (`mpstudio.qnn_probe`, verdicts cached per toolchain) unless `verify` is False, else reported as unverified.
     """
     _refuse_over_protobuf_limit(source)
     model = onnx.ModelProto()
@@ -195,7 +195,8 @@ def prepare_model(
         steps += folded
 
     if rewrite:
-        torch_attention = (drop_softmax_nan_guards(model), gather_nd_in_order_to_reshape(model))
+        torch_attention = (drop_softmax_nan_guards(model), gather_nd_in_order_to_reshape(model),
+                           lower_high_rank_transposes(model))
         rewrites = tuple(rewrite_for_htp(model)) + tuple(r for r in torch_attention if r is not None)
     else:
         rewrites = ()
@@ -402,6 +403,10 @@ def _shape_hint(exc: MpstudioError, input_shapes: dict | None) -> MpstudioError:
     if not input_shapes or "ShapeInferenceError" not in str(exc):
         return exc
     given = " ".join(f"--shape {name}={','.join(str(d) for d in dims)}" for name, dims in input_shapes.items())
+    if "Graph attribute inferencing failed" in str(exc):  # inside an If/Loop/Scan body, whatever the shape
+        return MpstudioError(f"{exc}. ONNX Runtime's shape inference failed inside the subgraph of a control-flow node "
+                             f"(If, Loop or Scan) with the shapes given ({given}), which QNN HTP cannot run in any case: "
+                             "export the model without control flow (the branch your inputs take) and prepare that")
     return MpstudioError(f"{exc}. The model cannot take the input shape given ({given}): choose another; a network "
                          "that downsamples and upsamples again (a detector, a segmenter) usually needs each spatial "
                          "size to be a multiple of its total stride (often 32)")

@@ -30,6 +30,10 @@ from .qnn_support import FALLBACK, VERIFIED, WARNING, SupportIssue, describe_nod
 REJECTED = "rejected by QNN HTP when probed"  # reason category of a probed node QNN refused
 UNVERIFIED = "unverified"  # reason category of a warned node that could not be probed here
 PROBE_TIMEOUT = 60.0  # seconds one probe session may take before the prober is stopped
+# A node the QNN EP takes and whose graph then fails to finalize (an LSTM with onnxruntime-qnn 2.7) is not left
+# to the CPU: with CPU fallback allowed the session fails the same way, so allow_fallback cannot run it.
+_FINALIZE_FAILED = "Failed to finalize QNN graph"
+UNMOVABLE = "the QNN EP takes it and its graph then fails to build, so ORT cannot run it on the CPU instead"
 
 # A probe's precisions: the node as QNN sees it in a plan's QDQ model.
 FLOAT, A8, A16 = "float", "8-bit", "16-bit"
@@ -370,7 +374,8 @@ def _verdict_issue(issue: SupportIssue, found: list, toolchain: Toolchain) -> Su
     precisions = ", ".join(p for p, _ in rejected)
     words = reasons[0] if len(reasons) == 1 else "; ".join(f"{p}: {r}" for p, r in rejected)
     if len(rejected) == len(found):
+        stuck = f"; {UNMOVABLE}" if all(_FINALIZE_FAILED in reason for reason in reasons) else ""
         return replace(issue, severity=FALLBACK, reason=f"{REJECTED}: {issue.op_type} at {precisions} ({where}): "
-                                                        f"{words}")
+                                                        f"{words}{stuck}")
     return replace(issue, severity=WARNING, reason=f"{REJECTED}: {issue.op_type} at {precisions} only ({where}); "
                                                    f"plans that give it that precision will not build: {words}")

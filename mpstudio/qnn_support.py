@@ -136,7 +136,7 @@ SUPPORTED_OPS: frozenset[str] = frozenset(
 # unsupported; they are warnings here, and `qnn_probe` settles each node on the HTP when it is available.
 UNLISTED_ACCEPTED_OPS: frozenset[str] = frozenset({
     "Ceil", "CumSum", "GatherElements", "GatherND", "GlobalMaxPool", "HardSigmoid", "Identity", "IsNaN",
-    "Mish", "Reciprocal", "ReduceL2", "Reshape", "ScatterND", "Selu", "Softplus", "ThresholdedRelu",
+    "LSTM", "Mish", "Reciprocal", "ReduceL2", "Reshape", "ScatterND", "Selu", "Softplus", "ThresholdedRelu",
 })
 
 _STANDARD_DOMAINS = ("", "ai.onnx")

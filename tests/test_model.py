@@ -4,7 +4,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from conftest import IR, conv_feeds, make_conv_model, make_loop_model
 from mpstudio import MpstudioError
@@ -93,6 +93,27 @@ def test_a_shape_the_model_cannot_take_names_the_shape_given(tmp_path):
     with pytest.raises(MpstudioError, match=r"Incompatible dimensions.*x=1,1,9,8.*multiple of") as caught:
         prepare_model(path, {"x": [1, 1, 9, 8]})
     assert "--shape" in str(caught.value)
+
+def _branching_model() -> onnx.ModelProto:
+    """x[?, ?] @ w[4, 2] in both branches of an If on `flag`: ORT's shape inference checks the branches only
+    once x's shape is fixed, as in an exported voice-activity detector whose If picks a sample rate."""
+    w = numpy_helper.from_array(np.ones((4, 2), np.float32), "w")
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 2])
+    branches = {key: helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name=f"{key}_matmul")], key, [],
+                                       [out]) for key in ("then_branch", "else_branch")}
+    graph = helper.make_graph([helper.make_node("If", ["flag"], ["y"], name="rate_if", **branches)], "branching",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "n"]),
+                               helper.make_tensor_value_info("flag", TensorProto.BOOL, [])], [out], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def test_a_shape_refused_inside_a_control_flow_subgraph_says_to_export_without_it(tmp_path):
+    path = tmp_path / "branching.onnx"
+    onnx.save(_branching_model(), path)
+    with pytest.raises(MpstudioError, match=r"rate_if.*control-flow node.*x=1,5.*without control flow") as caught:
+        prepare_model(path, {"x": [1, 5]})
+    assert "multiple of" not in str(caught.value)  # not a spatial size to choose
+
 
 def test_ir_version_is_lowered_to_what_ort_accepts():
     from mpstudio.model import ort_max_ir_version

@@ -376,3 +376,37 @@ def test_a_study_refuses_the_probed_fallback_and_evaluates_it_with_allow_fallbac
     assert htp_result.accuracy_source.endswith(" + 1 nodes on CPU")
     assert htp_result.snr_db > 20
     study.close()
+
+
+def lstm_model() -> onnx.ModelProto:
+    """One LSTM step, as a voice-activity detector's decoder runs it: the QNN EP takes it, then fails to build it."""
+    rng = np.random.default_rng(0)
+    hidden, width = 16, 8
+    weights = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
+               for name, shape in (("W", (1, 4 * hidden, width)), ("R", (1, 4 * hidden, hidden)), ("B", (1, 8 * hidden)))]
+    node = helper.make_node("LSTM", ["x", "W", "R", "B", "", "h0", "c0"], ["y", "hn", "cn"], hidden_size=hidden,
+                            name="rnn")
+    state = [helper.make_tensor_value_info(n, F, [1, 1, hidden]) for n in ("h0", "c0")]
+    graph = helper.make_graph([node], "decoder", [helper.make_tensor_value_info("x", F, [1, 1, width]), *state],
+                              [helper.make_tensor_value_info("y", F, [1, 1, 1, hidden]),
+                               *[helper.make_tensor_value_info(n, F, [1, 1, hidden]) for n in ("hn", "cn")]], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@htp
+@pytest.mark.htp
+def test_a_node_the_qnn_ep_takes_and_cannot_build_is_refused_even_with_allow_fallback(tmp_path, probe_cache):
+    """With CPU fallback allowed the session failed to finalize all the same: every plan of the study failed."""
+    from mpstudio.data import FeedList
+    from mpstudio.model import prepare_model
+    from mpstudio.study import Study
+
+    issue = next(i for i in prepare_model(lstm_model()).support_issues if i.node == "rnn")
+    assert issue.severity == FALLBACK and "Failed to finalize QNN graph" in issue.reason
+    assert "ORT cannot run it on the CPU instead" in issue.reason
+    rng = np.random.default_rng(1)
+    feeds = [{name: rng.normal(size=shape).astype(np.float32) for name, shape in
+              (("x", (1, 1, 8)), ("h0", (1, 1, 16)), ("c0", (1, 1, 16)))} for _ in range(4)]
+    with pytest.raises(MpstudioError, match=r"cannot be left to ORT's CPU EP.*\n  rnn \[LSTM\].*\nRe-export"):
+        Study.create(tmp_path / "s", lstm_model(), FeedList(feeds), allow_fallback=True)
+    assert not (tmp_path / "s" / "study.json").exists()

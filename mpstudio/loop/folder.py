@@ -16,6 +16,8 @@ from ..data import DataSource, NpzFolder, Progress, TaskMetric, check_feeds
 from ..errors import MpstudioError
 from ..metrics import MetricSpec
 from ..model import PreparedModel, prepare_model
+from ..qnn_probe import UNMOVABLE
+from ..qnn_support import FALLBACK
 from ..store import DB_FILE, StudyStore
 
 STUDY_FORMAT = 1
@@ -110,6 +112,12 @@ def create_study(folder: Path, model, calibration: DataSource, evaluation: DataS
     prepared = model if isinstance(model, PreparedModel) else prepare_model(model, input_shapes)
     if not prepared.qnn_ready and not allow_fallback:
         raise MpstudioError(prepared.fallback_refusal())
+    stuck = [i for i in prepared.support_issues if i.severity == FALLBACK and UNMOVABLE in i.reason]
+    if stuck and allow_fallback:
+        raise MpstudioError(
+            f"{len(stuck)} node(s) of {prepared.source} cannot be left to ORT's CPU EP, so no plan would build on the "
+            "HTP even with --allow-fallback:\n" + "\n".join(f"  {i.node} [{i.op_type}]: {i.reason}" for i in stuck[:5])
+            + "\nRe-export the model without these ops (or with them outside the model, run apart on the CPU).")
     calibration, evaluation = study_data(prepared, calibration, evaluation, calibration_samples, evaluation_samples)
     spec, task_metric = metric_parts(metric)
     config = study_config(prepared, spec, calibration, evaluation, name=name, htp_arch=htp_arch,
