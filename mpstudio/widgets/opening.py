@@ -10,7 +10,8 @@ from pathlib import Path
 from ..cache import cache_root
 from ..data import NpzFolder
 from ..errors import MpstudioError
-from ..model import external_data_files, parse_shape_args
+from ..model import parse_shape_args
+from ..model_file import external_data_files
 from ..study import Study
 
 _CREATING = threading.Lock()  # studies are created one at a time in this process
