@@ -263,6 +263,17 @@ def read_labels(path: str | Path) -> list[str]:
 
 
 # ---- built-in metrics: functions fn(outputs, reference, **args), named from the command line --------------------
+def metric_range(name: str) -> tuple[float | None, float | None] | None:
+    """The values a built-in metric can take, by its name (None: unbounded or not known here)."""
+    if name == "output cosine":
+        return (-1.0, 1.0)
+    if name == "top-1 agreement" or name.startswith("R@"):
+        return (0.0, 1.0)
+    if name == "CER":
+        return (0.0, None)
+    return None
+
+
 def _metric(name: str, higher_is_better: bool):
     def mark(fn):
         fn.metric_name, fn.higher_is_better = name, higher_is_better

@@ -79,8 +79,8 @@ class PreparedModel:
         if len(issues) > _REFUSAL_SHOWN:
             shown.append(f"  ... and {len(issues) - _REFUSAL_SHOWN} more (mpstudio prepare MODEL lists them all)")
         rewrites = ("mpstudio's rewrites (" + ", ".join(r.name for r in self.rewrites) + ") did not remove them"
-                    if self.rewrites else "mpstudio's rewrites (Erf-GELU to Gelu, attention-mask constants, Where "
-                    "between constants; on unless prepare_model(..., rewrite=False)) did not remove them")
+                    if self.rewrites else "none of mpstudio's rewrites (on unless prepare_model(..., rewrite=False); "
+                    "the README's Rewrites lists them) applies to them")
         return (f"{len(self.fallback_nodes)} node(s) of {self.source} would not run on QNN HTP:\n" + "\n".join(shown)
                 + f"\n{rewrites}. Re-export the model without these ops, or accept them on ORT's CPU EP with "
                 "Study.create(..., allow_fallback=True) (command line: --allow-fallback): HTP evaluations then run "

@@ -316,6 +316,18 @@ def test_target_names_are_checked_against_the_study(tmp_path, metric_module):
         assert study.searches().empty  # refused before anything ran
 
 
+def test_a_number_the_metric_cannot_take_is_refused_before_any_work(tmp_path):
+    with _chain_study(tmp_path, metric_spec("cosine")) as study:
+        Target.parse("0.999").check(study)
+        Target.parse("1").check(study)  # the float model's own value: reachable
+        with pytest.raises(MpstudioError, match=r"target 1.5 is outside what output cosine can take \(\[-1, 1\]\)"):
+            search(study, "1.5", quiet=True)
+        assert study.searches().empty
+    (tmp_path / "snr").mkdir()
+    with _chain_study(tmp_path / "snr") as study:  # output SNR has no bound
+        Target.parse("400").check(study)
+
+
 def test_search_relative_to_float_and_to_a_named_plan(tmp_path, metric_module):
     with _chain_study(tmp_path, metric_spec("usermetrics.scores:sign_agreement")) as study:
         result = search(study, "float-3%", weights="per-tensor", max_evaluations=8, quiet=True)

@@ -63,5 +63,5 @@ def add_shape_arg(parser) -> None:
     parser.add_argument("--shape", action="append", metavar="NAME=D1,D2,...", help="fix a dynamic input's shape")
 
 
-def add_quiet_arg(parser) -> None:
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+def add_quiet_arg(parser, help: str = "no progress bars") -> None:
+    parser.add_argument("--quiet", action="store_true", help=help)

@@ -213,7 +213,7 @@ def _export(args) -> int:
     print(f"plan {args.plan} ({plan.summary()}) exported:")
     for path in result.paths():
         print(f"  {path}")
-    for note in result.notes:
+    for note in () if args.quiet else result.notes:
         print(f"\n{note}")
     return 0
 
@@ -333,6 +333,7 @@ def add_export_parser(sub) -> None:
                         "reads) or 0.6.1 (the older dict form, for tools that predate 1.0.0)")
     e.add_argument("-o", "--output", help="output folder (default STUDY/exports/plan-ID)")
     add_runner_args(e, ray=False)  # a context binary is built by a device's agent
+    add_quiet_arg(e, "print only the files written, not the notes on what each format carries")
     e.set_defaults(func=_export)
 
 

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import MpstudioError
+from ..metrics import metric_range
 from ..plan import BASELINES, PrecisionPlan
 
 if TYPE_CHECKING:  # the study face is only named in annotations
@@ -73,8 +74,10 @@ class Target:
         return base + worse * self.margin * abs(base)
 
     def check(self, study: Study) -> None:
-        """Raise unless the study can resolve this target's reference (the error lists what it can)."""
+        """Raise unless the study can resolve this target's reference (the error lists what it can), or when a
+        number is outside what the study's metric can take."""
         if self.baseline is None:
+            _within_range(self.value, study.metric_name)
             return
         if self.baseline == "float":
             if study.metric_spec.kind == "output":
@@ -94,6 +97,17 @@ class Target:
             f"target {self.text!r} names {self.baseline!r}, which is neither a number nor a known plan; give a number "
             f"or one of: {', '.join(available + stored[:30])}{' ...' if len(stored) > 30 else ''} (with a margin like "
             "'+2%' if you like)")
+
+
+def _within_range(value: float, metric: str) -> None:
+    bounds = metric_range(metric)
+    if bounds is None:
+        return
+    low, high = bounds
+    if (low is not None and value < low) or (high is not None and value > high):
+        span = f"[{low:g}, {high:g}]" if high is not None else f"at least {low:g}"
+        raise MpstudioError(f"target {value:g} is outside what {metric} can take ({span}): no plan can reach it; give a "
+                            f"value in that range, or a reference with a margin such as 'a16w8-pc-1%'")
 
 
 def _finite(value: float, text) -> float:
