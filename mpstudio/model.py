@@ -42,7 +42,8 @@ class TensorSpec:
     dtype: str
 
     def describe(self) -> str:
-        return f"{self.name}: {self.dtype}[{', '.join(map(str, self.shape))}]"
+        # An axis ONNX knows no size of reads 0 here (a symbolic or unknown dimension): shown as "?".
+        return f"{self.name}: {self.dtype}[{', '.join(str(d) if d else '?' for d in self.shape)}]"
 
 
 @dataclass(frozen=True)

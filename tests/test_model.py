@@ -166,3 +166,10 @@ def test_parse_shape_args():
 
 def test_hash_is_stable_for_the_same_model(conv_model_path):
     assert prepare_model(conv_model_path).sha256 == prepare_model(conv_model_path).sha256
+
+
+def test_an_output_axis_of_unknown_size_reads_as_a_question_mark():
+    from mpstudio.model import TensorSpec
+
+    assert TensorSpec("y", (0, 1), "float32").describe() == "y: float32[?, 1]"
+    assert TensorSpec("x", (1, 3, 8, 8), "float32").describe() == "x: float32[1, 3, 8, 8]"
