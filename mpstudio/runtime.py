@@ -56,6 +56,31 @@ def available_cores() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
+def memory_status() -> tuple[int, int] | None:
+    """(available, total) bytes of memory, within a container's (cgroup v2) limit where one applies; None when
+    the platform does not say (psutil, where installed, or Linux's /proc/meminfo)."""
+    try:
+        import psutil  # optional
+
+        memory = psutil.virtual_memory()
+        available, total = int(memory.available), int(memory.total)
+    except ImportError:
+        try:
+            fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+            available, total = (int(fields[key].split()[0]) * 1024 for key in ("MemAvailable", "MemTotal"))
+        except (OSError, KeyError, ValueError):
+            return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max" and int(limit) < total:
+            total = int(limit)
+            available = min(available, max(0, total - used))
+    except (OSError, ValueError):
+        pass
+    return available, total
+
+
 # ---- worker processes ------------------------------------------------------------------------------------------
 # Workers are spawned (an ORT session used after a fork hangs). A spawned child imports the parent's main
 # script first, so a user's script without an `if __name__ == "__main__":` guard would run again in every

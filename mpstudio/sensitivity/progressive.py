@@ -46,7 +46,7 @@ from .isolation import (ISOLATION_COLUMNS, IsolationResult, Region, float_refere
                         terms_frame)
 from .ranking import namespace_regions, rank_tensors, selection_region
 from .scores import ScoreSums, score_frame, weight_scores
-from .workers import Config, InlineWorkers, IsolationSpec, ScoringSpec, WorkerPool, worker_count
+from .workers import Config, InlineWorkers, IsolationSpec, ScoringSpec, WorkerPool, worker_count, worker_memory
 
 ENGINE_VERSION = 4  # names the on-disk cache of isolation values; bump when the numbers (or what is kept) change
 # 2: local errors read the model the ranges were calibrated on (`Quantizer.calibration_model`)
@@ -140,7 +140,8 @@ class _Analysis:
         if count is None:
             # Starting a worker costs a second or two: worth it from a few hundred configuration runs on.
             small = len(self.quantizer.graph.activations()) * len(self.iso_data) < _WORKERS_FROM
-            count = 0 if small else worker_count()
+            memory = worker_memory(self.quantizer.prepared.model, self.quantizer.graph)
+            count = 0 if small else worker_count(memory_each=memory)
         if count and self.metric is not None and not _picklable(self.metric):
             count = 0  # a metric that cannot travel to a worker is computed here
         # Workers start first: they import while this process calibrates and quantizes.

@@ -19,7 +19,7 @@ import numpy as np
 from ..blas_threads import one_blas_thread, with_one_blas_thread
 from ..data import Cancelled, Feed, TaskMetric
 from ..errors import MpstudioError
-from ..runtime import available_cores, exit_with_parent, spawn_context
+from ..runtime import available_cores, exit_with_parent, memory_status, spawn_context
 from ..qdq import Encoding
 from ..quantize import TensorParams
 
@@ -120,7 +120,14 @@ class SensitivityWorker:
 
     def _isolation_parts(self):
         if self._isolation is None:
+            import gc
+
             import onnx
+
+            # Scoring is over by now (a later scoring task builds its sessions again): its three sessions, every
+            # intermediate tensor exposed, would otherwise stay beside the isolation's (gigabytes on an encoder).
+            self._scorer = None
+            gc.collect()
 
             from .. import qdq
             from ..graph import ModelGraph
@@ -143,10 +150,35 @@ def _scorer_for(spec: IsolationSpec, samples: int):
     return OutputScorer(list(spec.references)[:samples], spec.output_names, spec.metric)
 
 
-def worker_count(tasks: int | None = None) -> int:
-    """The cores this process may use (at most `tasks`)."""
+def worker_count(tasks: int | None = None, memory_each: int | None = None) -> int:
+    """The cores this process may use (at most `tasks`), and no more workers than the available memory holds at
+    `memory_each` bytes a worker (`worker_memory`); at least one."""
     cores = available_cores()
-    return max(1, min(cores, tasks) if tasks else cores)
+    count = min(cores, tasks) if tasks else cores
+    status = memory_status() if memory_each else None
+    if status is not None:
+        count = min(count, int(MEMORY_SHARE * status[0] // memory_each))
+    return max(1, count)
+
+
+# A worker's peak, measured on a BERT-base encoder (440 MB of float32 weights, 128 tokens): its isolation holds
+# about twelve times the float weights (the switchable model, the all-8-bit model, the frontier probe and the cut
+# suffixes, each an ONNX Runtime session with its weights, and their protos), a few copies of one sample's
+# activations, and the interpreter with ONNX Runtime.
+_WEIGHT_COPIES, _ACTIVATION_COPIES, _BASE_BYTES = 12, 3, 256 << 20
+MEMORY_SHARE = 0.8  # of the available memory, the share the workers may take
+
+
+def worker_memory(model, graph) -> int:
+    """Bytes one worker is expected to need for `model` (the prepared float ModelProto) and its `graph`."""
+    import numpy as np
+    from onnx import helper
+
+    weights = sum(int(np.prod(init.dims)) * np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+                  for init in model.graph.initializer)
+    activations = sum(4 * int(np.prod(info.shape)) for info in graph.tensors.values()
+                      if info.is_activation and info.shape and all(isinstance(d, int) and d > 0 for d in info.shape))
+    return _WEIGHT_COPIES * weights + _ACTIVATION_COPIES * activations + _BASE_BYTES
 
 
 def _serve(tasks, results) -> None:

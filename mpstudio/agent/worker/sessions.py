@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from pathlib import Path
 
 from ... import runtime
 from ...errors import MpstudioError
@@ -84,17 +83,5 @@ def is_engine_error(exc: BaseException) -> bool:
 
 def memory_is_short(min_free_fraction: float) -> bool:
     """True when less than `min_free_fraction` of physical memory is available (unknown: False)."""
-    try:
-        import psutil  # optional; present on most installs
-
-        memory = psutil.virtual_memory()
-        return memory.available < min_free_fraction * memory.total
-    except ImportError:
-        pass
-    try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        total = int(fields["MemTotal"].split()[0])
-        available = int(fields["MemAvailable"].split()[0])
-        return available < min_free_fraction * total
-    except (OSError, KeyError, ValueError):
-        return False
+    status = runtime.memory_status()
+    return status is not None and status[0] < min_free_fraction * status[1]
