@@ -50,3 +50,28 @@ def test_a_worker_drops_its_scoring_sessions_when_it_turns_to_isolation(tmp_path
     assert scored.samples == 4 and worker._scorer is not None
     [(value, terms)] = worker.run("isolate", ([("promote", ["relu1_out"])], 4))
     assert worker._scorer is None and value > 0 and len(terms) == 4
+
+
+def test_a_large_model_gets_fewer_cut_points():
+    from mpstudio.sensitivity.isolation.cuts import MOST_CUTS, cut_count
+
+    model = prepare_model(make_conv_model()).model
+    weights = sum(len(init.raw_data) or 4 * len(init.float_data) for init in model.graph.initializer)
+    assert cut_count(model) == MOST_CUTS  # a small model: every cut point
+    assert cut_count(model, budget=weights) == 2  # suffixes may hold the model's weights once: two cuts
+    assert cut_count(model, budget=1) == 2
+
+
+def test_the_switchable_model_opens_its_baseline_and_frontier_sessions_only_while_it_uses_them(tmp_path):
+    from mpstudio.sensitivity.isolation import SwitchableModel
+    from mpstudio.sensitivity.isolation.edges import ALL_8
+
+    feeds = conv_feeds(3)
+    quantizer = Quantizer(prepare_model(make_conv_model()), FeedList(feeds), tmp_path / "cache")
+    switchable = SwitchableModel.from_quantizer(quantizer)
+    cached = switchable.cached(feeds)
+    assert switchable._session_8 is None  # computed the all-8-bit outputs, and let the session go
+    again = [switchable.run(feed, ALL_8) for feed in feeds]
+    for mine, theirs in zip(cached.outputs(ALL_8), again):
+        for a, b in zip(mine, theirs):
+            assert (a == b).all()

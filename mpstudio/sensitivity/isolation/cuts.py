@@ -13,6 +13,21 @@ from ...data import Feed
 from .edges import ALL_8, Setting
 
 
+# The most cut points, and the weights their suffix sessions may hold together: each suffix session holds the
+# weights after its cut (about half the model's on average), so a large model gets fewer cuts.
+MOST_CUTS = 6
+_SUFFIX_WEIGHT_BUDGET = 256 << 20
+
+
+def cut_count(model: onnx.ModelProto, most: int = MOST_CUTS, budget: int = _SUFFIX_WEIGHT_BUDGET) -> int:
+    """How many cut points `model` gets: `most`, fewer when their suffix sessions would together hold more
+    weights than the model itself or `budget` bytes, whichever is more (at least one)."""
+    weights = sum(len(init.raw_data) or 4 * int(np.prod(init.dims)) for init in model.graph.initializer)
+    if weights == 0:
+        return most
+    return max(1, min(most, int(2 * max(weights, budget) // weights)))
+
+
 def first_uses(model: onnx.ModelProto) -> dict[str, int]:
     """Tensor (a switch input among them) -> index of the first node that reads it."""
     first: dict[str, int] = {}
@@ -70,13 +85,14 @@ class CachedSamples:
         self.model, self.samples = model, samples
         frontier = sorted({name for names in model.frontier.values() for name in names})
         wanted = list(dict.fromkeys(model.output_names + frontier))
-        self.values = [dict(zip(wanted, model.probe.run(wanted, sample))) for sample in samples]
+        self.values = model.frontier_values(samples, wanted)
         types = {name: value.dtype for name, value in self.values[0].items()} if self.values else {}
         self.sessions = {cut: model.suffix_session(cut, types) for cut in model.frontier} if samples else {}
         self.inputs = {cut: {i.name for i in s.get_inputs()} for cut, s in self.sessions.items()}
         self._unchanged = [[v[name] for name in model.output_names] for v in self.values]
-        self.all_8 = self._unchanged if model.session_8 is None else [
+        self.all_8 = self._unchanged if not model.has_own_baseline else [
             model.session_8.run(model.output_names, sample) for sample in samples]
+        model.close_baseline()
 
     def head(self, n: int) -> "CachedSamples":
         """The first `n` samples, sharing this object's sessions and cached activations."""

@@ -19,7 +19,7 @@ from ...qdq import Encoding
 from ...quantize import QUANT_TYPES, SIXTEEN_BIT, TensorParams, qnn_config
 from ...runtime import create_session
 from . import build
-from .cuts import CachedSamples, first_uses, frontier_of, suffix_model
+from .cuts import CachedSamples, cut_count, first_uses, frontier_of, suffix_model
 from .edges import ALL_8, Bias, Edge, EdgeQuant, Setting, bias_value, constant_input, edge_feed
 from .plan_quant import PlanQuant, own_params, plan_ends
 
@@ -36,7 +36,7 @@ class SwitchableModel:
     """
 
     def __init__(self, qdq_model_8, params_16: Mapping[str, Encoding], threads: int | None = None,
-                 float_model: onnx.ModelProto | None = None, graph=None, cuts: int = 6, *,
+                 float_model: onnx.ModelProto | None = None, graph=None, cuts: int | None = None, *,
                  own_params: TensorParams | None = None,
                  qdq_model_16=None):
         model_16 = qdq.load(qdq_model_16) if qdq_model_16 is not None else None
@@ -66,6 +66,7 @@ class SwitchableModel:
         self.output_names = [o.name for o in self.model.graph.output]
         self._first_use = first_uses(self.model)
         nodes = len(self.model.graph.node)
+        cuts = cut_count(self.model) if cuts is None else cuts
         cut_points = {nodes * k // (cuts + 1) for k in range(1, cuts + 1)}
         self.frontier = {cut: frontier_of(self.model, cut) for cut in sorted(cut_points - {0})}
         self._suffix_sessions: dict[int, ort.InferenceSession] | None = None
@@ -74,7 +75,7 @@ class SwitchableModel:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_quantizer(cls, quantizer, threads: int | None = None, cuts: int = 6,
+    def from_quantizer(cls, quantizer, threads: int | None = None, cuts: int | None = None,
                        plan: PrecisionPlan | None = None) -> "SwitchableModel":
         """The switchable model of `quantizer`'s all-8-bit plan (with `plan`'s weights: `plan_ends`), resolving
         configurations as its real plans."""
@@ -99,21 +100,47 @@ class SwitchableModel:
 
     def _open_sessions(self, original: onnx.ModelProto, model: onnx.ModelProto) -> None:
         self.session = self._open(self.model)
-        # The all-8-bit plan itself stays at its own opset: its baseline comes from the model as it is.
-        self.session_8 = self._open(original) if model is not original else None
-        # The same model with the frontier as outputs, so ORT's optimizer keeps those values fetchable.
-        probe = onnx.ModelProto()
-        probe.CopyFrom(self.model)
-        frontier = sorted({name for names in self.frontier.values() for name in names} - set(self.output_names))
-        probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in frontier)
-        self.probe = self._open(probe) if frontier else self.session
+        # The all-8-bit plan itself stays at its own opset: its baseline comes from the model as it is. Its
+        # session, and the frontier's, open when used and close after (each holds the model's weights).
+        self._original = original.SerializeToString() if model is not original else None
+        self._session_8: ort.InferenceSession | None = None
+
+    @property
+    def has_own_baseline(self) -> bool:
+        """Whether the all-8-bit plan runs as its own model (at its own opset), not as this model's setting."""
+        return self._original is not None
+
+    @property
+    def session_8(self) -> ort.InferenceSession | None:
+        """The all-8-bit plan's own session (None when it is this model's ALL_8 setting), opened on first use."""
+        if self._original is not None and self._session_8 is None:
+            self._session_8 = self._open(self._original)
+        return self._session_8
+
+    def close_baseline(self) -> None:
+        """Let the all-8-bit plan's own session go (it opens again when used)."""
+        self._session_8 = None
+
+    def frontier_values(self, samples: Sequence[Feed], wanted: list[str]) -> list[dict[str, np.ndarray]]:
+        """`wanted` (outputs and frontier tensors) of each sample under ALL_8: the model with the frontier as outputs
+        (so ORT's optimizer keeps those values fetchable), opened for this and let go after."""
+        frontier = sorted(set(wanted) - set(self.output_names))
+        if frontier:
+            probe = onnx.ModelProto()
+            probe.CopyFrom(self.model)
+            probe.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in frontier)
+            session = self._open(probe)
+            del probe
+        else:
+            session = self.session
+        return [dict(zip(wanted, session.run(wanted, sample))) for sample in samples]
 
     @staticmethod
-    def _open(model: onnx.ModelProto) -> ort.InferenceSession:
+    def _open(model: onnx.ModelProto | bytes) -> ort.InferenceSession:
         # Configurations run concurrently, one thread each: better use of the cores than intra-op threads
         # on the small tensors of a mobile model.
         try:
-            return float_qdq_session(model.SerializeToString(), threads=1)
+            return float_qdq_session(model if isinstance(model, bytes) else model.SerializeToString(), threads=1)
         except Exception as exc:
             raise MpstudioError(f"ONNX Runtime could not open the switchable model: {exc}") from exc
 
@@ -201,7 +228,7 @@ class SwitchableModel:
     def run(self, sample: Feed, sixteen: Collection[str] | Setting) -> list[np.ndarray]:
         """The model's outputs with `sixteen` (and what a QNN-valid plan converts with it) at 16 bits."""
         setting = sixteen if isinstance(sixteen, Setting) else self.setting(sixteen)
-        if self.session_8 is not None and setting == ALL_8:
+        if self.has_own_baseline and setting == ALL_8:
             return self.session_8.run(self.output_names, sample)
         return self.session.run(self.output_names, {**sample, **self.parameter_feed(setting)})
 
