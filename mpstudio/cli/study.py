@@ -98,8 +98,9 @@ def _search(args) -> int:
                         isolation_samples=args.isolation_samples, confirm=None if args.no_confirm else "htp",
                         confirm_plans=args.confirm_plans, progress=progress, quiet=args.quiet)
         print(result.describe())
-        if study.quantizer.range_note():
-            print(study.quantizer.range_note())
+        note = study.quantizer.range_note(study.plan(result.recommended.plan_id))  # the pick's own precisions
+        if note:
+            print(note)
         print("\nevaluations along the way:")
         print(path_frame(result).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()
