@@ -18,26 +18,35 @@ from mpstudio.quantize.concat_ranges import concat_range_note, squeezed_concat_i
 from mpstudio.sensitivity import analyze
 
 
-def detector_head(seed: int = 0) -> onnx.ModelProto:
-    """x[1, 8, 16] -> boxes (a 1x1 Conv scaled to pixels, [1, 4, 16]) and scores (a 1x1 Conv and a Sigmoid, [1, 3,
-    16]), joined on the channel axis into one output as YOLOv8's export joins them."""
+def detector_head(seed: int = 0, channels: int = 8, positions: int = 16, trunk: int = 0, pixels: float = 80.0) -> onnx.ModelProto:
+    """x[1, channels, positions] -> `trunk` 1x1 Conv+Relu layers -> boxes (a 1x1 Conv scaled to pixels, [1, 4,
+    positions]) and scores (a 1x1 Conv and a Sigmoid, [1, 3, positions]), joined on the channel axis into one
+    output as YOLOv8's export joins them."""
     rng = np.random.default_rng(seed)
-    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 8, 1)).astype(np.float32), "wb"),
-             numpy_helper.from_array(rng.normal(0, 0.5, (3, 8, 1)).astype(np.float32), "ws"),
-             numpy_helper.from_array(np.array(80.0, np.float32), "pixels")]
-    nodes = [helper.make_node("Conv", ["x", "wb"], ["box_raw"], name="/head/box/Conv"),
-             helper.make_node("Mul", ["box_raw", "pixels"], ["boxes"], name="/head/box/Mul"),
-             helper.make_node("Conv", ["x", "ws"], ["logits"], name="/head/cls/Conv"),
-             helper.make_node("Sigmoid", ["logits"], ["scores"], name="/head/cls/Sigmoid"),
-             helper.make_node("Concat", ["boxes", "scores"], ["out"], name="/head/Concat", axis=1)]
-    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 7, 16])], inits)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, channels, 1)).astype(np.float32) * 8 / channels, "wb"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (3, channels, 1)).astype(np.float32) * 8 / channels, "ws"),
+             numpy_helper.from_array(np.array(pixels, np.float32), "pixels")]
+    nodes, x = [], "x"
+    for i in range(trunk):
+        inits.append(numpy_helper.from_array(rng.normal(0, 1.5 / channels ** 0.5, (channels, channels, 1))
+                                             .astype(np.float32), f"w{i}"))
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"t{i}"], name=f"/trunk/{i}/Conv"),
+                  helper.make_node("Relu", [f"t{i}"], [f"r{i}"], name=f"/trunk/{i}/Relu")]
+        x = f"r{i}"
+    nodes += [helper.make_node("Conv", [x, "wb"], ["box_raw"], name="/head/box/Conv"),
+              helper.make_node("Mul", ["box_raw", "pixels"], ["boxes"], name="/head/box/Mul"),
+              helper.make_node("Conv", [x, "ws"], ["logits"], name="/head/cls/Conv"),
+              helper.make_node("Sigmoid", ["logits"], ["scores"], name="/head/cls/Sigmoid"),
+              helper.make_node("Concat", ["boxes", "scores"], ["out"], name="/head/Concat", axis=1)]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, positions])]
+    graph = helper.make_graph(nodes, "head", inputs,
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 7, positions])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def head_feeds(n: int = 8):
-    rng = np.random.default_rng(1)
-    return [{"x": rng.normal(0, 1, (1, 8, 16)).astype(np.float32)} for _ in range(n)]
+def head_feeds(n: int = 8, channels: int = 8, positions: int = 16):
+    rng = np.random.default_rng(1 + n)
+    return [{"x": rng.normal(0, 1, (1, channels, positions)).astype(np.float32)} for _ in range(n)]
 
 
 def test_the_quantizer_names_the_squeezed_scores_and_what_to_do(tmp_path):
@@ -95,3 +104,34 @@ def test_the_search_speaks_of_its_pick_and_evaluate_of_the_plan(tmp_path):
     eight = run("evaluate", study, "--plan", "a8w8")
     assert eight.returncode == 0, eight.stderr
     assert "warning: out, a model output, joins tensors of very different ranges" in eight.stdout
+
+
+def class_agreement(outputs, reference):
+    """The share of positions whose best class (the scores, channels 4 on) is the float model's."""
+    same = [np.argmax(o["out"][:, 4:], axis=1) == np.argmax(r["out"][:, 4:], axis=1) for o, r in zip(outputs, reference)]
+    return float(np.mean(same))
+
+
+def test_with_a_task_metric_the_search_promotes_the_squeezed_concat_first_and_finds_it_is_enough(tmp_path):
+    from mpstudio.data import TaskMetric
+    from mpstudio.search import search
+    from mpstudio.study import Study
+
+    onnx.save(detector_head(channels=64, positions=1024, trunk=3, pixels=400.0), tmp_path / "head.onnx")
+    feeds = lambda n: FeedList(head_feeds(n, channels=64, positions=1024))  # noqa: E731
+    metric = TaskMetric("class agreement", class_agreement, higher_is_better=True, needs_reference=True)
+    with Study.create(tmp_path / "study", tmp_path / "head.onnx", feeds(8), feeds(6), metric) as study:
+        result = search(study, "float-5%", confirm=None, weights="per-tensor", max_evaluations=8,
+                        sensitivity_samples=8, isolation_samples=2, quiet=True)
+        # The premise: all-8-bit loses the classes, and the output's SNR hardly sees the promotion that brings them
+        # back (the isolation's order, by output SNR, puts other tensors first).
+        a8 = study.evaluate(PrecisionPlan.a8w8())
+        out16 = study.evaluate(PrecisionPlan.a8w8().promote(["out"]))
+        assert a8.value < 0.8 and out16.value >= 0.95 and abs(out16.snr_db - a8.snr_db) < 3
+        assert result.order[0] == "out" and result.order_note.startswith("out first: out joins scores")
+        assert "order: out first" in result.describe() and result.to_json()["order_note"] == result.order_note
+        assert result.reached and "out" in study.plan(result.recommended.plan_id).overrides
+        assert result.recommended.name == "a8w8+1x16"
+    with Study.create(tmp_path / "snr", tmp_path / "head.onnx", feeds(8), feeds(6)) as snr:
+        assert search(snr, 60.0, confirm=None, weights="per-tensor", max_evaluations=6, sensitivity_samples=8,
+                      isolation_samples=2, quiet=True).order_note == ""  # output SNR judges it as it is

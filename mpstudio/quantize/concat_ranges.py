@@ -72,10 +72,11 @@ def concat_range_note(squeezed: list[SqueezedInput], outputs=()) -> str:
     others = (f" ({len(rest)} more such input(s): {', '.join(s.tensor for s in rest[:3])}"
               + (" ..." if len(rest) > 3 else "") + ")") if rest else ""
     wider = 16 if first.bits == 8 else first.bits
+    kept = first.steps * (2 ** wider - 1) / (2 ** first.bits - 1)
+    keeps = f" (it then keeps {kept:.0f} steps)" if first.bits == 8 else ""
     return (f"warning: {first.output}{where} joins tensors of very different ranges (Concat {first.node}) on one "
             f"{first.bits}-bit scale: {first.tensor} spans {first.span:.4g} of its {first.output_span:.4g}, "
-            f"{first.steps:.1f} of its steps of {first.step:.4g}, so its values take at most {math.ceil(first.steps) + 1} levels{others}. Output "
-            "SNR hardly sees it (the wider inputs hold the output's power): judge plans with a task metric, and "
-            f"promote {first.output} to uint{wider} in the plan" + (
-                f" (it then keeps {first.steps * (2 ** wider - 1) / (2 ** first.bits - 1):.0f} steps)" if first.bits == 8 else "")
-            + " or make the model output the joined tensors separately.")
+            f"{first.steps:.1f} of its steps of {first.step:.4g}, so its values take at most "
+            f"{math.ceil(first.steps) + 1} levels{others}. Output SNR hardly sees it (the wider inputs hold the "
+            f"output's power): judge plans with a task metric, and promote {first.output} to uint{wider} in the "
+            f"plan{keeps} or make the model output the joined tensors separately.")

@@ -118,6 +118,12 @@ class Quantizer:
                  concat_range_note(squeezed_concat_inputs(self.graph, spans, plan), outputs))
         return "\n".join(note for note in notes if note)
 
+    def squeezed_concats(self, plan: PrecisionPlan | None = None) -> list:
+        """The Concat inputs that the joined tensor's scale leaves a few steps at `plan`'s precision (None: the
+        default plan), from `plan`'s calibrated ranges (`concat_ranges.squeezed_concat_inputs`)."""
+        spans = tensor_spans(self.calibrate(plan=plan), self.graph.activations())
+        return squeezed_concat_inputs(self.graph, spans, plan)
+
     @property
     def _ranges_dir(self) -> Path:
         return self.cache_dir / "calibration"
