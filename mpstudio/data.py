@@ -245,7 +245,23 @@ def check_feed(feed: Feed, inputs, where: str) -> None:
         if tuple(arr.shape) != tuple(spec.shape):
             raise MpstudioError(
                 f"{where}: input {name!r} has shape {list(arr.shape)}, the model wants {list(spec.shape)}"
+                + _layout_hint(tuple(arr.shape), tuple(spec.shape))
             )
+
+
+def _layout_hint(shape: tuple, wanted: tuple) -> str:
+    """When `shape` holds `wanted`'s sizes in another order (an image channels-last, NHWC, for a model that takes
+    NCHW), the transpose that gives the model's order ("" otherwise)."""
+    if not all(isinstance(d, int) for d in wanted) or shape == wanted or sorted(shape) != sorted(wanted):
+        return ""
+    perm, used = [], set()
+    for size in wanted:  # each wanted axis from the first unused axis of its size, so equal sizes keep their order
+        axis = next(i for i, d in enumerate(shape) if d == size and i not in used)
+        perm.append(axis)
+        used.add(axis)
+    layout = " (channels-last, NHWC, for a model that takes NCHW)" if perm == [0, 3, 1, 2] else ""
+    return (f": the same sizes in another order{layout}; transpose each array with "
+            f"np.transpose(x, {tuple(perm)}) when preprocessing it")
 
 
 def check_finite(feed: Feed, where: str) -> None:

@@ -52,6 +52,18 @@ def test_wrong_shape_dtype_and_names_are_clear(tmp_path):
         check_feeds(FeedList([]), SPEC)
 
 
+
+def test_an_image_channels_last_is_told_how_to_transpose():
+    with pytest.raises(MpstudioError, match=r"shape \[1, 16, 16, 3\], the model wants \[1, 3, 16, 16\]: the same sizes "
+                                            r"in another order \(channels-last, NHWC.*np.transpose\(x, \(0, 3, 1, 2\)\)"):
+        check_feeds(FeedList([{"x": np.zeros((1, 16, 16, 3), np.float32)}]), SPEC)
+    with pytest.raises(MpstudioError, match=r"another order; transpose each array with np.transpose\(x, \(0, 2, 1, 3\)\)"):
+        check_feeds(FeedList([{"x": np.zeros((1, 16, 3, 16), np.float32)}]), SPEC)
+    with pytest.raises(MpstudioError) as other_size:  # other sizes: no transpose would do
+        check_feeds(FeedList([{"x": np.zeros((1, 3, 20, 20), np.float32)}]), SPEC)
+    assert "transpose" not in str(other_size.value)
+
+
 def test_missing_and_empty_folders(tmp_path):
     with pytest.raises(MpstudioError, match="not found"):
         NpzFolder(tmp_path / "nothing")

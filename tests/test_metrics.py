@@ -489,6 +489,29 @@ def test_bad_metric_on_the_command_line_fails_before_any_work(tmp_path):
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+
+def test_a_metric_that_fails_on_the_float_model_leaves_no_study_to_refuse_its_fix(tmp_path):
+    site = _write_metric_module(tmp_path / "site", SIGN_AGREEMENT, package="pkg", module="mod")
+    model = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(blocks=2), model)
+    FeedList(chain_feeds(2)).save_npz(tmp_path / "data")
+    kept = tmp_path / "mine"  # a folder the user made, with a file of their own
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    for folder in (tmp_path / "new", kept):
+        search = lambda metric: _cli("search", model, "--data", tmp_path / "data", "--study", folder,  # noqa: E731
+                                     "--metric", metric, "--metric-direction", "higher", "--max-evaluations", "3",
+                                     "--no-confirm", "--quiet", pythonpath=[site])
+        broken = search("pkg.mod:text_result")
+        assert broken.returncode == 2 and "returned a str" in broken.stderr, broken.stderr
+        assert f"{folder} was not created: fix the metric" in broken.stderr
+        assert not (folder / "study.json").exists()
+        fixed = search("pkg.mod:sign_agreement")
+        assert fixed.returncode in (0, 1) and "a study keeps one metric" not in fixed.stderr, fixed.stderr
+        assert "float model (ORT CPU): sign agreement 1.0000" in fixed.stdout
+    assert (kept / "notes.txt").read_text() == "mine"
+
+
 def test_isolation_scores_with_a_metric_that_compares_with_the_float_model(tmp_path):
     from mpstudio.sensitivity import analyze
 

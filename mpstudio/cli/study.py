@@ -56,16 +56,32 @@ def _open_study(args, progress):
     folder = folder or Path(f"{Path(args.model).stem}.study")
     if (folder / STUDY_FILE).exists():
         return Study.open(folder)
+    before = set(folder.iterdir()) if folder.is_dir() else None
     study = Study.create(folder, prepared, calibration, evaluation, spec, htp_arch=args.htp_arch,
                          calibration_samples=args.calibration_samples, evaluation_samples=args.eval_samples,
                          progress=progress, allow_fallback=getattr(args, "allow_fallback", False))
     if spec is not None:
         try:  # the float model's own value: "float" targets are relative to it, and a broken metric fails now
             study.float_value(progress)
+        except MpstudioError as exc:
+            study.close()
+            # A study keeps one metric: left in place, it would refuse the command with the metric fixed.
+            _undo_creation(folder, before)
+            raise MpstudioError(f"{exc}; {folder} was not created: fix the metric and run the command again") from exc
         except BaseException:
             study.close()
             raise
     return study
+
+
+def _undo_creation(folder: Path, before: set | None) -> None:
+    """Remove what creating a study added to `folder` (the folder too when `before` is None: it was not there)."""
+    import shutil
+
+    for item in [] if before is None else set(folder.iterdir()) - before:
+        shutil.rmtree(item, ignore_errors=True) if item.is_dir() else item.unlink(missing_ok=True)
+    if before is None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _metric_arg(args):
@@ -98,8 +114,9 @@ def _search(args) -> int:
                         isolation_samples=args.isolation_samples, confirm=None if args.no_confirm else "htp",
                         confirm_plans=args.confirm_plans, progress=progress, quiet=args.quiet)
         print(result.describe())
-        if study.quantizer.range_note():
-            print(study.quantizer.range_note())
+        note = study.quantizer.range_note(study.plan(result.recommended.plan_id))  # the pick's own precisions
+        if note:
+            print(note)
         print("\nevaluations along the way:")
         print(path_frame(result).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()

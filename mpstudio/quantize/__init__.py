@@ -7,10 +7,11 @@ form; each plan is then quantized by ORT's `get_qnn_qdq_config` (converts at 8/1
 `quantize_static` reading them, and `fuse_activations` leaves no Q/DQ between an op and the Relu/Clip HTP fuses
 into it. Generated models are cached by plan hash.
 
-Rooms: `calibrate` (ranges), `overrides` and `config` (the plan as ORT's configuration), `resolution` (which
-type each node reads a tensor in, as ORT resolves it), `tensor_params` (ORT's own parameters per tensor),
-`fusion` (the post-pass), `ort_patch` (ORT's quantizer one run at a time, sped up), `versions` (cache keys'
-tool versions), `quantizer` (the Quantizer) and `plain` (ORT's own path, the baseline).
+Rooms: `calibrate` (ranges), `concat_ranges` (Concats whose joined scale squeezes an input), `overrides` and
+`config` (the plan as ORT's configuration), `resolution` (which type each node reads a tensor in, as ORT resolves
+it), `tensor_params` (ORT's own parameters per tensor), `fusion` (the post-pass), `ort_patch` (ORT's quantizer
+one run at a time, sped up), `versions` (cache keys' tool versions), `quantizer` (the Quantizer) and `plain` (ORT's
+own path, the baseline).
 """
 
 from .calibrate import CALIBRATION_METHODS, CalibrationCache, weight_form, with_quantized_weights

@@ -152,17 +152,23 @@ def store_ranges(directory: Path, key: str, ranges, samples: int, seconds: float
     return CalibrationCache(path, key, method, samples, seconds)
 
 
-def narrow_tensors(cache: CalibrationCache, names) -> list[str]:
-    """The tensors of `names` whose calibrated range, widened to hold zero as ORT's quantizer widens it, is
-    narrower than the minimum range ORT quantizes for QNN, in `names`' order; tensors without a range are skipped."""
+def tensor_spans(cache: CalibrationCache, names) -> dict[str, float]:
+    """The calibrated range of each tensor of `names` that has one, widened to hold zero as ORT's quantizer widens
+    it: what its steps divide."""
     ranges = load_tensors_data(str(cache.path)).data
-    narrow = []
+    spans = {}
     for name in names:
         if name in ranges:
             low, high = ranges[name].range_value
-            if max(float(np.max(high)), 0.0) - min(float(np.min(low)), 0.0) < QNN_MINIMUM_RANGE:
-                narrow.append(name)
-    return narrow
+            spans[name] = max(float(np.max(high)), 0.0) - min(float(np.min(low)), 0.0)
+    return spans
+
+
+def narrow_tensors(cache: CalibrationCache, names) -> list[str]:
+    """The tensors of `names` whose calibrated range (`tensor_spans`) is narrower than the minimum range ORT
+    quantizes for QNN, in `names`' order; tensors without a range are skipped."""
+    spans = tensor_spans(cache, names)
+    return [name for name in names if name in spans and spans[name] < QNN_MINIMUM_RANGE]
 
 
 def narrow_range_note(narrow: list[str], total: int, outputs=()) -> str:

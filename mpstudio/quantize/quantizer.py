@@ -23,8 +23,9 @@ from ..model import PreparedModel
 from ..plan import PrecisionPlan
 from ..qdq import Encoding
 from .calibrate import (CALIBRATION_METHODS, FLOAT_RANGES, CalibrationCache, cached_ranges, collect_ranges,
-                        narrow_range_note, narrow_tensors, scratch_lock, store_ranges, weight_form, weight_form_plan,
-                        with_quantized_weights)
+                        QNN_MINIMUM_RANGE, narrow_range_note, scratch_lock, store_ranges, tensor_spans, weight_form,
+                        weight_form_plan, with_quantized_weights)
+from .concat_ranges import concat_range_note, squeezed_concat_inputs
 from .config import qnn_config, quantize_kwargs
 from .fusion import fuse_activations
 from .unfold import set_weight_codes, unfold_imported
@@ -105,11 +106,23 @@ class Quantizer:
             return self._calibration_model(plan, self._calibrate_float(None, None))
 
     def range_note(self, plan: PrecisionPlan | None = None) -> str:
-        """A warning when many of the activations `plan`'s ranges are calibrated for (None: the default plan's)
-        span less than QNN's minimum range ("" otherwise; `calibrate.narrow_range_note`). Calibrates if needed."""
+        """The warnings `plan`'s calibrated ranges (None: the default plan's) call for, one per line ("" when none):
+        many activations spanning less than QNN's minimum range (`calibrate.narrow_range_note`), and Concats whose
+        narrow inputs keep a few steps of the joined tensor's scale at `plan`'s precision
+        (`concat_ranges.concat_range_note`). Calibrates if needed."""
         names = self.graph.activations()
-        narrow = narrow_tensors(self.calibrate(plan=plan), names)
-        return narrow_range_note(narrow, len(names), [o.name for o in self.prepared.model.graph.output])
+        spans = tensor_spans(self.calibrate(plan=plan), names)
+        outputs = [o.name for o in self.prepared.model.graph.output]
+        narrow = [name for name in names if name in spans and spans[name] < QNN_MINIMUM_RANGE]
+        notes = (narrow_range_note(narrow, len(names), outputs),
+                 concat_range_note(squeezed_concat_inputs(self.graph, spans, plan), outputs))
+        return "\n".join(note for note in notes if note)
+
+    def squeezed_concats(self, plan: PrecisionPlan | None = None) -> list:
+        """The Concat inputs that the joined tensor's scale leaves a few steps at `plan`'s precision (None: the
+        default plan), from `plan`'s calibrated ranges (`concat_ranges.squeezed_concat_inputs`)."""
+        spans = tensor_spans(self.calibrate(plan=plan), self.graph.activations())
+        return squeezed_concat_inputs(self.graph, spans, plan)
 
     @property
     def _ranges_dir(self) -> Path:

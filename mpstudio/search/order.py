@@ -19,12 +19,13 @@ if TYPE_CHECKING:  # the study face is only named in annotations
     from ..study import Study
 
 
-def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[list[str], list[float]]:
-    """The isolated tensors whose promotion surely helps on its own, by the noise it surely removes (`_surely_removed`)
-    per estimated latency cost; then those whose promotion helps on average only, by the mean it removes per cost;
-    then those whose demotion from all-16-bit hurts, by the noise it adds per cost; then the tensors the analysis
-    did not isolate (by their cheap scores); and the predicted output SNR of each prefix of the isolated part (a
-    tensor's share of the noise counted as the larger of the two sides, its mean)."""
+def promotion_order(study: Study, report, base_plan: PrecisionPlan, first=()) -> tuple[list[str], list[float]]:
+    """The tensors of `first` (those the isolation's output SNR cannot judge: `walk`), then the isolated tensors
+    whose promotion surely helps on its own, by the noise it surely removes (`_surely_removed`) per estimated latency
+    cost; then those whose promotion helps on average only, by the mean it removes per cost; then those whose
+    demotion from all-16-bit hurts, by the noise it adds per cost; then the tensors the analysis did not isolate (by
+    their cheap scores); and the predicted output SNR of each prefix of the isolated part (a tensor's share of the
+    noise counted as the larger of the two sides, its mean)."""
     from ..latency import promotion_costs
 
     if report.isolation is None:
@@ -36,11 +37,13 @@ def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[lis
     # matters near all-16-bit, where the top-down walk starts); the tensors that only hurt seen from the top
     # follow, then those the analysis did not isolate (a progressive analysis isolates those that can change
     # a decision), in the ranking's order of their cheap scores: never left out.
+    first = [t for t in dict.fromkeys(first) if t not in base_plan.overrides]
     contribution = np.fmax(removed, added)  # a side not measured (NaN) leaves the other
-    unisolated = [t for t in report.ranking["tensor"] if t not in removed.index and t not in base_plan.overrides]
+    unisolated = [t for t in report.ranking["tensor"]
+                  if t not in removed.index and t not in base_plan.overrides and t not in first]
     contribution = contribution[contribution > 0]
     if contribution.empty:
-        return unisolated, []
+        return first + unisolated, []
     model = study.quantizer.generate(base_plan)
     costs = promotion_costs(model, list(contribution.index), study.htp_arch, graph=study.graph)
     costs = costs.reindex(contribution.index).fillna(costs.median() if len(costs) else 1.0)
@@ -53,16 +56,17 @@ def promotion_order(study: Study, report, base_plan: PrecisionPlan) -> tuple[lis
     # first, by what they surely remove.
     solid = helps & (surely > 0)
     on_average = helps & ~solid
-    first = (surely[solid] / costs[solid]).sort_values(ascending=False, kind="stable")
+    surely_first = (surely[solid] / costs[solid]).sort_values(ascending=False, kind="stable")
     unsure = (removed[on_average] / costs[on_average]).sort_values(ascending=False, kind="stable")
     then = (added[~helps] / costs[~helps]).sort_values(ascending=False, kind="stable")
-    order = list(first.index) + list(unsure.index) + list(then.index)
+    ranked = list(surely_first.index) + list(unsure.index) + list(then.index)
+    order = first + [t for t in ranked if t not in first]
     predicted = []
     if noise_8 is not None:
         # Noise powers add: the all-8-bit noise less what each promoted tensor contributes.
         noise = noise_8
         for t in order:
-            noise = remaining_noise(noise, float(contribution[t]), noise_16)
+            noise = remaining_noise(noise, float(contribution.get(t, 0.0)), noise_16)
             predicted.append(snr_db(noise))
     return order + unisolated, predicted
 

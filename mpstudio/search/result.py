@@ -45,6 +45,7 @@ class SearchResult:
     considered: tuple = ()  # of choice.Considered: every stored plan the recommendation chose among
     choice: str = ""  # why the recommended plan, in words
     weights_note: str = ""  # which weight form the walk started from, and why
+    order_note: str = ""  # which tensors the promotion order puts first whatever the analysis says, and why
     skipped: tuple = ()  # of (k, plan_id, name): prefixes not evaluated, and the stored plan that made each pointless
     unbuildable: tuple = ()  # of loop.build_failures.BuildFailure: plans the confirming backend could not build
     # What the recommended plan's value says of the target: "reaches", "misses" or "within noise" (it meets or
@@ -103,7 +104,7 @@ class SearchResult:
                 "confirm_note": self.confirm_note, "disagreements": self.disagreements,
                 "walk_pick_plan_id": self.walk_pick.plan_id if self.walk_pick is not None else None,
                 "choice": self.choice, "considered": [c.to_json() for c in self.considered],
-                "weights": self.weights_note,
+                "weights": self.weights_note, "order_note": self.order_note,
                 "skipped": [{"promoted": k, "because_plan_id": plan_id, "because_name": name}
                             for k, plan_id, name in self.skipped],
                 "unbuildable": [f.to_json() for f in self.unbuildable]}
@@ -121,6 +122,8 @@ class SearchResult:
             lines.append(f"float model (ORT CPU): {self.metric} {self.float_value:.4f}")
         if self.weights_note:
             lines.append(f"weights: {self.weights_note}")
+        if self.order_note:
+            lines.append(f"order: {self.order_note}")
         where = f" on {r.accuracy_source}" if self.confirmed else ""
         status = ("within noise of the target" if self.within_noise else
                   "reached" if self.reached else "NOT reached")

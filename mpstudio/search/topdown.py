@@ -66,12 +66,14 @@ def demotion_scores(study: Study, report, base_plan: PrecisionPlan) -> pd.Series
     return (noise / costs.clip(lower=floor)).rename("demotion_noise_per_ms")
 
 
-def top_down_order(study: Study, report, base_plan: PrecisionPlan) -> list[str]:
-    """The tensors the top-down walk promotes, those whose demotion costs most noise per ms first: plan k of
-    this order is the all-16-bit plan with the last len - k demoted (the cheapest demotions)."""
+def top_down_order(study: Study, report, base_plan: PrecisionPlan, kept=()) -> list[str]:
+    """The tensors the top-down walk promotes, those of `kept` (demoted last: the noise scores cannot judge them,
+    see `walk`) and then those whose demotion costs most noise per ms: plan k of this order is the all-16-bit plan
+    with the last len - k demoted (the cheapest demotions)."""
     scores = demotion_scores(study, report, base_plan)
+    kept = [t for t in dict.fromkeys(kept) if t in scores.index]
     # A stable sort: equal scores keep the ranking's order.
-    return list(scores.sort_values(ascending=False, kind="stable").index)
+    return kept + [t for t in scores.sort_values(ascending=False, kind="stable").index if t not in kept]
 
 
 def latency_points(estimate_ms: Callable[[int], float | None], cap: int, low_ms: float, high_ms: float,

@@ -46,6 +46,8 @@ class Walk:
         self.new = 0
         self._stored: list[Evaluation] | None = None  # the study's evaluations of the walk's source, read once
         self.weights_note = ""
+        self.blind: list[str] = []  # tensors the promotion order puts first (`blind_to_the_analysis`)
+        self.order_note = ""
         self.ceiling_form: str | None = None  # the weight form whose all-16-bit baseline bounds a promotion
         self.hib = study.higher_is_better
         # A pool evaluates one plan per healthy agent at a time; anything else is one worker.
@@ -135,7 +137,8 @@ class Walk:
             order, predicted, steps = mixed_order(self.study, report, base_plan, base, sensitivity_samples,
                                                   self.progress, self.cancel)
         else:
-            order, predicted = promotion_order(self.study, report, base_plan)
+            self.blind = self.blind_to_the_analysis(base_plan)
+            order, predicted = promotion_order(self.study, report, base_plan, first=self.blind)
         if not order:
             return self._result("no activation tensor is predicted to help")
         plans = {0: base_plan}
@@ -180,7 +183,7 @@ class Walk:
 
     def _top_down(self, report, base_plan: PrecisionPlan, base: Evaluation, top: str) -> str:
         """Walk the demotions from the all-16-bit plan `top` (`topdown`); returns why it stopped."""
-        order = top_down_order(self.study, report, base_plan)
+        order = top_down_order(self.study, report, base_plan, kept=self.blind)
         if not set(order) >= set(self.study.graph.activations()):
             return "the demotion order does not cover every activation"
         plans = {0: base_plan}
@@ -207,6 +210,22 @@ class Walk:
         self.down_grid = PrefixGrid(self, plan_k, cap, known, reuse=lambda plan: counted.get(plan.hash),
                                     full=len(order))
         return self.down_grid.run(points=latency_points(estimate_ms, cap, low.ms, high.ms))
+
+    def blind_to_the_analysis(self, base_plan: PrecisionPlan) -> list[str]:
+        """With a task metric, the Concats that join tensors of very different ranges at 8 bits in the base plan
+        (`Quantizer.squeezed_concats`): their narrow input keeps a few steps, which the analysis' output SNR hardly
+        sees (the wide inputs hold the power), so its order would leave them to the end of both walks while the
+        task metric may hang on them (a detector's class scores). They are promoted first and demoted last."""
+        if self.study.metric_spec.kind == "output":
+            return []
+        squeezed = self.study.quantizer.squeezed_concats(base_plan)
+        blind = list(dict.fromkeys(s.output for s in squeezed if s.output not in base_plan.overrides))
+        if blind:
+            first = squeezed[0]
+            self.order_note = (f"{', '.join(blind)} first: {first.output} joins {first.tensor} on a scale that "
+                               f"leaves it {first.steps:.1f} steps at 8 bits, which output SNR (the analysis' "
+                               "score) hardly sees")
+        return blind
 
     def estimate_ms(self, plan: PrecisionPlan) -> float:
         """The cost model's latency of `plan` (inf without one), estimated once per plan: the walks' bisections
@@ -256,6 +275,7 @@ class Walk:
                             self.reaches(best), reason, best, self.baselines, tuple(self.path), self.new,
                             tuple(order), self.promoted(best, order), float_value, tuple(alternatives),
                             considered=choice.considered, choice=choice.why, weights_note=self.weights_note,
+                            order_note=self.order_note,
                             skipped=self._skipped(), unbuildable=tuple(self.unbuilt),
                             verdict=self.evidence.verdict(best))
 
