@@ -536,3 +536,19 @@ def test_the_legend_names_another_accuracy_source_briefly():
     assert _checks_label(["HTP emulator on vm"]) == "on HTP emulator on vm"
     assert _checks_label([CPU_SOURCE]) == "same plan, other accuracy source"
     assert _checks_label(["HTP on sm8650", CPU_SOURCE]) == "same plan, 2 other accuracy sources"
+
+
+def test_the_current_plan_is_stored_once_the_baselines_evaluate_it(tmp_path):
+    """A new study opens on a8w8 before any plan is evaluated: when the background baselines store it, the current
+    plan is that stored plan (the Run panel names it, the Pareto plot rings it), not "not evaluated yet"."""
+    from mpstudio.widgets import RunPanel
+
+    study = make_small_study(tmp_path / "study", analyzed=False, baselines=False)
+    state = StudioState(study, evaluate_on_edit=False)
+    assert state.plan_id is None
+    for job in list(state.jobs):
+        assert job.wait(120) and job.status in ("done", "cancelled"), job.error
+    stored = study.plan_id(state.plan)
+    assert stored is not None and state.plan_id == stored
+    assert f"plan {stored}:" in RunPanel(state=state)._plan_text(state.plan, state.plan_id)
+    state.close()
