@@ -124,9 +124,10 @@ class StudioState(param.Parameterized):
     def set_study(self, study: Study) -> None:
         """Show `study`: its graph, results, the plan its other tabs show or its best base; then that base's analysis."""
         if self.study is not None and study is not self.study:
-            for job in self.jobs:  # work on the previous study has nothing left to show
-                if job.active and job.kind != "open":
+            for job in self.jobs:  # this tab's work on the previous study has nothing left to show (not other tabs')
+                if job.active and job.kind != "open" and getattr(job, "owner", self) is self:
                     job.cancel()
+            self._membership.leave()  # the plan and selection reset below are this tab's, not the left study's
         graph = study.graph
         layout = layout_graph(graph, [], model_sha256=study.prepared.sha256)
         self.param.collapsed.objects = collapsible_namespaces(graph)

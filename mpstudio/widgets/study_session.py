@@ -298,6 +298,8 @@ class StudyMembership:
             return
         changed = False
         with session.lock:
+            if self.state not in session.members:  # a tab that has left (for another study) changes its own
+                return
             for event in events:
                 if event.name == "plan" and (session.plan is None or session.plan.hash != event.new.hash):
                     session.plan, changed = event.new, True
