@@ -271,12 +271,14 @@ class StudioState(param.Parameterized):
                 job.cancel()
 
     def refresh_evaluations(self) -> None:
-        """The study's evaluations for the plot, and the current plan's id once one of them stored it (a new study
-        opens on a8w8 before the background baselines store it)."""
+        """The study's evaluations for the plot, and the current plan's id once one of them is the current plan's (a
+        new study opens on a8w8 before the background baselines evaluate it)."""
         study = self.study
         frame = study.front(self.latency_source) if study is not None else pd.DataFrame()
         checks = study.cross_checks(self.latency_source, frame) if study is not None else pd.DataFrame()
-        plan_id = self.plan_id if self.plan_id is not None or study is None else study.plan_id(self.plan)
+        plan_id = self.plan_id
+        if plan_id is None and len(frame) and (frame["plan_hash"] == self.plan.hash).any():
+            plan_id = int(frame.loc[frame["plan_hash"] == self.plan.hash, "plan_id"].iloc[0])
         with writable(self):
             self.param.update(cross_checks=checks, evaluations=frame, plan_id=plan_id)  # the plot redraws on these
 
