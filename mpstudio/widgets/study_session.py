@@ -11,6 +11,7 @@ analysis it was shown, rather than one started afresh; README, "Sessions belong 
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,18 @@ def study_session(folder: str | Path) -> StudySession:
         if session is None:
             session = _SESSIONS[key] = StudySession(key)
         return session
+
+
+def study_key(folder: str | Path) -> str:
+    """What a tab's address says of the study it shows: a digest of its folder, never the path."""
+    return hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+
+
+def open_study_folder(key: str) -> Path | None:
+    """The folder of the study this server has open under `key` (a reloaded tab's address), else None: an address
+    reopens only what a tab of this server opened, never a folder it names."""
+    with _SESSIONS_LOCK:
+        return next((folder for folder in _SESSIONS if study_key(folder) == key), None)
 
 
 def forget(folder: str | Path) -> None:
