@@ -552,3 +552,28 @@ def test_the_current_plan_is_stored_once_the_baselines_evaluate_it(tmp_path):
     assert stored is not None and state.plan_id == stored
     assert f"plan {stored}:" in RunPanel(state=state)._plan_text(state.plan, state.plan_id)
     state.close()
+
+
+def test_the_export_panels_zip_reproduces_the_plan_in_orts_own_pipeline(state, tmp_path):
+    """The overrides name the tensors of the prepared float model and leave the defaults to the plan: the panel's zip
+    holds both, so ORT's quantizer run as docs/export.md shows on its files gives the plan's model (from the other
+    downloads alone, the model a user has is not the one the names refer to)."""
+    import zipfile
+
+    from gui_support import small_feeds
+    from mpstudio.data import CalibrationReader
+    from mpstudio.export import read_quantized_tensors
+    from test_export_reproduce import documented_pipeline
+
+    state.select(activations(state)[2:5])
+    plan = state.promote_selected()
+    panel = ExportPanel(state=state)
+    assert panel.downloads["all"].filename.endswith(".zip")
+    with zipfile.ZipFile(panel.downloads["all"].callback()) as archive:
+        names = archive.namelist()
+        for name in names:  # as the documented snippet names them
+            (tmp_path / ("mixed" + name[len(name.split(".")[0]):])).write_bytes(archive.read(name))
+    assert {n.split(".", 1)[1] for n in names} >= {"plan.json", "overrides.json", "encodings.json", "qdq.onnx",
+                                                      "float.onnx", "README.md"}, names
+    mine = documented_pipeline(tmp_path, CalibrationReader(small_feeds(3, seed=5)))  # the user's own data
+    assert read_quantized_tensors(mine) == read_quantized_tensors(state.study.quantizer.generate(plan))
