@@ -6,17 +6,22 @@ A reload, or a second tab on the same study, shows the same plan, target, select
 started is visible (and cancellable) in each tab, and a tab cannot start a second search or analysis on a study
 that already runs one: it is shown the running one. Closing every tab leaves the study's jobs running; a tab that
 comes back opens on the plan the study's tabs left, and shows its jobs, with their progress, and their results (the
-analysis it was shown, rather than one started afresh; README, "Sessions belong to the study").
+analysis it was shown, rather than one started afresh; README, "Sessions belong to the study"). The plan, target
+and selection are kept in the study folder too, so a server started again on the study opens on them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from ..errors import MpstudioError
 from ..plan import PrecisionPlan
 from ..search.opening import analysis_base
 from .lanes import Job, session_document
@@ -27,6 +32,9 @@ EXCLUSIVE_KINDS = ("search", "analyze")
 # Kinds whose jobs are the tab's own view of the study (its opening, its predicted points).
 PRIVATE_KINDS = ("open", "predict")
 KEPT_JOBS = 8
+# In the study folder: the plan, target and selection its tabs left, for the server started again on the study.
+LEFT_FILE = "studio-session.json"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -73,8 +81,34 @@ def study_session(folder: str | Path) -> StudySession:
             _cancel_at_shutdown()
         session = _SESSIONS.get(key)
         if session is None:
-            session = _SESSIONS[key] = StudySession(key)
+            session = _SESSIONS[key] = StudySession(key, **_left_on(key))
         return session
+
+
+def _left_on(folder: Path) -> dict:
+    """The plan, target and selection the study's tabs left when its last server stopped (none when unreadable)."""
+    try:
+        data = json.loads((folder / LEFT_FILE).read_text())
+        return {"plan": PrecisionPlan.from_json(data["plan"]), "target": data.get("target"),
+                "selection": [str(t) for t in data.get("selection", [])]}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, MpstudioError) as exc:
+        log.warning("ignored %s: %s", folder / LEFT_FILE, exc)
+        return {}
+
+
+def _leave_on_disk(session: StudySession) -> None:
+    """Write what `session` holds to its study folder (replaced whole, so a stop mid-write leaves the last one)."""
+    path = session.folder / LEFT_FILE
+    with session.lock:
+        data = {"plan": session.plan.to_json(), "target": session.target, "selection": list(session.selection)}
+    try:
+        scratch = path.with_name(f".{LEFT_FILE}.{os.getpid()}.{threading.get_ident()}")
+        scratch.write_text(json.dumps(data, indent=1))
+        os.replace(scratch, path)
+    except OSError as exc:  # a read-only study still works, without the record
+        log.warning("could not keep the tabs' plan in %s: %s", path, exc)
 
 
 def study_key(folder: str | Path) -> str:
@@ -90,10 +124,12 @@ def open_study_folder(key: str) -> Path | None:
 
 
 def forget(folder: str | Path) -> None:
-    """Drop the server's record of the study in `folder`, cancelling its jobs: the next tab opens it afresh, as a
-    first visitor (a server handing a study to a new user, and tests that each start from a fresh studio)."""
+    """Drop the server's record of the study in `folder` (and what its tabs left there), cancelling its jobs: the
+    next tab opens it afresh, as a first visitor (a server handing a study to a new user, and tests that each start
+    from a fresh studio)."""
     with _SESSIONS_LOCK:
         session = _SESSIONS.pop(Path(folder).resolve(), None)
+    (Path(folder) / LEFT_FILE).unlink(missing_ok=True)
     if session is not None:
         with session.lock:
             for job in session.jobs:
@@ -321,6 +357,8 @@ class StudyMembership:
                 elif event.name == "target" and session.target != event.new:
                     session.target, changed = event.new, True
         if changed:
+            if session.plan is not None:
+                _leave_on_disk(session)
             self._each_other(lambda member: member.post(lambda: member._membership.adopt()))
 
     def _each_other(self, fn) -> None:
