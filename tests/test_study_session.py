@@ -145,3 +145,15 @@ def test_a_tab_that_opens_another_study_leaves_the_first_one_as_its_other_tabs_h
         job.wait(30)
         first.close()
         second.close()
+
+
+def test_reopening_a_study_names_its_folder_not_where_the_server_keeps_it(study):
+    """A reload reopens the tab's study, which may lie in the server's cache: the job bar names the study's folder,
+    never the server's path to it."""
+    state = StudioState(evaluate_on_edit=False, auto_analyze=False)
+    try:
+        job = state.open_study(study.folder)
+        assert job.wait(60) and job.status == "done", job.error
+        assert study.folder.name in job.title and str(study.folder.parent) not in job.title
+    finally:
+        state.close()

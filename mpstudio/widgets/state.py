@@ -149,7 +149,7 @@ class StudioState(param.Parameterized):
         """Open a study folder: `folder` (the caller's own), else the study_path a visitor typed (confined to
         the server's roots)."""
         folder = Path(str(folder or self.policy.confine(self.study_path, "study folder")).strip()).expanduser()
-        return self.submit("open", f"opening the study in {folder}", lambda progress, cancel: Study.open(folder),
+        return self.submit("open", f"opening the study {folder.name}", lambda progress, cancel: Study.open(folder),
                            self.set_study)
 
     def open_demo(self) -> Job:
