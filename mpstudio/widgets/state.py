@@ -23,7 +23,7 @@ from .agents import RUNNERS, AgentClients
 from .editing import edit_plan, export_current, find_tensors
 from .lanes import Job, Lanes, on_session_loop, session_document
 from .opening import demo_study, model_study, open_arguments
-from .plan_evaluation import PlanEvaluations
+from .plan_evaluation import PlanEvaluations, evaluated_id
 from .provisional import PROVISIONAL_COLUMNS
 from .policy import ServerPolicy
 from .opening_base import BaseOpening
@@ -124,10 +124,7 @@ class StudioState(param.Parameterized):
     def set_study(self, study: Study) -> None:
         """Show `study`: its graph, results, the plan its other tabs show or its best base; then that base's analysis."""
         if self.study is not None and study is not self.study:
-            for job in self.jobs:  # this tab's work on the previous study has nothing left to show (not other tabs')
-                if job.active and job.kind != "open" and getattr(job, "owner", self) is self:
-                    job.cancel()
-            self._membership.leave()  # the plan and selection reset below are this tab's, not the left study's
+            self._membership.move_on()  # before the reset below, which is this tab's alone
         graph = study.graph
         layout = layout_graph(graph, [], model_sha256=study.prepared.sha256)
         self.param.collapsed.objects = collapsible_namespaces(graph)
@@ -271,14 +268,11 @@ class StudioState(param.Parameterized):
                 job.cancel()
 
     def refresh_evaluations(self) -> None:
-        """The study's evaluations for the plot, and the current plan's id once one of them is the current plan's (a
-        new study opens on a8w8 before the background baselines evaluate it)."""
+        """The study's evaluations for the plot, and the current plan's id once one is the plan's (see evaluated_id)."""
         study = self.study
         frame = study.front(self.latency_source) if study is not None else pd.DataFrame()
         checks = study.cross_checks(self.latency_source, frame) if study is not None else pd.DataFrame()
-        plan_id = self.plan_id
-        if plan_id is None and len(frame) and (frame["plan_hash"] == self.plan.hash).any():
-            plan_id = int(frame.loc[frame["plan_hash"] == self.plan.hash, "plan_id"].iloc[0])
+        plan_id = self.plan_id if self.plan_id is not None else evaluated_id(frame, self.plan)
         with writable(self):
             self.param.update(cross_checks=checks, evaluations=frame, plan_id=plan_id)  # the plot redraws on these
 

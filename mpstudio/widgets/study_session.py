@@ -223,6 +223,14 @@ class StudyMembership:
             self._adopting = False
         return True
 
+    def move_on(self) -> None:
+        """The tab opens another study: its own work on this one has nothing left to show and is cancelled (other
+        tabs' jobs run on), and it leaves, so the plan and selection it then resets are not the study's tabs'."""
+        for job in self.state.jobs:
+            if job.active and job.kind != "open" and getattr(job, "owner", self.state) is self.state:
+                job.cancel()
+        self.leave()
+
     def close(self) -> list[Job]:
         """The tab has gone: leave for good; the active jobs it started (they run on for the tabs to come)."""
         self.closed = True
