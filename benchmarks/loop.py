@@ -103,10 +103,12 @@ def fresh_copy(study, target: Path) -> Path:
     """`study`'s folder copied to `target` with only the baselines' results and generated models kept."""
     from mpstudio.plan import PrecisionPlan
     from mpstudio.loop.folder import RESULTS_FILE
+    from mpstudio.widgets.study_session import LEFT_FILE
 
     keep = {PrecisionPlan.a8w8().hash, PrecisionPlan.a16w8().hash}
     study.store.close()
-    shutil.copytree(study.folder, target, ignore=shutil.ignore_patterns("*.lock", "exports", "profiles"))
+    # Not the plan an earlier studio's tabs left (LEFT_FILE): the studio opens as a first visitor's does.
+    shutil.copytree(study.folder, target, ignore=shutil.ignore_patterns("*.lock", "exports", "profiles", LEFT_FILE))
     for model in (target / "cache" / "models").glob("*.onnx"):
         if not any(model.stem.endswith(h) for h in keep):
             model.unlink()

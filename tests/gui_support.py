@@ -40,16 +40,17 @@ def small_feeds(n: int = 12, seed: int = 0):
                     name="random")
 
 
-def make_small_study(folder: Path, analyzed: bool = True, baselines: bool = True, nodes: int = SMALL_NODES):
-    """A study of a 60-node (or `nodes`) residual model on 12 random samples (output SNR metric): seconds to
-    analyse."""
+def make_small_study(folder: Path, analyzed: bool = True, baselines: bool = True, nodes: int = SMALL_NODES,
+                     name: str = "small residual net"):
+    """A study (called `name`) of a 60-node (or `nodes`) residual model on 12 random samples (output SNR metric):
+    seconds to analyse."""
     from mpstudio.study import Study
 
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     model = folder.parent / f"{folder.name}.onnx"
     onnx.save(make_residual_model(nodes, size=SMALL_SIZE), model)
-    study = Study.create(folder, model, small_feeds(), name="small residual net")
+    study = Study.create(folder, model, small_feeds(), name=name)
     if analyzed:
         study.sensitivity()
     if baselines:

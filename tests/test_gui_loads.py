@@ -126,3 +126,55 @@ def test_a_view_that_fails_to_show_a_result_fails_its_job_and_the_lane_runs_on(c
     lanes.close()
     assert first.status == "failed" and "TypeError" in first.error and "where the time goes" in first.error
     assert second.status == "done" and second.result == 2
+
+
+# Counts the Tabulators the page destroys (Panel rebuilds one whenever its configuration changes).
+COUNT_DESTROYED = """
+(() => {
+  window.__tables_destroyed = 0;
+  const hook = setInterval(() => {
+    if (window.Tabulator === undefined) return;
+    clearInterval(hook);
+    const destroy = window.Tabulator.prototype.destroy;
+    window.Tabulator.prototype.destroy = function () { window.__tables_destroyed += 1; return destroy.apply(this, arguments); };
+  }, 5);
+})();
+"""
+
+
+def test_opening_a_study_rebuilds_no_table_in_the_page(page, tmp_path):
+    """The ranking's rows arriving when a study opens (20-45 s after the page loads on a fresh server, once the
+    model is prepared) only update its table. A column whose type changed from the empty table's made Panel rebuild
+    the Tabulator, asynchronously; its page count, updated meanwhile, then reached the half-built table and the page
+    raised "Cannot read properties of null (reading 'verticalFillMode')"."""
+    import panel as pn
+
+    from gui_support import PanelServer, on_loop
+    from mpstudio.widgets import Studio, StudioState
+
+    study = make_small_study(tmp_path / "study", baselines=False)
+    states = []
+
+    def session():
+        states.append(StudioState(auto_analyze=False, evaluate_on_edit=False))
+        return Studio(states[-1]).template()
+    server = PanelServer(session)
+    errors: list[str] = []
+    try:
+        page.add_init_script(COUNT_DESTROYED)
+        _watch(page, errors)
+        page.goto(server.url)
+        wait_for_bokeh(page)
+        state = wait_until(lambda: states[-1] if states else None)
+        page.locator(".tabulator").first.wait_for(state="attached")
+        page.wait_for_timeout(500)
+        before = page.evaluate("window.__tables_destroyed")
+        on_loop(state, lambda: state.set_study(study))
+        page.locator(".tabulator-row").first.wait_for(state="visible")
+        page.wait_for_timeout(1000)
+        assert page.evaluate("window.__tables_destroyed") == before, "opening the study rebuilt a table"
+        assert errors == [], errors[:5]
+    finally:
+        for state in states:
+            state.close()
+        server.stop()

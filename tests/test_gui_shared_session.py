@@ -174,3 +174,71 @@ def test_a_tab_that_comes_back_after_every_tab_closed_shows_the_running_analysis
         assert third.report is job.result and third.plan.hash == first.plan.hash
         assert _analyses(studio.states) == [job], "an analysis was started again"
         page.context.close()
+
+
+def test_a_reload_comes_back_to_the_study_the_tab_opened_and_its_plan(browser, tmp_path):
+    """A study opened from the Model and data panel, not the one the server was started on: a reload shows it again,
+    with the plan promoted in it (a reload used to open the server's study, so the tab's work was out of reach)."""
+    study = make_small_study(tmp_path / "study")
+    other = make_small_study(tmp_path / "other", name="the other net")
+    tensor = other.graph.activations()[4]
+    server, url = served_studio(study, tmp_path)
+    try:
+        page = opened(browser.new_context(viewport={"width": 1600, "height": 1000}).new_page(), url)
+        page.set_default_timeout(60000)
+        page.get_by_placeholder("path/to/study/").fill(str(other.folder))
+        page.get_by_placeholder("path/to/study/").press("Tab")
+        page.get_by_role("button", name="Open study").click()
+        page.get_by_text("the other net").first.wait_for()
+        find = page.get_by_placeholder("find a name (or *pattern*)")
+        find.fill(tensor)
+        find.press("Enter")
+        page.get_by_text("1 tensor(s) selected").wait_for()
+        page.get_by_role("button", name="Promote to 16-bit").click()
+        # Evaluated on promote, then stored: "plan N: a8w8+1x16".
+        promoted = wait_until(lambda: re.search(r"plan \d+: .*1x16", p := shown(page)["plan"]) and p, 120,
+                              message=f"the promote did not change the current plan: {shown(page)}")
+
+        page.reload()
+        wait_for_bokeh(page)
+        page.get_by_text("the other net").first.wait_for()
+        wait_until(lambda: shown(page)["plan"] == promoted, 60,
+                   message=f"the reload lost the promoted plan: {shown(page)}")
+        assert page.get_by_text("small residual net").count() == 0
+    finally:
+        stop_process(server)
+    log = (tmp_path / "server.log").read_text()
+    assert "Traceback" not in log, log[-4000:]
+
+
+def test_a_server_started_again_on_the_study_opens_on_the_plan_target_and_selection_its_tabs_left(browser, tmp_path):
+    """Stopping the server ends its jobs; the study keeps its results, and what its tabs left: the first tab of the
+    server started again on the study shows that plan, target and selection (it opened on a base chosen afresh)."""
+    study = make_small_study(tmp_path / "study")
+    tensor = study.graph.activations()[3]
+    server, url = served_studio(study, tmp_path)
+    try:
+        page = opened(browser.new_context(viewport={"width": 1600, "height": 1000}).new_page(), url)
+        page.set_default_timeout(60000)
+        find = page.get_by_placeholder("find a name (or *pattern*)")
+        find.fill(tensor)
+        find.press("Enter")
+        page.get_by_text("1 tensor(s) selected").wait_for()
+        page.get_by_role("button", name="Promote to 16-bit").click()
+        target = page.get_by_placeholder("a16w8+10% or a metric value")
+        target.fill(TARGET)
+        target.press("Enter")
+        left = wait_until(lambda: re.search(r"plan \d+: .*1x16", (s := shown(page))["plan"]) and s["target"] == TARGET
+                          and s, 120, message=f"the promote did not change the current plan: {shown(page)}")
+        page.context.close()
+    finally:
+        stop_process(server)
+    server, url = served_studio(study, tmp_path)
+    try:
+        page = opened(browser.new_context(viewport={"width": 1600, "height": 1000}).new_page(), url)
+        wait_until(lambda: shown(page)["plan"] == left["plan"], 60,
+                   message=f"the server started again lost the plan: {shown(page)} (left {left})")
+        again = shown(page)
+        assert again["target"] == TARGET and again["selected"].startswith("1 tensor"), again
+    finally:
+        stop_process(server)

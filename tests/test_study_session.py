@@ -118,3 +118,42 @@ def test_stopping_the_server_cancels_the_jobs_tabs_left_running(study):
         assert job.cancel_event.is_set() and job.wait(30)
     finally:
         gate.set()
+
+
+def test_a_tab_that_opens_another_study_leaves_the_first_one_as_its_other_tabs_have_it(study, tmp_path):
+    """A tab opening another model starts it on a8w8 with nothing selected: that is its own, not the plan and
+    selection of the tabs still on the study it left (nor of the tabs to come), and their jobs run on."""
+    import threading
+
+    first, second = shared_state(study), shared_state(study)
+    other = make_small_study(tmp_path / "other", analyzed=False, baselines=False)
+    gate = threading.Event()
+    tensors = first.tensors["tensor"].tolist()[2:4]
+    first.select(tensors)
+    plan = first.promote_selected()
+    job = second.submit("search", "a search of the second tab", lambda progress, cancel: gate.wait(30))
+    try:
+        first.set_study(other)
+        assert first.study is other and first.sixteen_bit() == [] and first.selection == []
+        assert second.plan.hash == plan.hash and second.selection == tensors
+        assert not job.cancel_event.is_set() and job.active
+        third = shared_state(study)
+        assert third.plan.hash == plan.hash and third.selection == tensors
+        third.close()
+    finally:
+        gate.set()
+        job.wait(30)
+        first.close()
+        second.close()
+
+
+def test_reopening_a_study_names_its_folder_not_where_the_server_keeps_it(study):
+    """A reload reopens the tab's study, which may lie in the server's cache: the job bar names the study's folder,
+    never the server's path to it."""
+    state = StudioState(evaluate_on_edit=False, auto_analyze=False)
+    try:
+        job = state.open_study(study.folder)
+        assert job.wait(60) and job.status == "done", job.error
+        assert study.folder.name in job.title and str(study.folder.parent) not in job.title
+    finally:
+        state.close()

@@ -536,3 +536,44 @@ def test_the_legend_names_another_accuracy_source_briefly():
     assert _checks_label(["HTP emulator on vm"]) == "on HTP emulator on vm"
     assert _checks_label([CPU_SOURCE]) == "same plan, other accuracy source"
     assert _checks_label(["HTP on sm8650", CPU_SOURCE]) == "same plan, 2 other accuracy sources"
+
+
+def test_the_current_plan_is_stored_once_the_baselines_evaluate_it(tmp_path):
+    """A new study opens on a8w8 before any plan is evaluated: when the background baselines store it, the current
+    plan is that stored plan (the Run panel names it, the Pareto plot rings it), not "not evaluated yet"."""
+    from mpstudio.widgets import RunPanel
+
+    study = make_small_study(tmp_path / "study", analyzed=False, baselines=False)
+    state = StudioState(study, evaluate_on_edit=False)
+    assert state.plan_id is None
+    for job in list(state.jobs):
+        assert job.wait(120) and job.status in ("done", "cancelled"), job.error
+    stored = study.plan_id(state.plan)
+    assert stored is not None and state.plan_id == stored
+    assert f"plan {stored}:" in RunPanel(state=state)._plan_text(state.plan, state.plan_id)
+    state.close()
+
+
+def test_the_export_panels_zip_reproduces_the_plan_in_orts_own_pipeline(state, tmp_path):
+    """The overrides name the tensors of the prepared float model and leave the defaults to the plan: the panel's zip
+    holds both, so ORT's quantizer run as docs/export.md shows on its files gives the plan's model (from the other
+    downloads alone, the model a user has is not the one the names refer to)."""
+    import zipfile
+
+    from gui_support import small_feeds
+    from mpstudio.data import CalibrationReader
+    from mpstudio.export import read_quantized_tensors
+    from test_export_reproduce import documented_pipeline
+
+    state.select(activations(state)[2:5])
+    plan = state.promote_selected()
+    panel = ExportPanel(state=state)
+    assert panel.downloads["all"].filename.endswith(".zip")
+    with zipfile.ZipFile(panel.downloads["all"].callback()) as archive:
+        names = archive.namelist()
+        for name in names:  # as the documented snippet names them
+            (tmp_path / ("mixed" + name[len(name.split(".")[0]):])).write_bytes(archive.read(name))
+    assert {n.split(".", 1)[1] for n in names} >= {"plan.json", "overrides.json", "encodings.json", "qdq.onnx",
+                                                      "float.onnx", "README.md"}, names
+    mine = documented_pipeline(tmp_path, CalibrationReader(small_feeds(3, seed=5)))  # the user's own data
+    assert read_quantized_tensors(mine) == read_quantized_tensors(state.study.quantizer.generate(plan))

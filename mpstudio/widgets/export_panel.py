@@ -1,7 +1,9 @@
-"""ExportPanel: download the current plan as ORT TensorQuantOverrides JSON, QNN/AIMET encodings JSON, or the
-QDQ model."""
+"""ExportPanel: download the current plan as ORT TensorQuantOverrides JSON, QNN/AIMET encodings JSON, the QDQ
+model, or every file an export writes in one zip."""
 
 from __future__ import annotations
+
+import zipfile
 
 import param
 import panel as pn
@@ -13,7 +15,13 @@ from .state import StudioState
 
 # format -> (button label, file suffix)
 DOWNLOADS = {"ort": ("TensorQuantOverrides JSON", ".overrides.json"), "qnn": ("Encodings JSON", ".encodings.json"),
-             "model": ("QDQ model (.onnx)", ".qdq.onnx")}
+             "model": ("QDQ model (.onnx)", ".qdq.onnx"),
+             "all": ("All files (.zip)", ".zip")}
+DESCRIPTIONS = {"all": "The plan, both JSON files, the QDQ model, the prepared float model whose tensor names the JSON "
+                       "files use, and a README saying what to pass to ORT or QNN for each"}
+# The zip: the JSON files name the tensors of the prepared float model and leave the defaults to the plan, so other
+# tools reproduce the plan only with those two beside them (and the README says what to pass for what).
+ZIPPED_FORMATS = ("ort", "qnn", "model", "float")
 
 
 class ExportPanel(View):
@@ -26,7 +34,7 @@ class ExportPanel(View):
         self.downloads = {
             fmt: pn.widgets.FileDownload(callback=self._writer(fmt), label=label, filename=f"plan{suffix}",
                                          button_type="primary", button_style="outline", sizing_mode="stretch_width",
-                                         name=f"download-{fmt}")
+                                         name=f"download-{fmt}", description=DESCRIPTIONS.get(fmt))
             for fmt, (label, suffix) in DOWNLOADS.items()
         }
         self.state.param.watch(self._on_plan, "plan")
@@ -45,9 +53,19 @@ class ExportPanel(View):
     def _writer(self, fmt: str):
         def write():
             try:
-                result = self.state.export((fmt,))
+                result = self.state.export(ZIPPED_FORMATS if fmt == "all" else (fmt,))
             except MpstudioError as exc:
                 self.state.show_error(f"export failed: {exc}")
                 return None
+            if fmt == "all":
+                return str(zipped(result.paths(), result.directory / self.downloads[fmt].filename))
             return str({"ort": result.overrides, "qnn": result.encodings, "model": result.model}[fmt])
         return write
+
+
+def zipped(paths, target):
+    """`paths` in one zip file at `target`, by their names."""
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in paths:
+            archive.write(path, path.name)
+    return target

@@ -22,6 +22,13 @@ def has_baselines(study: Study, backend: str, runner) -> bool:
     return all(pid is not None and study.store.evaluation(pid, source) is not None for pid in ids)
 
 
+def evaluated_id(frame, plan: PrecisionPlan) -> int | None:
+    """The id of `plan` in `frame` (StudioState.evaluations) when it has an evaluation there, else None: a new study
+    opens on a8w8 before the background baselines evaluate it, and the current plan is stored from then on."""
+    rows = frame[frame["plan_hash"] == plan.hash] if len(frame) else frame
+    return int(rows["plan_id"].iloc[0]) if len(rows) else None
+
+
 def paired_on_every_sample(study: Study, evaluation, versus: PrecisionPlan | None):
     """`evaluation` minus `versus` on every sample (`Study.compare`), or None when `versus` has no comparable
     result on the same accuracy source."""

@@ -12,8 +12,10 @@ import panel as pn
 
 from ..agent.protocol import TOKEN_ENV
 from .policy import AGENTS_ENV, ROOTS_ENV, ServerPolicy, authentication, client_refusal, session_address
+from .study_session import open_study_folder, study_key
 
 log = logging.getLogger(__name__)
+STUDY_QUERY = "study"  # the address's key of the study a tab shows
 
 
 def studio_parser(prog: str = "panel serve app.py --args") -> argparse.ArgumentParser:
@@ -56,8 +58,30 @@ def studio_session(args, policy: ServerPolicy):
     if refusal:
         log.warning("refused a studio session to %s: %s", address, refusal)
         return pn.pane.HTML(f"<p class='mpstudio-refused'>{html.escape(refusal)}</p>")
-    state = StudioState.from_arguments(study=args.study, model=args.model, data=args.data,
-                                       shapes=" ".join(args.shape), allow_fallback=args.allow_fallback,
-                                       policy=policy)
+    reloaded = open_study_folder(_query_value(STUDY_QUERY))
+    if reloaded is not None:  # a reload of a tab that had this study open: the study again, not the arguments'
+        state = StudioState.from_arguments(study=str(reloaded), policy=policy)
+    else:
+        state = StudioState.from_arguments(study=args.study, model=args.model, data=args.data,
+                                           shapes=" ".join(args.shape), allow_fallback=args.allow_fallback,
+                                           policy=policy)
+    keep_study_in_address(state, pn.state.location)
     pn.state.on_session_destroyed(lambda context: state.close())
     return Studio(state).template()
+
+
+def keep_study_in_address(state, location) -> None:
+    """The tab's address names the study it shows (`?study=KEY`, mpstudio.widgets.study_session.study_key), so a
+    reload comes back to it, whether the server's arguments or the Model and data panel opened it."""
+    if location is None:
+        return
+
+    def on_study(event):
+        if event.new is not None:
+            location.update_query(**{STUDY_QUERY: study_key(event.new.folder)})
+    state.param.watch(on_study, "study")
+
+
+def _query_value(name: str) -> str:
+    values = (pn.state.session_args or {}).get(name) or [b""]
+    return values[0].decode(errors="replace")

@@ -23,7 +23,7 @@ from .agents import RUNNERS, AgentClients
 from .editing import edit_plan, export_current, find_tensors
 from .lanes import Job, Lanes, on_session_loop, session_document
 from .opening import demo_study, model_study, open_arguments
-from .plan_evaluation import PlanEvaluations
+from .plan_evaluation import PlanEvaluations, evaluated_id
 from .provisional import PROVISIONAL_COLUMNS
 from .policy import ServerPolicy
 from .opening_base import BaseOpening
@@ -124,9 +124,7 @@ class StudioState(param.Parameterized):
     def set_study(self, study: Study) -> None:
         """Show `study`: its graph, results, the plan its other tabs show or its best base; then that base's analysis."""
         if self.study is not None and study is not self.study:
-            for job in self.jobs:  # work on the previous study has nothing left to show
-                if job.active and job.kind != "open":
-                    job.cancel()
+            self._membership.move_on()  # before the reset below, which is this tab's alone
         graph = study.graph
         layout = layout_graph(graph, [], model_sha256=study.prepared.sha256)
         self.param.collapsed.objects = collapsible_namespaces(graph)
@@ -148,7 +146,7 @@ class StudioState(param.Parameterized):
         """Open a study folder: `folder` (the caller's own), else the study_path a visitor typed (confined to
         the server's roots)."""
         folder = Path(str(folder or self.policy.confine(self.study_path, "study folder")).strip()).expanduser()
-        return self.submit("open", f"opening the study in {folder}", lambda progress, cancel: Study.open(folder),
+        return self.submit("open", f"opening the study {folder.name}", lambda progress, cancel: Study.open(folder),
                            self.set_study)
 
     def open_demo(self) -> Job:
@@ -270,11 +268,13 @@ class StudioState(param.Parameterized):
                 job.cancel()
 
     def refresh_evaluations(self) -> None:
+        """The study's evaluations for the plot, and the current plan's id once one is the plan's (see evaluated_id)."""
         study = self.study
         frame = study.front(self.latency_source) if study is not None else pd.DataFrame()
         checks = study.cross_checks(self.latency_source, frame) if study is not None else pd.DataFrame()
+        plan_id = self.plan_id if self.plan_id is not None else evaluated_id(frame, self.plan)
         with writable(self):
-            self.param.update(cross_checks=checks, evaluations=frame)  # the plot redraws on evaluations
+            self.param.update(cross_checks=checks, evaluations=frame, plan_id=plan_id)  # the plot redraws on these
 
     def export(self, formats: tuple[str, ...], out_dir: str | Path | None = None):
         """Write the current plan in `formats` (see mpstudio.export.FORMATS) -> mpstudio.export.ExportResult."""

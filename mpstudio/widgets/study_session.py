@@ -6,16 +6,22 @@ A reload, or a second tab on the same study, shows the same plan, target, select
 started is visible (and cancellable) in each tab, and a tab cannot start a second search or analysis on a study
 that already runs one: it is shown the running one. Closing every tab leaves the study's jobs running; a tab that
 comes back opens on the plan the study's tabs left, and shows its jobs, with their progress, and their results (the
-analysis it was shown, rather than one started afresh; README, "Sessions belong to the study").
+analysis it was shown, rather than one started afresh; README, "Sessions belong to the study"). The plan, target
+and selection are kept in the study folder too, so a server started again on the study opens on them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from ..errors import MpstudioError
 from ..plan import PrecisionPlan
 from ..search.opening import analysis_base
 from .lanes import Job, session_document
@@ -26,6 +32,9 @@ EXCLUSIVE_KINDS = ("search", "analyze")
 # Kinds whose jobs are the tab's own view of the study (its opening, its predicted points).
 PRIVATE_KINDS = ("open", "predict")
 KEPT_JOBS = 8
+# In the study folder: the plan, target and selection its tabs left, for the server started again on the study.
+LEFT_FILE = "studio-session.json"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,15 +81,55 @@ def study_session(folder: str | Path) -> StudySession:
             _cancel_at_shutdown()
         session = _SESSIONS.get(key)
         if session is None:
-            session = _SESSIONS[key] = StudySession(key)
+            session = _SESSIONS[key] = StudySession(key, **_left_on(key))
         return session
 
 
+def _left_on(folder: Path) -> dict:
+    """The plan, target and selection the study's tabs left when its last server stopped (none when unreadable)."""
+    try:
+        data = json.loads((folder / LEFT_FILE).read_text())
+        return {"plan": PrecisionPlan.from_json(data["plan"]), "target": data.get("target"),
+                "selection": [str(t) for t in data.get("selection", [])]}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, MpstudioError) as exc:
+        log.warning("ignored %s: %s", folder / LEFT_FILE, exc)
+        return {}
+
+
+def _leave_on_disk(session: StudySession) -> None:
+    """Write what `session` holds to its study folder (replaced whole, so a stop mid-write leaves the last one)."""
+    path = session.folder / LEFT_FILE
+    with session.lock:
+        data = {"plan": session.plan.to_json(), "target": session.target, "selection": list(session.selection)}
+    try:
+        scratch = path.with_name(f".{LEFT_FILE}.{os.getpid()}.{threading.get_ident()}")
+        scratch.write_text(json.dumps(data, indent=1))
+        os.replace(scratch, path)
+    except OSError as exc:  # a read-only study still works, without the record
+        log.warning("could not keep the tabs' plan in %s: %s", path, exc)
+
+
+def study_key(folder: str | Path) -> str:
+    """What a tab's address says of the study it shows: a digest of its folder, never the path."""
+    return hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+
+
+def open_study_folder(key: str) -> Path | None:
+    """The folder of the study this server has open under `key` (a reloaded tab's address), else None: an address
+    reopens only what a tab of this server opened, never a folder it names."""
+    with _SESSIONS_LOCK:
+        return next((folder for folder in _SESSIONS if study_key(folder) == key), None)
+
+
 def forget(folder: str | Path) -> None:
-    """Drop the server's record of the study in `folder`, cancelling its jobs: the next tab opens it afresh, as a
-    first visitor (a server handing a study to a new user, and tests that each start from a fresh studio)."""
+    """Drop the server's record of the study in `folder` (and what its tabs left there), cancelling its jobs: the
+    next tab opens it afresh, as a first visitor (a server handing a study to a new user, and tests that each start
+    from a fresh studio)."""
     with _SESSIONS_LOCK:
         session = _SESSIONS.pop(Path(folder).resolve(), None)
+    (Path(folder) / LEFT_FILE).unlink(missing_ok=True)
     if session is not None:
         with session.lock:
             for job in session.jobs:
@@ -173,6 +222,14 @@ class StudyMembership:
         finally:
             self._adopting = False
         return True
+
+    def move_on(self) -> None:
+        """The tab opens another study: its own work on this one has nothing left to show and is cancelled (other
+        tabs' jobs run on), and it leaves, so the plan and selection it then resets are not the study's tabs'."""
+        for job in self.state.jobs:
+            if job.active and job.kind != "open" and getattr(job, "owner", self.state) is self.state:
+                job.cancel()
+        self.leave()
 
     def close(self) -> list[Job]:
         """The tab has gone: leave for good; the active jobs it started (they run on for the tabs to come)."""
@@ -298,6 +355,8 @@ class StudyMembership:
             return
         changed = False
         with session.lock:
+            if self.state not in session.members:  # a tab that has left (for another study) changes its own
+                return
             for event in events:
                 if event.name == "plan" and (session.plan is None or session.plan.hash != event.new.hash):
                     session.plan, changed = event.new, True
@@ -306,6 +365,8 @@ class StudyMembership:
                 elif event.name == "target" and session.target != event.new:
                     session.target, changed = event.new, True
         if changed:
+            if session.plan is not None:
+                _leave_on_disk(session)
             self._each_other(lambda member: member.post(lambda: member._membership.adopt()))
 
     def _each_other(self, fn) -> None:

@@ -20,6 +20,11 @@ COLUMNS = {"rank": "rank", "tensor": "tensor", "op": "op", "bits": "bits", "snr_
 
 # The ranking table's least height: its header filters, a few rows and the pager.
 TABLE_MIN_HEIGHT = 280
+# Each column's type whatever the rows, the empty table's included: Panel rebuilds a Tabulator in the browser when a
+# column's type changes, asynchronously, and an update meanwhile (its page count) reaches the half-built table.
+COLUMN_TYPES = {"rank": "Int64", "tensor": str, "op": str, "bits": "Int64", "snr_db": float, "cosine": float,
+                "local_snr_8": float, "local_snr_16": float, "isolation_gain": float, "latency_share": float,
+                "namespace": str}
 
 
 def ranking_frame(tensors: pd.DataFrame) -> pd.DataFrame:
@@ -27,9 +32,7 @@ def ranking_frame(tensors: pd.DataFrame) -> pd.DataFrame:
     frame = tensors.copy()
     frame["_order"] = np.arange(len(frame))
     frame = frame.sort_values(["rank", "_order"], na_position="last", kind="stable")
-    frame = frame[list(COLUMNS)].reset_index(drop=True)
-    frame["rank"] = frame["rank"].astype("Int64")
-    return frame
+    return frame[list(COLUMNS)].reset_index(drop=True).astype(COLUMN_TYPES)
 
 
 def ranking_status(report) -> str:
