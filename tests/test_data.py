@@ -1,6 +1,5 @@
 """Data sources: folders of npz/npy, feed lists, callables, image folders; checks, splits, ORT reader."""
 
-import pickle
 import threading
 
 import numpy as np

@@ -147,8 +147,6 @@ def test_opening_a_study_rebuilds_no_table_in_the_page(page, tmp_path):
     model is prepared) only update its table. A column whose type changed from the empty table's made Panel rebuild
     the Tabulator, asynchronously; its page count, updated meanwhile, then reached the half-built table and the page
     raised "Cannot read properties of null (reading 'verticalFillMode')"."""
-    import panel as pn
-
     from gui_support import PanelServer, on_loop
     from mpstudio.widgets import Studio, StudioState
 

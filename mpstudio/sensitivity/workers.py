@@ -161,11 +161,11 @@ def worker_count(tasks: int | None = None, memory_each: int | None = None) -> in
     return max(1, count)
 
 
-# A worker's peak, measured on a BERT-base encoder (440 MB of float32 weights, 128 tokens): its isolation holds
-# about twelve times the float weights (the switchable model, the all-8-bit model, the frontier probe and the cut
-# suffixes, each an ONNX Runtime session with its weights, and their protos), a few copies of one sample's
-# activations, and the interpreter with ONNX Runtime.
-_WEIGHT_COPIES, _ACTIVATION_COPIES, _BASE_BYTES = 12, 3, 256 << 20
+# A worker's peak, measured on a BERT-base encoder (440 MB of float32 weights, 128 tokens: 6.3-6.5 GB a worker):
+# its isolation holds about thirteen times the float weights (the switchable model and the cut suffixes, and the
+# all-8-bit model and frontier probe while they run, each an ONNX Runtime session with its weights, and their
+# protos), a few copies of one sample's activations, and the interpreter with ONNX Runtime.
+_WEIGHT_COPIES, _ACTIVATION_COPIES, _BASE_BYTES = 13, 3, 256 << 20
 MEMORY_SHARE = 0.8  # of the available memory, the share the workers may take
 
 
