@@ -36,6 +36,19 @@ def test_prepare_refuses_a_dynamic_shape_then_fixes_it(tmp_path):
     assert fixed.returncode == 0 and "fixed input x" in fixed.stdout
 
 
+def test_a_dynamic_model_given_data_but_no_shape_is_told_the_datas_shape(tmp_path):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(make_conv_model(dynamic_batch=True), path)
+    FeedList(conv_feeds(2)).save_npz(tmp_path / "data")
+    for command in (("quantize", str(path), "--data", str(tmp_path / "data"), "-o", str(tmp_path / "q.onnx")),
+                    ("search", str(path), "--data", str(tmp_path / "data"), "--study", str(tmp_path / "s"),
+                     "--target", "30")):
+        refused = run(*command, "--quiet")
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert "The first sample of" in refused.stderr and "has --shape x=1,3,16,16" in refused.stderr
+    assert not (tmp_path / "s").exists()
+
+
 def test_prepare_strict_fails_on_unsupported_ops(tmp_path):
     path = tmp_path / "loop.onnx"
     onnx.save(make_loop_model(), path)

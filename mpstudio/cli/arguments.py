@@ -65,3 +65,27 @@ def add_shape_arg(parser) -> None:
 
 def add_quiet_arg(parser, help: str = "no progress bars") -> None:
     parser.add_argument("--quiet", action="store_true", help=help)
+
+
+def prepare_for_data(model: str, shape_args, data: str | None):
+    """`prepare_model` with the command line's --shape; a model whose inputs are dynamic, given no shape for
+    them, is told the --shape its data's first sample has."""
+    from ..model import parse_shape_args, prepare_model
+
+    try:
+        return prepare_model(model, parse_shape_args(shape_args))
+    except MpstudioError as exc:
+        hint = _shapes_of_first_sample(data) if data and "these inputs are dynamic" in str(exc) else ""
+        if not hint:
+            raise
+        raise MpstudioError(f"{exc} The first sample of {data} has {hint}") from None
+
+
+def _shapes_of_first_sample(data: str) -> str:
+    from ..data import NpzFolder
+
+    try:
+        sample = NpzFolder(data).sample(0)
+    except Exception:  # the data's own errors come when it is read for real
+        return ""
+    return " ".join(f"--shape {name}={','.join(str(d) for d in value.shape)}" for name, value in sample.items())

@@ -8,7 +8,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from ..errors import MpstudioError
-from .arguments import add_quiet_arg, add_ray_arg, add_shape_arg, open_ray
+from .arguments import add_quiet_arg, add_ray_arg, add_shape_arg, open_ray, prepare_for_data
 from .progress import progress_bar
 
 
@@ -33,11 +33,10 @@ def open_model_data_plan(args, calibration_samples: int | None = None, calibrate
     """
     from ..cache import cache_root
     from ..data import NpzFolder
-    from ..model import parse_shape_args, prepare_model
     from ..plan import PrecisionPlan
     from ..quantize import Quantizer
 
-    prepared = prepare_model(args.model, parse_shape_args(args.shape))
+    prepared = prepare_for_data(args.model, args.shape, args.data)
     plan = PrecisionPlan.load(args.plan) if args.plan else PrecisionPlan.a8w8()
     folder = NpzFolder(args.data, [spec.name for spec in prepared.inputs])
     data = folder.head(args.samples) if args.samples else folder

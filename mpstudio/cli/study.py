@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import MpstudioError
-from .arguments import add_quiet_arg, add_runner_args, add_shape_arg, open_runner
+from .arguments import add_quiet_arg, add_runner_args, add_shape_arg, open_runner, prepare_for_data
 from .progress import progress_bar
 
 
@@ -47,9 +47,8 @@ def _open_study(args, progress):
     if not args.model or not args.data:
         raise MpstudioError("give MODEL and --data to start a study (or --study DIR of an existing one, or --demo)")
     from ..data import NpzFolder
-    from ..model import parse_shape_args, prepare_model
 
-    prepared = prepare_model(args.model, parse_shape_args(args.shape))
+    prepared = prepare_for_data(args.model, args.shape, args.data)
     names = [spec.name for spec in prepared.inputs]
     calibration = NpzFolder(args.data, names)
     evaluation = NpzFolder(args.eval_data, names) if args.eval_data else calibration
