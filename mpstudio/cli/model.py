@@ -75,8 +75,9 @@ def _quantize(args) -> int:
         partial.unlink(missing_ok=True)
         raise MpstudioError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(f"{plan.summary()} -> {out}")
-    if quantizer.range_note(plan):
-        print(quantizer.range_note(plan))
+    note = quantizer.range_note(plan)
+    if note:
+        print(note)
     if args.htp_arch:
         from ..latency import estimate_latency
 

@@ -164,10 +164,10 @@ def tensor_spans(cache: CalibrationCache, names) -> dict[str, float]:
     return spans
 
 
-def narrow_tensors(cache: CalibrationCache, names) -> list[str]:
-    """The tensors of `names` whose calibrated range (`tensor_spans`) is narrower than the minimum range ORT
-    quantizes for QNN, in `names`' order; tensors without a range are skipped."""
-    spans = tensor_spans(cache, names)
+def narrow_tensors(cache: CalibrationCache, names, spans: dict[str, float] | None = None) -> list[str]:
+    """The tensors of `names` whose calibrated range (`tensor_spans`, read from `cache` unless given) is narrower
+    than the minimum range ORT quantizes for QNN, in `names`' order; tensors without a range are skipped."""
+    spans = tensor_spans(cache, names) if spans is None else spans
     return [name for name in names if name in spans and spans[name] < QNN_MINIMUM_RANGE]
 
 

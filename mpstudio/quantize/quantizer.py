@@ -23,7 +23,7 @@ from ..model import PreparedModel
 from ..plan import PrecisionPlan
 from ..qdq import Encoding
 from .calibrate import (CALIBRATION_METHODS, FLOAT_RANGES, CalibrationCache, cached_ranges, collect_ranges,
-                        QNN_MINIMUM_RANGE, narrow_range_note, scratch_lock, store_ranges, tensor_spans, weight_form,
+                        narrow_range_note, narrow_tensors, scratch_lock, store_ranges, tensor_spans, weight_form,
                         weight_form_plan, with_quantized_weights)
 from .concat_ranges import concat_range_note, squeezed_concat_inputs
 from .config import qnn_config, quantize_kwargs
@@ -111,9 +111,10 @@ class Quantizer:
         narrow inputs keep a few steps of the joined tensor's scale at `plan`'s precision
         (`concat_ranges.concat_range_note`). Calibrates if needed."""
         names = self.graph.activations()
-        spans = tensor_spans(self.calibrate(plan=plan), names)
+        cache = self.calibrate(plan=plan)
+        spans = tensor_spans(cache, names)
         outputs = [o.name for o in self.prepared.model.graph.output]
-        narrow = [name for name in names if name in spans and spans[name] < QNN_MINIMUM_RANGE]
+        narrow = narrow_tensors(cache, names, spans)
         notes = (narrow_range_note(narrow, len(names), outputs),
                  concat_range_note(squeezed_concat_inputs(self.graph, spans, plan), outputs))
         return "\n".join(note for note in notes if note)

@@ -172,10 +172,10 @@ MEMORY_SHARE = 0.8  # of the available memory, the share the workers may take
 def worker_memory(model, graph) -> int:
     """Bytes one worker is expected to need for `model` (the prepared float ModelProto) and its `graph`."""
     import numpy as np
-    from onnx import helper
 
-    weights = sum(int(np.prod(init.dims)) * np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
-                  for init in model.graph.initializer)
+    from .isolation.cuts import weight_bytes
+
+    weights = weight_bytes(model)
     activations = sum(4 * int(np.prod(info.shape)) for info in graph.tensors.values()
                       if info.is_activation and info.shape and all(isinstance(d, int) and d > 0 for d in info.shape))
     return _WEIGHT_COPIES * weights + _ACTIVATION_COPIES * activations + _BASE_BYTES

@@ -19,10 +19,16 @@ MOST_CUTS = 6
 _SUFFIX_WEIGHT_BUDGET = 256 << 20
 
 
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of `model`'s initializers, at their element types."""
+    return sum(int(np.prod(init.dims)) * np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+               for init in model.graph.initializer)
+
+
 def cut_count(model: onnx.ModelProto, most: int = MOST_CUTS, budget: int = _SUFFIX_WEIGHT_BUDGET) -> int:
     """How many cut points `model` gets: `most`, fewer when their suffix sessions would together hold more
     weights than the model itself or `budget` bytes, whichever is more (at least one)."""
-    weights = sum(len(init.raw_data) or 4 * int(np.prod(init.dims)) for init in model.graph.initializer)
+    weights = weight_bytes(model)
     if weights == 0:
         return most
     return max(1, min(most, int(2 * max(weights, budget) // weights)))
