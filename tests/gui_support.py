@@ -83,15 +83,21 @@ def stop_process(process, timeout: float = 20.0) -> None:
 
 
 def wait_until(condition, timeout: float = 30.0, interval: float = 0.05, message: str = ""):
-    """Poll `condition` until it returns something truthy; its value, or AssertionError after `timeout` s."""
+    """Poll `condition` until it returns something truthy; its value, or AssertionError after `timeout` s.
+
+    The pause between polls grows from `interval` to half a second: a condition that reads the page runs in the
+    browser's main thread, and polled every 50 ms on a loaded machine it starves the page of the time it needs to
+    apply the server's updates (the update waited for then never shows)."""
     deadline = time.monotonic() + timeout
+    pause = interval
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(message or f"condition not met within {timeout} s")
-        time.sleep(interval)
+        time.sleep(pause)
+        pause = min(max(interval, 0.5), pause * 1.5)
 
 
 class PanelServer:
