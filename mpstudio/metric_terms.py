@@ -3,8 +3,9 @@ characters per line), top-1 agreement (agreeing and compared positions per sampl
 output SNR (signal and noise energy per sample) and output cosine (dot product and both energies per sample).
 
 Terms are what makes a result's uncertainty computable: resampling the samples gives an interval, and two plans
-evaluated on the same samples are compared sample by sample (`loop.uncertainty`). A metric of the whole set only
-(a function given in Python or by import path) has no terms.
+evaluated on the same samples are compared sample by sample (`loop.uncertainty`). A metric given by import path
+has terms when its function carries a `sample_terms` function (`metrics`); a metric of the whole set only (a
+function given in Python, or by import path without `sample_terms`) has none.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import numpy as np
 from .data import Feed
 from .errors import MpstudioError
 from .metrics import (SNR_CAP_DB, ErrorAccumulator, MetricSpec, _pick, charset_classes, ctc_charset,
-                      ctc_greedy_decode, ctc_cer, edit_distance, output_cosine, output_snr, recall_at_k,
-                      top1_agreement)
+                      ctc_greedy_decode, ctc_cer, edit_distance, load_metric_function, output_cosine, output_snr,
+                      recall_at_k, top1_agreement)
 
 # How per-sample sums become the metric's value:
 #   "ratio": the first column's sum over the second's (CER, top-1 agreement, recall@k);
@@ -69,8 +70,8 @@ class MetricTerms:
     def resolution(self) -> float | None:
         """The smallest step of the metric's value: one count of a counted metric (a character of CER, a position
         of top-1, a query of recall@k) over all of them; None for a continuous metric (SNR, cosine)."""
-        if self.form != "ratio":
-            return None
+        if self.form != "ratio" or not np.all(self.columns == np.round(self.columns)):
+            return None  # a ratio of non-integer sums (a user's mean of per-sample values) is continuous
         total = float(self.columns[:, 1].sum())
         return 1.0 / total if total > 0 else None
 
@@ -153,7 +154,59 @@ _BUILTIN = {f"{fn.__module__}:{fn.__name__}": fn for fn in (ctc_cer, top1_agreem
 
 def decomposes(spec: MetricSpec) -> bool:
     """Whether `spec`'s metric has per-sample terms (`metric_terms` gives them)."""
-    return spec.kind in ("output", "ctc_cer") or (spec.kind == "reference" and spec.args.get("function") in _BUILTIN)
+    return spec.kind in ("output", "ctc_cer") or (spec.kind == "reference" and spec.args.get("function") in _BUILTIN
+                                                  ) or user_terms_function(spec) is not None
+
+
+def user_terms_function(spec: MetricSpec):
+    """The `sample_terms` function of a metric given by import path (`metrics`, "A metric a study stores by
+    reference"), or None when it has none (or cannot be imported here: its own error comes when it is built)."""
+    if spec.kind != "reference" or spec.args.get("function") in _BUILTIN:
+        return None
+    try:
+        fn = load_metric_function(spec.args["function"], dict(spec.args.get("args") or {}), spec.args.get("file"))
+    except MpstudioError:
+        return None
+    terms = getattr(fn, "sample_terms", None)
+    return terms if callable(terms) else None
+
+
+def user_terms(spec: MetricSpec, fn, outputs: Sequence[Feed], references: Sequence[Feed]) -> MetricTerms:
+    """The terms `fn` (a metric's `sample_terms`) gives: one (numerator, denominator) row per sample, the metric
+    being the sum of the numerators over the sum of the denominators."""
+    ref = spec.args["function"]
+    try:
+        rows = fn(outputs, references, **dict(spec.args.get("args") or {}))
+    except MpstudioError:
+        raise
+    except Exception as exc:
+        raise MpstudioError(f"{ref}.sample_terms raised {type(exc).__name__}: {exc}") from exc
+    try:
+        columns = np.asarray(rows, np.float64)
+    except (TypeError, ValueError):
+        columns = np.empty((0,))
+    if columns.shape != (len(outputs), 2) or not np.all(np.isfinite(columns)) or np.any(columns[:, 1] < 0):
+        got = f"shape {columns.shape}" if columns.ndim else type(rows).__name__
+        raise MpstudioError(
+            f"{ref}.sample_terms returned {got} for {len(outputs)} samples: it must return one (numerator, "
+            f"denominator) pair of finite numbers per sample, denominators >= 0, such that the metric is the sum of "
+            f"the numerators over the sum of the denominators (a mean of per-sample values: (value, 1) each)")
+    return MetricTerms("ratio", ("numerator", "denominator"), columns)
+
+
+def check_user_terms(spec: MetricSpec, references: Sequence[Feed], value: float) -> None:
+    """Refuse a metric whose `sample_terms` do not give its `value` on the float model's own outputs: intervals and
+    paired comparisons of such terms would be of another metric."""
+    fn = user_terms_function(spec)
+    if fn is None:
+        return
+    terms = user_terms(spec, fn, references, references)
+    combined = terms.value()
+    if not abs(combined - value) <= 1e-6 * max(1.0, abs(value)):
+        raise MpstudioError(
+            f"{spec.args['function']}.sample_terms does not give the metric: on the float model the sum of its "
+            f"numerators over the sum of its denominators is {combined:.6g}, the metric {value:.6g}; make them agree, "
+            "or remove sample_terms (the metric then has no interval)")
 
 
 def metric_terms(spec: MetricSpec, model, outputs: Sequence[Feed], references: Sequence[Feed],
@@ -169,6 +222,9 @@ def metric_terms(spec: MetricSpec, model, outputs: Sequence[Feed], references: S
         return snr_terms(outputs, references)
     if spec.kind == "ctc_cer":
         return cer_terms(outputs, picked(tuple(spec.args["references"])), ctc_charset(model))
+    if spec.kind == "reference" and spec.args.get("function") not in _BUILTIN:
+        fn = user_terms_function(spec)
+        return user_terms(spec, fn, outputs, references) if fn is not None else None
     if not decomposes(spec):
         return None
     fn, args = _BUILTIN[spec.args["function"]], dict(spec.args.get("args") or {})
@@ -190,5 +246,5 @@ def metric_terms(spec: MetricSpec, model, outputs: Sequence[Feed], references: S
     return cer_terms(outputs, truth, classes, output)
 
 
-__all__ = ["MetricTerms", "metric_terms", "decomposes", "snr_terms", "cosine_terms", "cer_terms", "top1_terms",
+__all__ = ["MetricTerms", "metric_terms", "decomposes", "check_user_terms", "snr_terms", "cosine_terms", "cer_terms", "top1_terms",
            "recall_terms", "FORMS"]

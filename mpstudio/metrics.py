@@ -13,7 +13,13 @@ A metric a study stores by reference is a function `fn(outputs, reference, **arg
 - `reference`: the float model's outputs on the same samples (ONNX Runtime, CPU), in the same form;
 - `args`: the JSON object given with `--metric-args` (stored in the study with the reference);
 - it returns one finite number. Whether higher is better comes from the function's `higher_is_better`
-  attribute or `--metric-direction`; its name from its `metric_name` attribute (else the function's name).
+  attribute or `--metric-direction`; its name from its `metric_name` attribute (else the function's name);
+- optionally, a `sample_terms` attribute: a function `terms(outputs, reference, **args)` called like the metric,
+  returning one (numerator, denominator) pair per sample such that the metric is the sum of the numerators over the
+  sum of the denominators (detection F1: 2·TP and 2·TP + FP + FN per image; a mean of per-sample values: (value, 1)
+  each). With it, results carry intervals, plans are compared sample by sample, and a target met or missed by less
+  than the interval (or one count, when the terms are whole numbers) reads "within noise"; it is checked against
+  the metric on the float model before a study is made.
 
 The module must be importable in every process that evaluates plans (on `PYTHONPATH`); stored results are
 read without it. The built-in metrics (`BUILTIN_METRICS`) are such functions too: top-1 agreement with the

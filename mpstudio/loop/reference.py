@@ -14,6 +14,7 @@ import numpy as np
 
 from ..cache import exclusive
 from ..data import DataSource, Progress, TaskMetric
+from ..metric_terms import check_user_terms
 from ..metrics import MetricSpec
 from ..quantize import Quantizer
 from .folder import atomic_write
@@ -68,6 +69,7 @@ class FloatReference:
         task_metric = metric()
         references = self.outputs(progress, cancel)
         value = float(task_metric(references, references))
+        check_user_terms(spec, references, value)  # before it is kept: a study is not made on terms of another metric
         atomic_write(path, json.dumps({"metric": key, "value": value, "source": "float model on ORT CPU",
                                        "samples": len(references)}) + "\n")
         return value
