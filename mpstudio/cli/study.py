@@ -264,7 +264,8 @@ def add_search_parser(sub) -> None:
                         "'PLAN+2%%' (default a16w8+10%%)")
     s.add_argument("--metric", metavar="NAME|MODULE:FUNCTION",
                    help="the study's task metric (when the study is created): a built-in (top1: top-1 agreement "
-                        "with the float model; cosine or snr of the outputs; cer with --charset [--labels]; "
+                        "with the float model, over the last axis; a 4-D output names its class axis: "
+                        "--metric-args '{\"axis\": 1}' for N, C, H, W; cosine or snr of the outputs; cer with --charset [--labels]; "
                         "recall@K over paired samples) or module:function, a function fn(outputs, reference, "
                         "**args) -> float importable from PYTHONPATH (see mpstudio.metrics). Stored by reference: "
                         "later commands evaluate it again (default: output SNR against the float model)")
