@@ -116,6 +116,11 @@ def _search(args) -> int:
         note = study.quantizer.range_note(study.plan(result.recommended.plan_id))  # the pick's own precisions
         if note:
             print(note)
+        for baseline in result.baselines.values():  # a baseline far off for a clipped bias says why
+            if baseline.plan_id != result.recommended.plan_id:
+                clipped = study.quantizer.bias_note(study.plan(baseline.plan_id))
+                if clipped:
+                    print(clipped)
         print("\nevaluations along the way:")
         print(path_frame(result).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()
