@@ -20,7 +20,7 @@ from .data import Feed
 from .errors import MpstudioError
 from .metrics import (SNR_CAP_DB, ErrorAccumulator, MetricSpec, _pick, charset_classes, ctc_charset,
                       ctc_greedy_decode, ctc_cer, edit_distance, load_metric_function, output_cosine, output_snr,
-                      recall_at_k, top1_agreement)
+                      recall_at_k, top1_agreement, top1_labels)
 
 # How per-sample sums become the metric's value:
 #   "ratio": the first column's sum over the second's (CER, top-1 agreement, recall@k);
@@ -119,11 +119,11 @@ def cer_terms(outputs: Sequence[Feed], truth: Sequence[str], charset: list[str],
     return MetricTerms("ratio", ("errors", "characters"), rows)
 
 
-def top1_terms(outputs: Sequence[Feed], references: Sequence[Feed], output: str | None = None) -> MetricTerms:
+def top1_terms(outputs: Sequence[Feed], references: Sequence[Feed], output: str | None = None,
+               axis: int | None = None) -> MetricTerms:
     rows = []
     for out, ref in zip(outputs, references):
-        a = _pick(out, output, "top-1 agreement").argmax(axis=-1)
-        b = _pick(ref, output, "top-1 agreement").argmax(axis=-1)
+        a, b = top1_labels(out, output, axis), top1_labels(ref, output, axis)
         rows.append([int(np.sum(a == b)), a.size])
     return MetricTerms("ratio", ("agree", "positions"), rows)
 
@@ -233,7 +233,7 @@ def metric_terms(spec: MetricSpec, model, outputs: Sequence[Feed], references: S
     if fn is output_cosine:
         return cosine_terms(outputs, references)
     if fn is top1_agreement:
-        return top1_terms(outputs, references, args.get("output"))
+        return top1_terms(outputs, references, args.get("output"), args.get("axis"))
     if fn is recall_at_k:
         return None if indices is not None else recall_terms(outputs, args.get("k", 1), args.get("pair"), args.get("output"))
     output = args.get("output")

@@ -295,14 +295,40 @@ def _pick(sample: Feed, output: str | None, what: str) -> np.ndarray:
     return np.asarray(sample[output])
 
 
+def top1_labels(sample: Feed, output: str | None = None, axis: int | None = None) -> np.ndarray:
+    """The class a sample's `output` (default the first output) picks at every position: its argmax over `axis`,
+    the class axis. Without `axis` that is the last axis of an output of at most 3 dimensions (a classifier's
+    [N, C], a sequence's [N, T, C]); an output of 4 or more has no axis everyone agrees on (a PyTorch export's
+    class map is [N, C, H, W], a TensorFlow one's [N, H, W, C]), so it must be given."""
+    value = _pick(sample, output, "top-1 agreement")
+    name = output if output is not None else next(iter(sample))
+    shape = "x".join(str(d) for d in value.shape)
+    if axis is None:
+        if value.ndim >= 4:
+            guess = (" (its axis 1 looks like the classes: a map's height and width come last)"
+                     if value.shape[-1] == value.shape[-2] != value.shape[1] else "")
+            raise MpstudioError(
+                f"top-1 agreement: output {name!r} is {shape}; say which axis holds the classes{guess}: "
+                "--metric-args '{\"axis\": 1}' for N, C, H, W (a PyTorch export's class map), "
+                "'{\"axis\": -1}' for N, H, W, C (metric_spec(\"top1\", args={\"axis\": 1}) from Python)")
+        axis = -1
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -value.ndim <= axis < value.ndim:
+        raise MpstudioError(f"top-1 agreement: axis {axis!r} is not an axis of output {name!r} ({shape}); give an "
+                            f"integer from {-value.ndim} to {value.ndim - 1}")
+    return value.argmax(axis=int(axis))
+
+
 @_metric("top-1 agreement", True)
-def top1_agreement(outputs: list[Feed], reference: list[Feed], output: str | None = None) -> float:
-    """The fraction of argmaxes (over the last axis of `output`, default the first output; at every other
-    position, e.g. each timestep of a sequence) that equal the float model's."""
+def top1_agreement(outputs: list[Feed], reference: list[Feed], output: str | None = None,
+                   axis: int | None = None) -> float:
+    """The fraction of argmaxes (over the class axis `axis` of `output`, default the first output; at every
+    other position, e.g. each timestep of a sequence or each pixel of a class map) that equal the float model's.
+    `axis` defaults to the last axis of an output of up to 3 dimensions and must be given for more
+    (`top1_labels`)."""
     agree = total = 0
     for out, ref in zip(outputs, reference, strict=True):
-        a = _pick(out, output, "top-1 agreement").argmax(axis=-1)
-        b = _pick(ref, output, "top-1 agreement").argmax(axis=-1)
+        a = top1_labels(out, output, axis)
+        b = top1_labels(ref, output, axis)
         agree += int(np.sum(a == b))
         total += a.size
     return agree / total if total else float("nan")
@@ -580,5 +606,5 @@ def metric_spec(text: str, *, args: dict | str | None = None, direction: str | N
 
 __all__ = ["OUTPUT_SNR", "ErrorAccumulator", "snr_db", "output_agreement", "MetricSpec", "metric_spec",
            "load_metric_function", "metric_value", "BUILTIN_METRICS", "top1_agreement", "output_cosine", "output_snr",
-           "ctc_cer", "recall_at_k", "read_charset", "read_labels", "charset_classes", "cer_metric", "ctc_charset",
+           "ctc_cer", "recall_at_k", "top1_labels", "read_charset", "read_labels", "charset_classes", "cer_metric", "ctc_charset",
            "ctc_greedy_decode", "character_error_rate", "edit_distance"]

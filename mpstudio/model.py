@@ -175,6 +175,8 @@ def prepare_model(
     else:
         rewrites = ()
     steps += [result.step for result in rewrites]
+    # ORT's optimizations expand function ops (HardSwish into HardSigmoid and Mul) into unnamed nodes.
+    steps += _name_unnamed_nodes(model, "nodes the optimizations and rewrites left unnamed (function ops expanded)")
 
     unshared = _unshare_small_initializers(model)
     if unshared:
@@ -196,14 +198,22 @@ def _lower_ir_version(model: onnx.ModelProto) -> list[str]:
     return []
 
 
-def _name_unnamed_nodes(model: onnx.ModelProto) -> list[str]:
-    """Name each unnamed node after its op type (in place); the step it took, if any."""
+def _name_unnamed_nodes(model: onnx.ModelProto, which: str = "unnamed nodes") -> list[str]:
+    """Name each unnamed node after its op type, a name no other node has (in place); the step it took, if any.
+    ORT's quantizer refuses a model with an unnamed node ("does not have a name!") as soon as a plan has
+    overrides."""
+    taken = {node.name for node in model.graph.node if node.name}
     unnamed = 0
     for index, node in enumerate(model.graph.node):
         if not node.name:
-            node.name = node_display_name(node, index)
+            name = stem = node_display_name(node, index)
+            suffix = 1
+            while name in taken:
+                name, suffix = f"{stem}_{suffix}", suffix + 1
+            node.name = name
+            taken.add(name)
             unnamed += 1
-    return [f"named {unnamed} unnamed nodes after their op type"] if unnamed else []
+    return [f"named {unnamed} {which} after their op type"] if unnamed else []
 
 
 def _fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:

@@ -82,6 +82,12 @@ EVALUATION_COLUMNS = [
 ]
 
 
+def step_text(step: float) -> str:
+    """A metric's resolution in words: four decimals, or two significant digits when that would read 0.0000 (one
+    pixel of 24 class maps of 224 x 224 weighs 8.3e-07)."""
+    return f"{step:.4f}" if step >= 5e-4 else f"{step:.2g}"
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """One plan's accuracy from one source, with the latencies known for that plan."""
@@ -109,7 +115,7 @@ class Evaluation:
 
     def interval_text(self) -> str:
         """The value's interval and resolution in words ("" when not known)."""
-        step = f", resolution {self.resolution:.4f}" if self.resolution else ""
+        step = f", resolution {step_text(self.resolution)}" if self.resolution else ""
         return "" if self.low is None or self.high is None else \
             f" (95 % interval {self.low:.4f}-{self.high:.4f} over {self.samples} samples{step})"
 

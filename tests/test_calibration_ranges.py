@@ -34,6 +34,35 @@ def test_the_quantizer_names_the_activations_under_the_minimum_range(tmp_path):
     assert "conv1_out" in note and f"{QNN_MINIMUM_RANGE:g}" in note and "preprocessed" in note
 
 
+
+def test_a_plan_that_clips_a_bias_says_so(tmp_path):
+    """The last Conv reads a vanishing tensor and adds the head's 0.5: on the grid input scale x weight scale its
+    int32 bias holds a few millionths, so a per-tensor uint8 weight (a16w8) loses the bias (a segmenter's a16w8
+    read 0 % pixel agreement, unexplained); ORT widens a symmetric weight's scale to fit it (a16w8-pc)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.quantize.bias_clip import clipped_biases
+
+    prepared = prepare_model(vanishing_model())
+    quantizer = Quantizer(prepared, FeedList(conv_feeds(4)), tmp_path / "cache")
+    feed = conv_feeds(1)[0]
+    expected = ort.InferenceSession(prepared.model.SerializeToString()).run(None, feed)[0]
+    for plan in (PrecisionPlan.a16w8(), PrecisionPlan.a16w8_pc()):
+        path = quantizer.generate(plan)
+        clipped = clipped_biases(onnx.load(path), prepared.model)
+        got = ort.InferenceSession(str(path)).run(None, feed)[0]
+        if plan.per_channel:
+            assert clipped == [] and quantizer.bias_note(plan) == ""
+            np.testing.assert_allclose(got, expected, atol=0.01)
+        else:
+            assert [(c.node, c.channels, c.size) for c in clipped] == [("/backbone/conv2/Conv", 4, 4)]
+            assert clipped[0].holds < 1e-4 < 0.4 < clipped[0].largest and np.abs(got).max() < 0.01 < 0.4 < expected.min()
+            note = quantizer.range_note(plan)
+            assert "warning: a16w8 clips the int32 bias of 1 node(s): /backbone/conv2/Conv (Conv): 4 of 4" in note
+            assert "per-channel int8 weights" in note and note.startswith("warning: 2 of 5 activation tensors")
+
 def test_a_healthy_model_has_no_warning(tmp_path):
     quantizer = Quantizer(prepare_model(make_conv_model()), FeedList(conv_feeds(4)), tmp_path / "cache")
     assert quantizer.range_note() == ""

@@ -185,11 +185,11 @@ def test_builtin_output_metrics_on_a_quantized_model(tmp_path):
         reference = study.float_outputs()
         outputs = run_outputs(study.quantizer.generate(PrecisionPlan.a8w8()), study.evaluation_data)
         snr, cosine = output_agreement(reference, outputs)
-        agree = top1_agreement(outputs, reference)
-        # argmax over the last axis at every other position: 6 samples x 4 channels x 16 rows.
-        by_hand = np.mean([np.mean(o["y"].argmax(-1) == r["y"].argmax(-1)) for o, r in zip(outputs, reference)])
+        agree = top1_agreement(outputs, reference, axis=1)
+        # argmax over the class axis (1 of N, C, H, W) at every other position: 6 samples x 16 x 16 pixels.
+        by_hand = np.mean([np.mean(o["y"].argmax(1) == r["y"].argmax(1)) for o, r in zip(outputs, reference)])
         assert agree == pytest.approx(by_hand) and 0.3 < agree < 1.0
-        assert top1_agreement(reference, reference) == 1.0
+        assert top1_agreement(reference, reference, axis=1) == 1.0
         assert output_cosine(outputs, reference) == pytest.approx(cosine) and 0.9 < cosine < 1.0
         assert output_cosine(reference, reference) == pytest.approx(1.0)
         assert 5.0 < snr < 60.0
@@ -203,12 +203,43 @@ def test_builtin_metrics_are_named_from_the_command_line_and_scored_by_a_study(t
     assert metric_spec("snr") == MetricSpec()
     folder = tmp_path / "top1"
     folder.mkdir()
-    with _chain_study(folder, metric_spec("top1")) as study:
+    with _chain_study(folder, metric_spec("top1", args={"axis": 1})) as study:
         evaluation = study.evaluate(PrecisionPlan.a8w8())
         outputs = run_outputs(study.quantizer.generate(PrecisionPlan.a8w8()), study.evaluation_data)
-        assert evaluation.value == pytest.approx(top1_agreement(outputs, study.float_outputs()))
+        assert evaluation.value == pytest.approx(top1_agreement(outputs, study.float_outputs(), axis=1))
         assert study.float_value() == 1.0
 
+
+
+def test_top1_on_a_class_map_takes_the_class_axis_it_is_given(tmp_path):
+    """A segmenter's logits are N, C, H, W: the argmax over the last axis (W) picked a column per class and row,
+    and read as pixels' class agreement. A 4-D output names its class axis; the agreement is then per pixel."""
+    from mpstudio.metric_terms import metric_terms
+
+    with _chain_study(tmp_path) as study:  # y: [1, 4, 16, 16]
+        reference = study.float_outputs()
+        outputs = run_outputs(study.quantizer.generate(PrecisionPlan.a8w8()), study.evaluation_data)
+        with pytest.raises(MpstudioError, match=r"output 'y' is 1x4x16x16; say which axis holds the classes \(its "
+                                                r"axis 1 looks like .*--metric-args '\{\"axis\": 1\}'"):
+            top1_agreement(outputs, reference)
+        with pytest.raises(MpstudioError, match="axis 4 is not an axis of output 'y'"):
+            top1_agreement(outputs, reference, axis=4)
+        spec = metric_spec("top1", args={"axis": 1})
+        terms = metric_terms(spec, study.prepared, outputs, reference)
+        pixels = [np.sum(o["y"].argmax(1) == r["y"].argmax(1)) for o, r in zip(outputs, reference)]
+        assert terms.columns[:, 0].tolist() == pixels and terms.columns[:, 1].tolist() == [256] * len(outputs)
+        assert terms.value() == pytest.approx(top1_agreement(outputs, reference, axis=1))
+        assert top1_agreement(outputs, reference, axis=-3) == terms.value()
+    # A 3-D output (a sequence's N, T, C) keeps the last axis.
+    sequence = [{"logits": np.eye(5, dtype=np.float32)[None]}]
+    assert top1_agreement(sequence, [{"logits": np.eye(5, dtype=np.float32)[None, ::-1]}]) == pytest.approx(1 / 5)
+    # On the command line the study is not created until the axis is given.
+    model = tmp_path / "chain.onnx"
+    FeedList(chain_feeds(2)).save_npz(tmp_path / "data")
+    out = _cli("search", model, "--data", tmp_path / "data", "--study", tmp_path / "seg", "--metric", "top1",
+               "--no-confirm", "--quiet")
+    assert out.returncode == 2 and "--metric-args '{\"axis\": 1}'" in out.stderr, out.stderr
+    assert "was not created: fix the metric" in out.stderr and not (tmp_path / "seg" / "study.json").exists()
 
 def test_ctc_cer_with_a_charset_file_and_labels(tmp_path):
     chars = list("abcdefghij")
@@ -517,7 +548,7 @@ def test_isolation_scores_with_a_metric_that_compares_with_the_float_model(tmp_p
 
     with _chain_study(tmp_path) as study:
         report = analyze(study.quantizer, study.calibration.head(4), isolation_samples=2,
-                         metric=metric_spec("top1").build(study.prepared))
+                         metric=metric_spec("top1", args={"axis": 1}).build(study.prepared))
         assert report.isolation.metric == "top-1 agreement"
         # Agreement with the float model: all-16-bit agrees more than all-8-bit, and almost fully.
         assert 0.0 < report.isolation.all_8 < report.isolation.all_16 <= 1.0 and report.isolation.all_16 > 0.9

@@ -158,6 +158,38 @@ def test_unnamed_nodes_get_names():
     assert all(names) and len(set(names)) == len(names)
 
 
+
+def _hardswish_model() -> onnx.ModelProto:
+    """x -> Conv -> HardSwish -> y, every node named: ONNX Runtime's optimizations expand the HardSwish into an
+    unnamed HardSigmoid and Mul (as in a torch export of MobileNetV3)."""
+    weight = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32),
+                                     "conv.weight")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "conv.weight"], ["c"], name="/conv/Conv", pads=[1, 1, 1, 1]),
+         helper.make_node("HardSwish", ["c"], ["y"], name="/act/HardSwish")],
+        "hardswish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], initializer=[weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR)
+
+
+def test_nodes_the_optimizations_leave_unnamed_get_names_and_mixed_plans_quantize(tmp_path):
+    from mpstudio.data import FeedList
+    from mpstudio.plan import PrecisionPlan
+    from mpstudio.quantize import Quantizer
+
+    model = _hardswish_model()
+    model.graph.node.insert(0, helper.make_node("Relu", ["x"], ["x1"], name="HardSigmoid_2"))
+    model.graph.node[1].input[0] = "x1"
+    prepared = prepare_model(model)
+    assert [n.op_type for n in prepared.model.graph.node] == ["Relu", "Conv", "HardSigmoid", "Mul"]
+    names = [n.name for n in prepared.model.graph.node]
+    assert all(names) and len(set(names)) == len(names), names  # never a name another node has
+    assert any("left unnamed" in step for step in prepared.steps)
+    # ORT's quantizer refused the plan with an override ("Node of type Mul ... does not have a name!").
+    quantizer = Quantizer(prepared, FeedList(conv_feeds(2)), tmp_path / "cache")
+    qdq = onnx.load(quantizer.generate(PrecisionPlan.a8w8().promote(["c"])))
+    assert any(n.op_type == "QuantizeLinear" for n in qdq.graph.node)
+
 def test_parse_shape_args():
     assert parse_shape_args(["x=1,3,48,320", "y=2x4"]) == {"x": [1, 3, 48, 320], "y": [2, 4]}
     with pytest.raises(MpstudioError, match="bad --shape"):

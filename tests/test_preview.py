@@ -167,7 +167,8 @@ def test_a_built_in_metric_streams_paired_first_values(tmp_path, metric):
 
     onnx.save(make_chain_model(blocks=3), tmp_path / "chain.onnx")
     with Study.create(tmp_path / "study", tmp_path / "chain.onnx", FeedList(chain_feeds(6)),
-                      FeedList(chain_feeds(12, seed=4)), metric=metric_spec(metric)) as study:
+                      FeedList(chain_feeds(12, seed=4)),
+                      metric=metric_spec(metric, args={"axis": 1} if metric == "top1" else None)) as study:
         base = study.evaluate(PrecisionPlan.a8w8())
         plan = PrecisionPlan.a8w8().promote(study.graph.activations()[1:3])
         seen = []

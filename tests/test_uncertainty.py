@@ -290,3 +290,15 @@ def test_lower_bounds_of_sums_over_resampled_units():
     assert 0.0 < bounds[2] < units[:, 2].sum()
     np.testing.assert_array_equal(bounds, lower_bounds(units))  # seeded
     np.testing.assert_array_equal(lower_bounds(units[:1]), units[:1].sum(axis=0))  # one unit: its sum
+
+
+def test_a_fine_resolution_reads_as_a_number_not_zero():
+    """Top-1 agreement over 24 class maps of 224 x 224 pixels has a step of 8.3e-07, which four decimals showed as
+    "resolution 0.0000"."""
+    from mpstudio.store import Evaluation, step_text
+
+    step = 1 / (24 * 224 * 224)
+    done = Evaluation(1, "h", "a8w8", "cpu", "cpu", "top-1 agreement", 0.99, True, None, None, 24, 1.0,
+                      low=0.98, high=1.0, resolution=step)
+    assert "resolution 8.3e-07)" in done.interval_text()
+    assert step_text(1 / 60) == "0.0167" and step_text(1 / 768) == "0.0013"

@@ -116,6 +116,11 @@ def _search(args) -> int:
         note = study.quantizer.range_note(study.plan(result.recommended.plan_id))  # the pick's own precisions
         if note:
             print(note)
+        for baseline in result.baselines.values():  # a baseline far off for a clipped bias says why
+            if baseline.plan_id != result.recommended.plan_id:
+                clipped = study.quantizer.bias_note(study.plan(baseline.plan_id))
+                if clipped:
+                    print(clipped)
         print("\nevaluations along the way:")
         print(path_frame(result).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
         print()
@@ -264,7 +269,8 @@ def add_search_parser(sub) -> None:
                         "'PLAN+2%%' (default a16w8+10%%)")
     s.add_argument("--metric", metavar="NAME|MODULE:FUNCTION",
                    help="the study's task metric (when the study is created): a built-in (top1: top-1 agreement "
-                        "with the float model; cosine or snr of the outputs; cer with --charset [--labels]; "
+                        "with the float model, over the last axis; a 4-D output names its class axis: "
+                        "--metric-args '{\"axis\": 1}' for N, C, H, W; cosine or snr of the outputs; cer with --charset [--labels]; "
                         "recall@K over paired samples) or module:function, a function fn(outputs, reference, "
                         "**args) -> float importable from PYTHONPATH (see mpstudio.metrics). Stored by reference: "
                         "later commands evaluate it again (default: output SNR against the float model)")

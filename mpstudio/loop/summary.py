@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..metrics import MetricSpec
+from ..store import step_text
 
 
 def summary_text(name: str, folder: Path, spec: MetricSpec, samples: int, htp_arch: str, front: pd.DataFrame,
@@ -59,7 +60,7 @@ def _evaluated(name: str, folder: Path, spec: MetricSpec, samples: int, htp_arch
     lines.append(f"{int(front['pareto'].sum())} plan(s) on the front; * marks them")
     steps = front["resolution"].dropna() if "resolution" in front else ()
     if len(steps):
-        lines.append(f"resolution: one count of {metric_name} weighs {steps.max():.4f} (a difference smaller than "
+        lines.append(f"resolution: one count of {metric_name} weighs {step_text(steps.max())} (a difference smaller than "
                      "that, or inside the intervals, is within noise; compare two plans with mpstudio evaluate "
                      "--versus)")
     for source, rows in checks.groupby("other_source", sort=False):

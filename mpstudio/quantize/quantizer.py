@@ -25,6 +25,7 @@ from ..qdq import Encoding
 from .calibrate import (CALIBRATION_METHODS, FLOAT_RANGES, CalibrationCache, cached_ranges, collect_ranges,
                         narrow_range_note, narrow_tensors, scratch_lock, store_ranges, tensor_spans, weight_form,
                         weight_form_plan, with_quantized_weights)
+from .bias_clip import clipped_bias_note, clipped_biases
 from .concat_ranges import concat_range_note, squeezed_concat_inputs
 from .config import qnn_config, quantize_kwargs
 from .fusion import fuse_activations
@@ -109,15 +110,23 @@ class Quantizer:
         """The warnings `plan`'s calibrated ranges (None: the default plan's) call for, one per line ("" when none):
         many activations spanning less than QNN's minimum range (`calibrate.narrow_range_note`), and Concats whose
         narrow inputs keep a few steps of the joined tensor's scale at `plan`'s precision
-        (`concat_ranges.concat_range_note`). Calibrates if needed."""
+        (`concat_ranges.concat_range_note`); with a `plan`, also the int32 biases its model clips (`bias_note`).
+        Calibrates if needed."""
         names = self.graph.activations()
         cache = self.calibrate(plan=plan)
         spans = tensor_spans(cache, names)
         outputs = [o.name for o in self.prepared.model.graph.output]
         narrow = narrow_tensors(cache, names, spans)
         notes = (narrow_range_note(narrow, len(names), outputs),
-                 concat_range_note(squeezed_concat_inputs(self.graph, spans, plan), outputs))
+                 concat_range_note(squeezed_concat_inputs(self.graph, spans, plan), outputs),
+                 self.bias_note(plan) if plan is not None else "")
         return "\n".join(note for note in notes if note)
+
+    def bias_note(self, plan: PrecisionPlan) -> str:
+        """A warning naming the Conv/Gemm biases `plan`'s QDQ model clips to what its int32 codes hold ("" when
+        none; `bias_clip`). Generates the model if needed."""
+        clipped = clipped_biases(onnx.load(self.generate(plan)), self.prepared.model)
+        return clipped_bias_note(clipped, plan.name or plan.summary())
 
     def squeezed_concats(self, plan: PrecisionPlan | None = None) -> list:
         """The Concat inputs that the joined tensor's scale leaves a few steps at `plan`'s precision (None: the

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..store import Evaluation
+from ..store import Evaluation, step_text
 from .recommend import LITTLE_MORE, MUCH_BETTER, estimate_ms
 from .targets import meets
 
@@ -168,7 +168,7 @@ class SearchResult:
         if not self.within_noise:
             return ""
         step = self.recommended.resolution
-        return ("; within noise: " + (f"less than one step of the metric ({step:.4f}) or " if step else "")
+        return ("; within noise: " + (f"less than one step of the metric ({step_text(step)}) or " if step else "")
                 + "inside the interval, so neither clearly reached nor clearly missed")
 
     def _describe_choice(self) -> list[str]:
