@@ -77,9 +77,10 @@ class Study(StudyRecords):
                progress: Progress | None = None, allow_fallback: bool = False) -> "Study":
         """A new study in `folder` (which must not hold one already): prepares the model and copies the data in.
 
-        `model` is a path or a PreparedModel; `evaluation` defaults to `calibration`. `metric` is a TaskMetric
-        (kept for this process; reopen with `Study.open(folder, metric=...)`), a MetricSpec (stored, so any process
-        can evaluate it; `metrics.metric_spec`), or None for output SNR and cosine against the float model. Two
+        `model` is a path or a PreparedModel; `evaluation` defaults to `calibration`. `metric` is a metric's name
+        as `--metric` takes it ("cosine", "top1", "mypkg.scores:accuracy"; stored, so any process can evaluate it),
+        a MetricSpec (`metrics.metric_spec`, for arguments), a TaskMetric (kept for this process; reopen with
+        `Study.open(folder, metric=...)`), or None for output SNR and cosine against the float model. Two
         processes creating the same study make one: the second waits and opens it. `calibration_samples` /
         `evaluation_samples` keep the first N samples of each (every plan of a study is scored on the same data).
         A model with nodes QNN HTP cannot run is refused, naming them, unless `allow_fallback`: then HTP runs put
@@ -198,6 +199,13 @@ class Study(StudyRecords):
 
         return import_plan(self, source, name=name)
 
+    def resolve_plan(self, plan: PrecisionPlan | int | str) -> PrecisionPlan:
+        """The plan `plan` names: itself, a stored plan's id or name (or hash prefix), a baseline or a plan JSON file;
+        an unknown name is refused with the study's plans."""
+        from .diverge import resolve_plan
+
+        return resolve_plan(self, plan)
+
     def plan_id(self, plan: PrecisionPlan) -> int | None:
         return self.store.plan_id(plan.hash)
 
@@ -211,12 +219,14 @@ class Study(StudyRecords):
         study's HTP runs leave nodes to the CPU (allow_fallback)."""
         return self._target(backend, runner_for(runner)).source
 
-    def evaluate(self, plan: PrecisionPlan, backend: str = "cpu", runner=None, *, origin: str = "user",
+    def evaluate(self, plan: PrecisionPlan | int | str, backend: str = "cpu", runner=None, *, origin: str = "user",
                  measure_latency: bool = True, profile: bool | None = None, progress: Progress | None = None,
                  cancel: threading.Event | None = None, partial: Callable | None = None,
                  first_samples: int | None = None, versus: PrecisionPlan | int | None = None) -> Evaluation:
         """Accuracy of `plan` on the evaluation data, with its latency; stored in the study at once.
 
+        `plan` is a PrecisionPlan, or what `mpstudio evaluate --plan` takes: a stored plan's id or name, a baseline
+        (a8w8, a16w8, a8w8-pc, a16w8-pc) or a plan JSON file.
         `runner` is None (this process: ORT's CPU QDQ run, or the local HTP backend), an AgentClient or an
         AgentPool (the samples spread over its agents). With an agent on `htp`, one sample's latency is measured
         there too (`measured` on a device, `emulator` on an x86_64 host); the cost model's estimate is always
@@ -236,6 +246,7 @@ class Study(StudyRecords):
         if backend not in BACKENDS:
             raise MpstudioError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         runs = runner_for(runner)
+        plan = self.resolve_plan(plan)
         plan_id = self.add_plan(plan, origin)
         target = self._target(backend, runs)
         found = self.store.evaluation(plan_id, target.source)

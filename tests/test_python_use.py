@@ -1,0 +1,56 @@
+"""A study used from Python as the README shows: a metric given by name, and plans named as the command line
+names them."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from conftest import chain_feeds, make_chain_model
+from mpstudio.data import FeedList
+from mpstudio.errors import MpstudioError
+from mpstudio.plan import PrecisionPlan
+from mpstudio.study import Study
+
+
+@pytest.fixture
+def chain_path(tmp_path):
+    path = tmp_path / "chain.onnx"
+    onnx.save(make_chain_model(), path)
+    return path
+
+
+@pytest.fixture
+def cosine_study(tmp_path, chain_path):
+    study = Study.create(tmp_path / "study", chain_path, FeedList(chain_feeds(6)), metric="cosine")
+    yield study
+    study.close()
+
+
+def test_a_metric_is_given_by_its_name(cosine_study, tmp_path):
+    assert cosine_study.metric_name == "output cosine" and cosine_study.higher_is_better
+    cosine_study.close()
+    assert Study.open(tmp_path / "study").metric_spec.name == "output cosine"  # stored, not only for this process
+
+
+def test_a_metric_that_cannot_be_had_is_refused_before_anything_is_written(tmp_path, chain_path):
+    with pytest.raises(MpstudioError, match="unknown metric 'cosin'.*cosine"):
+        Study.create(tmp_path / "typo", chain_path, FeedList(chain_feeds(2)), metric="cosin")
+    with pytest.raises(MpstudioError, match="metric= takes a metric's name"):
+        Study.create(tmp_path / "function", chain_path, FeedList(chain_feeds(2)), metric=lambda outputs: 1.0)
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "function").exists()
+
+
+def test_plans_are_named_as_the_command_line_names_them(cosine_study):
+    a8 = cosine_study.evaluate("a8w8")
+    assert a8.name == "a8w8" and a8.plan_hash == PrecisionPlan.a8w8().hash
+    assert cosine_study.evaluate(a8.plan_id).cached
+    a16 = cosine_study.evaluate(PrecisionPlan.a16w8())
+    paired = cosine_study.compare("a16w8", "a8w8")
+    assert paired.plan == "a16w8" and paired.versus == "a8w8"
+    assert paired.difference == pytest.approx(a16.value - a8.value)
+    with pytest.raises(MpstudioError, match="unknown plan 'a8w8-pcx'.*1 \\(a8w8\\)"):
+        cosine_study.compare("a16w8", "a8w8-pcx")
+    with pytest.raises(MpstudioError, match="'a16w8-pc' has no result in this study yet; evaluate it first"):
+        cosine_study.compare("a16w8-pc", "a8w8")
+
