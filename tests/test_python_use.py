@@ -1,5 +1,5 @@
-"""A study used from Python as the README shows: a metric given by name, and plans named as the command line
-names them."""
+"""A study used from Python as the README shows: a metric given by name, plans named as the command line names
+them, and metric values written with the digits that tell plans apart (an output cosine near 1)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from mpstudio.data import FeedList
 from mpstudio.errors import MpstudioError
 from mpstudio.plan import PrecisionPlan
 from mpstudio.study import Study
+from mpstudio.value_text import value_text
 
 
 @pytest.fixture
@@ -54,3 +55,17 @@ def test_plans_are_named_as_the_command_line_names_them(cosine_study):
     with pytest.raises(MpstudioError, match="'a16w8-pc' has no result in this study yet; evaluate it first"):
         cosine_study.compare("a16w8-pc", "a8w8")
 
+
+def test_values_near_one_keep_the_digits_that_tell_them_apart(cosine_study):
+    assert value_text(0.9999139646876208) == "0.9999140"
+    assert value_text(0.9999986364723465) == "0.99999864"
+    assert value_text(-3.715e-05, sign=True) == "-0.0000372"
+    assert value_text(0.0129) == "0.0129" and value_text(37.65931) == "37.6593" and value_text(1.0) == "1.0000"
+    assert value_text(12.00004) == "12.0000"  # an SNR in dB is not near a bound
+    a8, a16 = cosine_study.evaluate("a8w8"), cosine_study.evaluate("a16w8")
+    assert value_text(a8.value) != value_text(a16.value)
+    summary = cosine_study.summary()
+    assert f" {value_text(a8.value)} " in summary and f" {value_text(a16.value)} " in summary
+    assert f"output cosine {value_text(a8.value)} (95 % interval {value_text(a8.low)}-" in a8.describe()
+    paired = cosine_study.compare("a16w8", "a8w8").describe()
+    assert paired.startswith(f"output cosine {value_text(a16.value - a8.value, sign=True)} [")

@@ -17,6 +17,7 @@ from ..loop.build_failures import BuildFailed, BuildFailure
 from ..plan import PrecisionPlan
 from ..quantize import weight_form
 from ..store import Evaluation
+from ..value_text import value_text
 from .choice import choose, pointless_because, stored_evaluations
 from .evidence import REACHES, TargetEvidence
 from .grid import PrefixGrid, largest
@@ -96,7 +97,7 @@ class Walk:
             self.new += 0 if evaluation.cached else 1
             if self.progress:
                 self.progress(len(self.path), self.budget, f"search: {evaluation.name} {evaluation.metric} "
-                                                           f"{evaluation.value:.4f}")
+                                                           f"{value_text(evaluation.value)}")
         return results
 
     def check_cancel(self) -> None:

@@ -19,6 +19,7 @@ from ..runtime import available_cores
 from ..plan import PrecisionPlan
 from ..quantize import Quantizer
 from .. import qdq
+from ..value_text import value_text
 from .isolation import (ISOLATION_COLUMNS, IsolationResult, OutputScorer, Region, SwitchableModel, float_references,
                         float_qdq_session, isolation_scores, own_params, tensor_regions, plan_ends)
 from .ranking import PredictionCheck, Prediction, namespace_regions, predict, rank_tensors, selection_region
@@ -129,7 +130,8 @@ class SensitivityReport:
         lines = []
         iso = self.isolation
         if iso is not None:
-            lines.append(f"{iso.metric} on {iso.samples} samples: all-8-bit {iso.all_8:.4f}, all-16-bit {iso.all_16:.4f}")
+            lines.append(f"{iso.metric} on {iso.samples} samples: all-8-bit {value_text(iso.all_8)}, "
+                         f"all-16-bit {value_text(iso.all_16)}")
         scored = self.tensors[self.tensors["matched"].astype(bool)]
         lines.append(f"{int((~scored['passes_snr'].astype(bool)).sum())} of {len(scored)} matched activation "
                      f"tensors below {SNR_THRESHOLD_DB:.0f} dB accumulated SNR; "
