@@ -38,6 +38,7 @@ from .loop.summary import summary_text
 from .metrics import OUTPUT_SNR, MetricSpec
 from .model import PreparedModel
 from .plan import PrecisionPlan
+from .progress_lines import LineProgress
 from .quantize import Quantizer
 from .runtime import BACKENDS
 from .sources import superseded_source
@@ -74,7 +75,7 @@ class Study(StudyRecords):
                metric: TaskMetric | MetricSpec | None = None, *, input_shapes: dict | None = None,
                htp_arch: str = "75", calibration_method: str = "minmax", name: str | None = None,
                calibration_samples: int | None = None, evaluation_samples: int | None = None,
-               progress: Progress | None = None, allow_fallback: bool = False) -> "Study":
+               progress: Progress | None = None, allow_fallback: bool = False, quiet: bool = False) -> "Study":
         """A new study in `folder` (which must not hold one already): prepares the model and copies the data in.
 
         `model` is a path or a PreparedModel; `evaluation` defaults to `calibration`. `metric` is a metric's name
@@ -85,8 +86,10 @@ class Study(StudyRecords):
         `evaluation_samples` keep the first N samples of each (every plan of a study is scored on the same data).
         A model with nodes QNN HTP cannot run is refused, naming them, unless `allow_fallback`: then HTP runs put
         them on ORT's CPU EP, and every HTP accuracy and latency of the study says "HTP + N nodes on CPU".
+        Progress goes to `progress(done, total, message)`, else to stderr as plain lines unless `quiet`.
         """
         folder = Path(folder)
+        progress = progress if progress is not None or quiet else LineProgress()
         task_metric = create_study(folder, model, calibration, evaluation, metric, input_shapes=input_shapes,
                                    htp_arch=htp_arch, calibration_method=calibration_method, name=name,
                                    calibration_samples=calibration_samples, evaluation_samples=evaluation_samples,
@@ -200,8 +203,7 @@ class Study(StudyRecords):
         return import_plan(self, source, name=name)
 
     def resolve_plan(self, plan: PrecisionPlan | int | str) -> PrecisionPlan:
-        """The plan `plan` names: itself, a stored plan's id or name (or hash prefix), a baseline or a plan JSON file;
-        an unknown name is refused with the study's plans."""
+        """The plan `plan` names: itself, a stored plan's id, name or hash prefix, a baseline, a plan JSON file."""
         from .diverge import resolve_plan
 
         return resolve_plan(self, plan)
@@ -352,11 +354,13 @@ class Study(StudyRecords):
     # ---- the study's caches: sensitivity reports, the float model's outputs ----
     def sensitivity(self, *, samples: int = 32, isolation_samples: int = 8, progress: Progress | None = None,
                     cancel: threading.Event | None = None, exhaustive: bool = False, on_partial=None,
-                    workers: int | None = None, plan: PrecisionPlan | None = None):
+                    workers: int | None = None, plan: PrecisionPlan | None = None, quiet: bool = False):
         """The sensitivity report of `plan` (default all-8-bit) on the calibration data, computed once then loaded:
         each tensor scored and isolated against that plan. Progressive (`sensitivity.analyze_progressive`; partial
         reports reach `on_partial`; `workers` processes, default one per core), or `exhaustive=True`: every tensor
-        isolated (`sensitivity.analyze`)."""
+        isolated (`sensitivity.analyze`). Progress goes to `progress(done, total, message)`, else to stderr as plain
+        lines unless `quiet` (the analysis can take many minutes on a model of some size)."""
+        progress = progress if progress is not None or quiet else LineProgress()
         return self.sensitivity_reports.report(samples=samples, isolation_samples=isolation_samples,
                                                progress=progress, cancel=cancel, exhaustive=exhaustive,
                                                on_partial=on_partial, workers=workers, plan=plan)

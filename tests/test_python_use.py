@@ -69,3 +69,16 @@ def test_values_near_one_keep_the_digits_that_tell_them_apart(cosine_study):
     assert f"output cosine {value_text(a8.value)} (95 % interval {value_text(a8.low)}-" in a8.describe()
     paired = cosine_study.compare("a16w8", "a8w8").describe()
     assert paired.startswith(f"output cosine {value_text(a16.value - a8.value, sign=True)} [")
+
+
+def test_creating_and_analysing_say_how_far_they_are_unless_quiet(tmp_path, chain_path, capsys):
+    study = Study.create(tmp_path / "told", chain_path, FeedList(chain_feeds(6)), metric="cosine")
+    created = capsys.readouterr().err
+    study.sensitivity(samples=4, isolation_samples=4, workers=1)
+    analysed = capsys.readouterr().err
+    study.close()
+    assert created.startswith("mpstudio: ") and "scoring tensors" in analysed and "isolating tensors" in analysed
+    quiet = Study.create(tmp_path / "quiet", chain_path, FeedList(chain_feeds(6)), metric="cosine", quiet=True)
+    quiet.sensitivity(samples=4, isolation_samples=4, workers=1, quiet=True)
+    quiet.close()
+    assert capsys.readouterr().err == ""

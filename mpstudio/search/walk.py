@@ -131,7 +131,7 @@ class Walk:
         # The mixed walk starts from int4 weights and ranks on the all-8-bit analysis.
         analysed = None if weights == "mixed" or base_plan.hash == PrecisionPlan.a8w8().hash else base_plan
         report = self.study.sensitivity(samples=sensitivity_samples, isolation_samples=self.isolation_samples,
-                                        progress=self.progress, cancel=self.cancel, plan=analysed,
+                                        progress=self.progress, quiet=True, cancel=self.cancel, plan=analysed,
                                         workers=getattr(self.runner, "sensitivity_workers", None))
         steps = None
         if weights == "mixed":
