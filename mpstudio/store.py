@@ -26,6 +26,7 @@ import pandas as pd
 from .errors import MpstudioError
 from .sources import Latency
 from .store_owners import STALE_AFTER_S, owner_alive, settle, study_clock_offset, this_process
+from .value_text import value_text
 
 DB_FILE = "study.sqlite"
 # How often a process refreshes the heartbeats of the work it owns, while it owns any.
@@ -117,11 +118,12 @@ class Evaluation:
         """The value's interval and resolution in words ("" when not known)."""
         step = f", resolution {step_text(self.resolution)}" if self.resolution else ""
         return "" if self.low is None or self.high is None else \
-            f" (95 % interval {self.low:.4f}-{self.high:.4f} over {self.samples} samples{step})"
+            f" (95 % interval {value_text(self.low)}-{value_text(self.high)} over {self.samples} samples{step})"
 
     def describe(self) -> str:
         lat = ", ".join(str(lat) for lat in self.latencies) or "no latency"
-        return f"{self.name}: {self.metric} {self.value:.4f}{self.interval_text()} [{self.accuracy_source}]; {lat}"
+        return (f"{self.name}: {self.metric} {value_text(self.value)}{self.interval_text()} [{self.accuracy_source}]; "
+                f"{lat}")
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from .loop.summary import summary_text
 from .metrics import OUTPUT_SNR, MetricSpec
 from .model import PreparedModel
 from .plan import PrecisionPlan
+from .progress_lines import LineProgress
 from .quantize import Quantizer
 from .runtime import BACKENDS
 from .sources import superseded_source
@@ -74,18 +75,21 @@ class Study(StudyRecords):
                metric: TaskMetric | MetricSpec | None = None, *, input_shapes: dict | None = None,
                htp_arch: str = "75", calibration_method: str = "minmax", name: str | None = None,
                calibration_samples: int | None = None, evaluation_samples: int | None = None,
-               progress: Progress | None = None, allow_fallback: bool = False) -> "Study":
+               progress: Progress | None = None, allow_fallback: bool = False, quiet: bool = False) -> "Study":
         """A new study in `folder` (which must not hold one already): prepares the model and copies the data in.
 
-        `model` is a path or a PreparedModel; `evaluation` defaults to `calibration`. `metric` is a TaskMetric
-        (kept for this process; reopen with `Study.open(folder, metric=...)`), a MetricSpec (stored, so any process
-        can evaluate it; `metrics.metric_spec`), or None for output SNR and cosine against the float model. Two
+        `model` is a path or a PreparedModel; `evaluation` defaults to `calibration`. `metric` is a metric's name
+        as `--metric` takes it ("cosine", "top1", "mypkg.scores:accuracy"; stored, so any process can evaluate it),
+        a MetricSpec (`metrics.metric_spec`, for arguments), a TaskMetric (kept for this process; reopen with
+        `Study.open(folder, metric=...)`), or None for output SNR and cosine against the float model. Two
         processes creating the same study make one: the second waits and opens it. `calibration_samples` /
         `evaluation_samples` keep the first N samples of each (every plan of a study is scored on the same data).
         A model with nodes QNN HTP cannot run is refused, naming them, unless `allow_fallback`: then HTP runs put
         them on ORT's CPU EP, and every HTP accuracy and latency of the study says "HTP + N nodes on CPU".
+        Progress goes to `progress(done, total, message)`, else to stderr as plain lines unless `quiet`.
         """
         folder = Path(folder)
+        progress = progress if progress is not None or quiet else LineProgress()
         task_metric = create_study(folder, model, calibration, evaluation, metric, input_shapes=input_shapes,
                                    htp_arch=htp_arch, calibration_method=calibration_method, name=name,
                                    calibration_samples=calibration_samples, evaluation_samples=evaluation_samples,
@@ -198,6 +202,12 @@ class Study(StudyRecords):
 
         return import_plan(self, source, name=name)
 
+    def resolve_plan(self, plan: PrecisionPlan | int | str) -> PrecisionPlan:
+        """The plan `plan` names: itself, a stored plan's id, name or hash prefix, a baseline, a plan JSON file."""
+        from .diverge import resolve_plan
+
+        return resolve_plan(self, plan)
+
     def plan_id(self, plan: PrecisionPlan) -> int | None:
         return self.store.plan_id(plan.hash)
 
@@ -211,12 +221,14 @@ class Study(StudyRecords):
         study's HTP runs leave nodes to the CPU (allow_fallback)."""
         return self._target(backend, runner_for(runner)).source
 
-    def evaluate(self, plan: PrecisionPlan, backend: str = "cpu", runner=None, *, origin: str = "user",
+    def evaluate(self, plan: PrecisionPlan | int | str, backend: str = "cpu", runner=None, *, origin: str = "user",
                  measure_latency: bool = True, profile: bool | None = None, progress: Progress | None = None,
                  cancel: threading.Event | None = None, partial: Callable | None = None,
                  first_samples: int | None = None, versus: PrecisionPlan | int | None = None) -> Evaluation:
         """Accuracy of `plan` on the evaluation data, with its latency; stored in the study at once.
 
+        `plan` is a PrecisionPlan, or what `mpstudio evaluate --plan` takes: a stored plan's id or name, a baseline
+        (a8w8, a16w8, a8w8-pc, a16w8-pc) or a plan JSON file.
         `runner` is None (this process: ORT's CPU QDQ run, or the local HTP backend), an AgentClient or an
         AgentPool (the samples spread over its agents). With an agent on `htp`, one sample's latency is measured
         there too (`measured` on a device, `emulator` on an x86_64 host); the cost model's estimate is always
@@ -236,6 +248,7 @@ class Study(StudyRecords):
         if backend not in BACKENDS:
             raise MpstudioError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         runs = runner_for(runner)
+        plan = self.resolve_plan(plan)
         plan_id = self.add_plan(plan, origin)
         target = self._target(backend, runs)
         found = self.store.evaluation(plan_id, target.source)
@@ -341,11 +354,13 @@ class Study(StudyRecords):
     # ---- the study's caches: sensitivity reports, the float model's outputs ----
     def sensitivity(self, *, samples: int = 32, isolation_samples: int = 8, progress: Progress | None = None,
                     cancel: threading.Event | None = None, exhaustive: bool = False, on_partial=None,
-                    workers: int | None = None, plan: PrecisionPlan | None = None):
+                    workers: int | None = None, plan: PrecisionPlan | None = None, quiet: bool = False):
         """The sensitivity report of `plan` (default all-8-bit) on the calibration data, computed once then loaded:
         each tensor scored and isolated against that plan. Progressive (`sensitivity.analyze_progressive`; partial
         reports reach `on_partial`; `workers` processes, default one per core), or `exhaustive=True`: every tensor
-        isolated (`sensitivity.analyze`)."""
+        isolated (`sensitivity.analyze`). Progress goes to `progress(done, total, message)`, else to stderr as plain
+        lines unless `quiet` (the analysis can take many minutes on a model of some size)."""
+        progress = progress if progress is not None or quiet else LineProgress()
         return self.sensitivity_reports.report(samples=samples, isolation_samples=isolation_samples,
                                                progress=progress, cancel=cancel, exhaustive=exhaustive,
                                                on_partial=on_partial, workers=workers, plan=plan)

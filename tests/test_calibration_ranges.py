@@ -79,6 +79,7 @@ def test_the_analysis_and_the_quantize_command_show_it(tmp_path):
     quantizer = Quantizer(prepare_model(vanishing_model()), FeedList(conv_feeds(4)), tmp_path / "cache")
     report = analyze(quantizer, FeedList(conv_feeds(4)), isolation_samples=2)
     assert "warning: 2 of 5 activation tensors" in report.status()
+    assert report.summary().endswith(report.meta["range_note"])  # what a Python user prints shows it too
     saved = report.save(tmp_path / "report")
     from mpstudio.sensitivity import SensitivityReport
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import MpstudioError
+from ..value_text import value_text
 from .arguments import add_quiet_arg, add_runner_args, open_runner
 from .progress import progress_bar
 
@@ -62,7 +63,7 @@ def _evaluate(args) -> int:
                           "versus": paired.to_json() if paired is not None else None,
                           "warning": note or None}, indent=2))
         return 0
-    print(f"plan {done.plan_id} {done.name}: {done.metric} {done.value:.4f}{done.interval_text()} "
+    print(f"plan {done.plan_id} {done.name}: {done.metric} {value_text(done.value)}{done.interval_text()} "
           f"[{done.accuracy_source}, {done.samples} samples]" + (" (already in the study)" if done.cached else ""))
     if paired is not None:
         print(f"  paired: {paired.describe()}")

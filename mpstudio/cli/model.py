@@ -114,7 +114,7 @@ def _analyze_on(args, cluster) -> int:
                                          workers=cluster if cluster is not None else args.workers,
                                          cache_dir=quantizer.cache_dir / "sensitivity", progress=progress)
     out = report.save(args.out)
-    print(report.summary(args.top))
+    print(report.summary(args.top, notes=False))
     if report.status():
         print(report.status())
     print(f"report written to {out / 'report.html'} (tables: ranking.csv, tensors.csv, weights.csv)")

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import MpstudioError
-from ..search.run import LineProgress, phase_of
+from ..progress_lines import LineProgress, phase_of
 
 LOG_NAME = "mpstudio.log"
 # Seconds between two redraws of a bar: a few a second reads as live without flooding a slow terminal.

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..cache import exclusive
 from ..data import DataSource, NpzFolder, Progress, TaskMetric, check_feeds
 from ..errors import MpstudioError
-from ..metrics import MetricSpec
+from ..metrics import MetricSpec, metric_spec
 from ..model import PreparedModel, prepare_model
 from ..qnn_probe import UNMOVABLE
 from ..qnn_support import FALLBACK
@@ -56,11 +56,17 @@ def is_finite_number(value) -> bool:
 
 
 def metric_parts(metric) -> tuple[MetricSpec, TaskMetric | None]:
-    """(what the study stores, the metric this process evaluates with) of a TaskMetric, MetricSpec or None."""
+    """(what the study stores, the metric this process evaluates with) of a TaskMetric, MetricSpec, a metric's name
+    as `--metric` takes it ("cosine", "top1", "module:function": `metrics.metric_spec`) or None."""
     if isinstance(metric, MetricSpec):
         return metric, None
     if metric is None:
         return MetricSpec(), None
+    if isinstance(metric, str):
+        return metric_spec(metric), None
+    if not all(hasattr(metric, key) for key in ("name", "higher_is_better", "__call__")):
+        raise MpstudioError(f"metric= takes a metric's name (such as 'cosine', 'top1' or 'mypkg.scores:accuracy'), "
+                            f"a MetricSpec (mpstudio.metrics.metric_spec) or a TaskMetric, not {metric!r}")
     return getattr(metric, "spec", None) or MetricSpec("python", metric.name, metric.higher_is_better), metric
 
 
@@ -109,6 +115,7 @@ def create_study(folder: Path, model, calibration: DataSource, evaluation: DataS
     the study stores). Two processes creating the same study make one: the second waits for the first."""
     if (folder / STUDY_FILE).exists():
         raise MpstudioError(f"{folder} already holds a study; open it with Study.open (mpstudio study show)")
+    spec, task_metric = metric_parts(metric)  # a metric that cannot be had fails before the model is prepared
     prepared = model if isinstance(model, PreparedModel) else prepare_model(model, input_shapes)
     if not prepared.qnn_ready and not allow_fallback:
         raise MpstudioError(prepared.fallback_refusal())
@@ -119,7 +126,6 @@ def create_study(folder: Path, model, calibration: DataSource, evaluation: DataS
             "HTP even with --allow-fallback:\n" + "\n".join(f"  {i.node} [{i.op_type}]: {i.reason}" for i in stuck[:5])
             + "\nRe-export the model without these ops (or with them outside the model, run apart on the CPU).")
     calibration, evaluation = study_data(prepared, calibration, evaluation, calibration_samples, evaluation_samples)
-    spec, task_metric = metric_parts(metric)
     config = study_config(prepared, spec, calibration, evaluation, name=name, htp_arch=htp_arch,
                           calibration_method=calibration_method, allow_fallback=allow_fallback)
     folder.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from ..metrics import OUTPUT_SNR, MetricSpec
 from ..plan import PrecisionPlan
 from ..quantize import Quantizer
 from ..sources import ESTIMATE, Latency
+from ..value_text import value_text
 from .cost_model import CostModel
 
 
@@ -45,7 +46,7 @@ class PlanPrediction:
 
     def describe(self) -> str:
         lat = f"{self.latency.ms:.3f} ms ({self.latency.label})" if self.latency is not None else "no latency estimate"
-        value = f"{self.value:.4f}" if math.isfinite(self.value) else "unknown"
+        value = f"{value_text(self.value)}" if math.isfinite(self.value) else "unknown"
         return f"predicted {self.metric} {value}, {lat}; {self.basis}"
 
 

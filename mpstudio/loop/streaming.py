@@ -14,6 +14,7 @@ from ..data import DataSource, Feed, Progress, Subset
 from ..metric_terms import decomposes, metric_terms
 from ..metrics import OUTPUT_SNR, SNR_CAP_DB, ErrorAccumulator, ctc_charset, ctc_greedy_decode, edit_distance
 from ..sources import Latency
+from ..value_text import value_text
 from . import uncertainty
 from .uncertainty import small_sample_factor
 
@@ -41,8 +42,9 @@ class PartialAccuracy:
     paired: object | None = None
 
     def describe(self) -> str:
-        text = (f"{self.metric} {self.value:.4f} on {self.samples} of {self.total} samples "
-                f"({100 * LEVEL:.0f} % interval {self.low:.4f}-{self.high:.4f}) [{self.accuracy_source}]")
+        text = (f"{self.metric} {value_text(self.value)} on {self.samples} of {self.total} samples "
+                f"({100 * LEVEL:.0f} % interval {value_text(self.low)}-{value_text(self.high)}) "
+                f"[{self.accuracy_source}]")
         return text + (f"; {self.paired.describe()}" if self.paired is not None else "")
 
 

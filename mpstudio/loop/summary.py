@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..metrics import MetricSpec
 from ..store import step_text
+from ..value_text import value_text
 
 
 def summary_text(name: str, folder: Path, spec: MetricSpec, samples: int, htp_arch: str, front: pd.DataFrame,
@@ -45,25 +46,28 @@ def _evaluated(name: str, folder: Path, spec: MetricSpec, samples: int, htp_arch
         return "\n".join(lines)
     lines.append(f"accuracy from {front['accuracy_source'].iloc[0]}; latency: {front['latency_label'].iloc[0]}")
     if float_value is not None:
-        lines.append(f"float model (ORT CPU): {metric_name} {float_value:.4f}")
+        lines.append(f"float model (ORT CPU): {metric_name} {value_text(float_value)}")
     show = front[["plan_id", "name", "origin", "sixteen_bit", "value", "latency_ms", "pareto"]].copy()
     if front["latency_low_ms"].notna().any():  # an estimate's interval, beside it
         show.insert(6, "interval (ms)", [f"{lo:.3f}-{hi:.3f}" if lo == lo else "-"
                                          for lo, hi in zip(front["latency_low_ms"], front["latency_high_ms"])])
     if "value_low" in front and front["value_low"].notna().any():  # the value's interval over the samples
-        show.insert(5, "95 % interval", [f"{lo:.4f}-{hi:.4f}" if lo == lo else "-"
+        show.insert(5, "95 % interval", [f"{value_text(lo)}-{value_text(hi)}" if lo == lo else "-"
                                           for lo, hi in zip(front["value_low"], front["value_high"])])
     show["pareto"] = show["pareto"].map({True: "*", False: ""})
+    show["value"] = [value_text(v) for v in show["value"]]  # a cosine near 1 keeps the digits that tell plans apart
     show = show.rename(columns={"value": metric_name, "latency_ms": "latency (ms)", "pareto": "front",
                                 "sixteen_bit": "16-bit"})
     lines.append(show.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     lines.append(f"{int(front['pareto'].sum())} plan(s) on the front; * marks them")
     steps = front["resolution"].dropna() if "resolution" in front else ()
     if len(steps):
-        lines.append(f"resolution: one count of {metric_name} weighs {step_text(steps.max())} (a difference smaller than "
+        lines.append(f"resolution: one count of {metric_name} weighs {step_text(steps.max())} (a difference smaller "
+                     "than "
                      "that, or inside the intervals, is within noise; compare two plans with mpstudio evaluate "
                      "--versus)")
     for source, rows in checks.groupby("other_source", sort=False):
         lines.append(f"also scored on {source}: " + "; ".join(
-            f"plan {r.plan_id} {r.name} {r.other_value:.4f} ({r.value:.4f} above)" for r in rows.itertuples()))
+            f"plan {r.plan_id} {r.name} {value_text(r.other_value)} ({value_text(r.value)} above)"
+            for r in rows.itertuples()))
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from ..metric_terms import MetricTerms
+from ..value_text import value_text
 
 LEVEL = 0.95  # every interval's coverage
 ROUNDS = 2000  # bootstrap resamples
@@ -79,7 +80,8 @@ class PairedDifference:
     def describe(self) -> str:
         """E.g. "CER -0.0040 [-0.0090, +0.0010] vs current plan, 16 samples: within noise"."""
         of = f"{self.samples} samples" if self.samples >= self.total else f"{self.samples} of {self.total} samples"
-        return (f"{self.metric} {self.difference:+.4f} [{self.low:+.4f}, {self.high:+.4f}] vs {self.versus}, {of}: "
+        return (f"{self.metric} {value_text(self.difference, sign=True)} [{value_text(self.low, sign=True)}, "
+                f"{value_text(self.high, sign=True)}] vs {self.versus}, {of}: "
                 f"{self.verdict}")
 
     def to_json(self) -> dict:

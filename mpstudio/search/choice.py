@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..errors import MpstudioError
 from ..latency.resolution import TIE_FLOOR_MS, TIE_SHARE, clearly_cheaper, no_dearer
 from ..store import Evaluation
+from ..value_text import value_text
 from .recommend import estimate_ms
 from .targets import meets
 
@@ -179,8 +180,9 @@ def _tie_note(pick: Evaluation, unique, dominated: dict, fits: dict, evidence: d
                 and by_tie(dominated[e.plan_id], e, higher_is_better)]
     if not tied_out:
         return ""
-    named = "; ".join(f"plan {e.plan_id} {e.name} ({e.value:.4f}, {estimate_ms(e):.3f} ms) against plan "
-                      f"{dominated[e.plan_id].plan_id} {dominated[e.plan_id].name} ({dominated[e.plan_id].value:.4f}, "
+    named = "; ".join(f"plan {e.plan_id} {e.name} ({value_text(e.value)}, {estimate_ms(e):.3f} ms) against plan "
+                      f"{dominated[e.plan_id].plan_id} {dominated[e.plan_id].name} "
+                      f"({value_text(dominated[e.plan_id].value)}, "
                       f"{estimate_ms(dominated[e.plan_id]):.3f} ms)" for e in tied_out[:3])
     more = f" and {len(tied_out) - 3} more" if len(tied_out) > 3 else ""
     what = "reach the target" if kind == "reaches" else "are within noise of it"

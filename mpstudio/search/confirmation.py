@@ -13,6 +13,7 @@ from ..errors import MpstudioError
 from ..store import Evaluation
 from ..loop.build_failures import BuildFailed, BuildFailure
 from ..loop.front import pareto_mask
+from ..value_text import value_text
 from .choice import choose, stored_evaluations
 from .evidence import MISSES, REACHES, WITHIN_NOISE
 from .recommend import LITTLE_MORE, better_for_little_more, estimate_ms
@@ -73,7 +74,7 @@ def confirm(walk: Walk, result: SearchResult, backend: str, max_plans: int) -> S
         if walk.progress:
             walk.progress(len(done), max(max_plans, len(done)),  # the upper end can go one past the budget
                           f"search: confirmed {e.name} on {confirmed.accuracy_source}: "
-                          f"{confirmed.metric} {confirmed.value:.4f} (walk {e.value:.4f}), {verdict}")
+                          f"{confirmed.metric} {value_text(confirmed.value)} (walk {value_text(e.value)}), {verdict}")
         return {REACHES: True, MISSES: False}.get(verdict, WITHIN_NOISE)
 
     failure = ""

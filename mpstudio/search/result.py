@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..store import Evaluation, step_text
+from ..value_text import value_text
 from .recommend import LITTLE_MORE, MUCH_BETTER, estimate_ms
 from .targets import meets
 
@@ -113,13 +114,14 @@ class SearchResult:
         r = self.recommended
         est = r.latency("estimate")
         lines = [
-            f"target: {self.metric} {'>=' if self.higher_is_better else '<='} {self.threshold:.4f} ({self.target})",
-            "baselines: " + "; ".join(f"{k} {v.value:.4f}" + (f" at {v.latency('estimate').ms:.3f} ms estimated"
+            f"target: {self.metric} {'>=' if self.higher_is_better else '<='} {value_text(self.threshold)} "
+            f"({self.target})",
+            "baselines: " + "; ".join(f"{k} {value_text(v.value)}" + (f" at {v.latency('estimate').ms:.3f} ms estimated"
                                                              if v.latency("estimate") else "")
                                       for k, v in self.baselines.items()),
         ]
         if self.float_value is not None:
-            lines.append(f"float model (ORT CPU): {self.metric} {self.float_value:.4f}")
+            lines.append(f"float model (ORT CPU): {self.metric} {value_text(self.float_value)}")
         if self.weights_note:
             lines.append(f"weights: {self.weights_note}")
         if self.order_note:
@@ -136,19 +138,21 @@ class SearchResult:
         if self.confirm_note:
             lines.append(self.confirm_note)
         if self.reached or self.misses_by is None:  # reaches, or meets it within noise
-            lines.append(f"recommended: plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f}{r.interval_text()} "
-                         f"[{r.accuracy_source}] ({'+' if self.gap >= 0 else ''}{self.gap:.4f} against the threshold"
+            lines.append(f"recommended: plan {r.plan_id} {r.name}: {self.metric} {value_text(r.value)}"
+                         f"{r.interval_text()} [{r.accuracy_source}] ({value_text(self.gap, sign=True)} against the "
+                         "threshold"
                          f"{self._noise_note()})" + (f", {est}" if est else ""))
         else:
             relative = f", {self.misses_by / abs(self.threshold):.1%} of it" if self.threshold else ""
             label = "within noise of the target" if self.within_noise else "the closest"
-            lines.append(f"recommended ({label}): plan {r.plan_id} {r.name}: {self.metric} {r.value:.4f}"
-                         f"{r.interval_text()} [{r.accuracy_source}], misses the threshold by {self.misses_by:.4f}"
+            lines.append(f"recommended ({label}): plan {r.plan_id} {r.name}: {self.metric} {value_text(r.value)}"
+                         f"{r.interval_text()} [{r.accuracy_source}], misses the threshold by "
+                         f"{value_text(self.misses_by)}"
                          f"{relative}{self._noise_note()}" + (f"; {est}" if est else ""))
         if self.walk_pick is not None:
             w = self.walk_pick
             lines.append(f"  (the walk on {w.accuracy_source} picked plan {w.plan_id} {w.name}, {self.metric} "
-                         f"{w.value:.4f} there)")
+                         f"{value_text(w.value)} there)")
         lines += self._describe_choice()
         ratio = self.latency_ratio()
         if ratio is not None:
@@ -160,7 +164,8 @@ class SearchResult:
             base_ms = estimate_ms(r)
             for e in self.alternatives:
                 more = estimate_ms(e) - base_ms
-                lines.append(f"  plan {e.plan_id} {e.name}: {self.metric} {e.value:.4f} [{e.accuracy_source}] for "
+                lines.append(f"  plan {e.plan_id} {e.name}: {self.metric} {value_text(e.value)} "
+                             f"[{e.accuracy_source}] for "
                              f"+{more:.3f} ms (+{more / base_ms:.1%}) estimated")
         return "\n".join(lines)
 
@@ -177,9 +182,9 @@ class SearchResult:
         lines = [f"why: {self.choice}"]
         for c in self.considered:
             ms = f"{c.estimate_ms:.3f} ms" if np.isfinite(c.estimate_ms) else "no estimate"
-            spread = f"[{c.low:.4f}, {c.high:.4f}]" if c.low is not None and c.high is not None else ""
-            lines.append(f"  plan {c.plan_id:>4} {c.name[:28]:<28} {self.metric} {c.value:.4f} {spread:>18} {ms:>10}  "
-                         f"{c.verdict}")
+            spread = f"[{value_text(c.low)}, {value_text(c.high)}]" if c.low is not None and c.high is not None else ""
+            lines.append(f"  plan {c.plan_id:>4} {c.name[:28]:<28} {self.metric} {value_text(c.value)} {spread:>18} "
+                         f"{ms:>10}  {c.verdict}")
         if self.skipped:
             lines.append("not evaluated (a stored plan as good for no more estimated latency, as far as the cost model "
                          "resolves): "
@@ -193,7 +198,7 @@ class SearchResult:
                  "sample):",
                  f"  {'plan':>6} {'name':<24} {walk[:26]:>26} {confirmed[:26]:>26} {'est. ms':>8}"]
         for c in sorted(self.confirmations, key=lambda c: estimate_ms(c.walk)):
-            cells = [f"{e.value:.4f} {verdict}" for e, verdict in
+            cells = [f"{value_text(e.value)} {verdict}" for e, verdict in
                      zip((c.walk, c.confirmed), c.verdicts(self.threshold, self.higher_is_better))]
             lines.append(f"  {c.walk.plan_id:>6} {c.walk.name[:24]:<24} {cells[0]:>26} {cells[1]:>26} "
                          f"{estimate_ms(c.walk):>8.3f}")
@@ -239,8 +244,8 @@ def disagreements(confirmations, threshold: float, higher_is_better: bool) -> li
         walk, confirmed = c.verdicts(threshold, higher_is_better)
         if walk != confirmed:
             found.append(f"plan {c.walk.plan_id} {c.walk.name} {_SAYS[walk]} on {c.walk.accuracy_source} "
-                         f"({c.walk.value:.4f}) and {_SAYS[confirmed].replace(' the target', ' it')} on "
-                         f"{c.confirmed.accuracy_source} ({c.confirmed.value:.4f})")
+                         f"({value_text(c.walk.value)}) and {_SAYS[confirmed].replace(' the target', ' it')} on "
+                         f"{c.confirmed.accuracy_source} ({value_text(c.confirmed.value)})")
     sign = 1.0 if higher_is_better else -1.0
     items = list(confirmations)
     for i, a in enumerate(items):

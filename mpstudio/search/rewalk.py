@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..latency.resolution import clearly_cheaper
+from ..value_text import value_text
 from .evidence import REACHES, TargetEvidence
 from .grid import largest
 from .recommend import estimate_ms
@@ -103,8 +104,8 @@ def _walk_to(walk, grid, steer: float, result: SearchResult, bound: float | None
 def _why(result: SearchResult, gap: float, steer: float) -> str:
     short = _read_short(result)
     sign = "<=" if not result.higher_is_better else ">="
-    return (f"the {short.confirmed.backend.upper()} read {short.walk.name} {gap:.4f} worse than the "
-            f"{short.walk.backend.upper()}, so the walk went on to {result.metric} {sign} {steer:.4f} on the "
+    return (f"the {short.confirmed.backend.upper()} read {short.walk.name} {value_text(gap)} worse than the "
+            f"{short.walk.backend.upper()}, so the walk went on to {result.metric} {sign} {value_text(steer)} on the "
             f"{short.walk.backend.upper()} (the target with room for that gap)")
 
 

@@ -17,6 +17,7 @@ from ..loop.build_failures import BuildFailed, BuildFailure
 from ..plan import PrecisionPlan
 from ..quantize import weight_form
 from ..store import Evaluation
+from ..value_text import value_text
 from .choice import choose, pointless_because, stored_evaluations
 from .evidence import REACHES, TargetEvidence
 from .grid import PrefixGrid, largest
@@ -96,7 +97,7 @@ class Walk:
             self.new += 0 if evaluation.cached else 1
             if self.progress:
                 self.progress(len(self.path), self.budget, f"search: {evaluation.name} {evaluation.metric} "
-                                                           f"{evaluation.value:.4f}")
+                                                           f"{value_text(evaluation.value)}")
         return results
 
     def check_cancel(self) -> None:
@@ -130,7 +131,7 @@ class Walk:
         # The mixed walk starts from int4 weights and ranks on the all-8-bit analysis.
         analysed = None if weights == "mixed" or base_plan.hash == PrecisionPlan.a8w8().hash else base_plan
         report = self.study.sensitivity(samples=sensitivity_samples, isolation_samples=self.isolation_samples,
-                                        progress=self.progress, cancel=self.cancel, plan=analysed,
+                                        progress=self.progress, quiet=True, cancel=self.cancel, plan=analysed,
                                         workers=getattr(self.runner, "sensitivity_workers", None))
         steps = None
         if weights == "mixed":

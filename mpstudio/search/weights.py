@@ -8,6 +8,7 @@ import numpy as np
 
 from ..plan import PrecisionPlan
 from ..store import Evaluation
+from ..value_text import value_text
 from .order import mixed_base
 from .targets import named_baselines
 
@@ -39,8 +40,9 @@ def base_plan(walk, weights: str) -> tuple[PrecisionPlan, Evaluation, str]:
     named = named_baselines()
     a8pc, a16pc = walk.evaluate([named["a8w8-pc"], named["a16w8-pc"]])
     walk.baselines.update({"a8w8-pc": a8pc, "a16w8-pc": a16pc})
-    measured = (f"a8w8-pc {a8pc.value:.4f} against a8w8 {a8.value:.4f}, a16w8-pc {a16pc.value:.4f} against "
-                f"a16w8 {walk.baselines['a16w8'].value:.4f}")
+    measured = (f"a8w8-pc {value_text(a8pc.value)} against a8w8 {value_text(a8.value)}, "
+                f"a16w8-pc {value_text(a16pc.value)} against "
+                f"a16w8 {value_text(walk.baselines['a16w8'].value)}")
     if weights == "per-channel":
         return named["a8w8-pc"], a8pc, f"per-channel int8 weights (--weights per-channel); {measured}"
     # Measured: the all-8-bit forms decide, the all-16-bit ones break a tie.

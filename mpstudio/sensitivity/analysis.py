@@ -19,6 +19,7 @@ from ..runtime import available_cores
 from ..plan import PrecisionPlan
 from ..quantize import Quantizer
 from .. import qdq
+from ..value_text import value_text
 from .isolation import (ISOLATION_COLUMNS, IsolationResult, OutputScorer, Region, SwitchableModel, float_references,
                         float_qdq_session, isolation_scores, own_params, tensor_regions, plan_ends)
 from .ranking import PredictionCheck, Prediction, namespace_regions, predict, rank_tensors, selection_region
@@ -125,11 +126,14 @@ class SensitivityReport:
         return cls(ranking, read("tensors.csv"), read("weights.csv"), isolation, meta)
 
     # ---- presentation ---------------------------------------------------------------------------------------
-    def summary(self, k: int = 15) -> str:
+    def summary(self, k: int = 15, *, notes: bool = True) -> str:
+        """The analysis in a few lines and the top `k` of its ranking; with `notes`, then the calibration's warnings
+        (activations under QNN's minimum range, which score near 0 dB; no float output left to score)."""
         lines = []
         iso = self.isolation
         if iso is not None:
-            lines.append(f"{iso.metric} on {iso.samples} samples: all-8-bit {iso.all_8:.4f}, all-16-bit {iso.all_16:.4f}")
+            lines.append(f"{iso.metric} on {iso.samples} samples: all-8-bit {value_text(iso.all_8)}, "
+                         f"all-16-bit {value_text(iso.all_16)}")
         scored = self.tensors[self.tensors["matched"].astype(bool)]
         lines.append(f"{int((~scored['passes_snr'].astype(bool)).sum())} of {len(scored)} matched activation "
                      f"tensors below {SNR_THRESHOLD_DB:.0f} dB accumulated SNR; "
@@ -142,6 +146,8 @@ class SensitivityReport:
                          f"per-channel int8 gains a median {median_gain:.1f} dB")
         columns = ["rank", "tensor", "op", "snr_db", "cosine", "local_snr_8", "local_snr_16", "isolation_gain"]
         lines.append(self.ranking.head(k)[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        if notes:
+            lines += [note for note in (self.meta.get("range_note"), self.meta.get("output_note")) if note]
         return "\n".join(lines)
 
     def html(self, k: int = 50) -> str:
@@ -158,7 +164,7 @@ class SensitivityReport:
             "table.t td:nth-child(2){text-align:left}</style></head><body>",
             "<h1>Sensitivity report</h1>",
             f"<table>{meta_rows}</table>",
-            f"<pre>{html.escape(self.summary(0))}</pre>",
+            f"<pre>{html.escape(self.summary(0, notes=False))}</pre>",
             f"<h2>Ranking (top {k})</h2>", table(self.ranking.head(k)),
         ]
         if self.isolation is not None:

@@ -15,6 +15,7 @@ from ..noise import is_output_snr, noise_power, remaining_noise, snr_db
 from ..plan import PrecisionPlan
 from ..quantize import qnn_config
 from ..quantize import SIXTEEN_BIT
+from ..value_text import value_text
 from .isolation import IsolationResult, Region
 
 # Columns of `rank_tensors` (one row per activation tensor, best candidate for promotion first):
@@ -154,5 +155,5 @@ class PredictionCheck:
 
     def describe(self) -> str:
         p = self.prediction
-        return (f"{len(p.tensors)} tensors to 16 bits: predicted {p.metric} {p.predicted:.4f}, measured "
-                f"{self.measured:.4f} (all-8-bit {p.all_8:.4f}, all-16-bit {p.all_16:.4f})")
+        return (f"{len(p.tensors)} tensors to 16 bits: predicted {p.metric} {value_text(p.predicted)}, measured "
+                f"{value_text(self.measured)} (all-8-bit {value_text(p.all_8)}, all-16-bit {value_text(p.all_16)})")

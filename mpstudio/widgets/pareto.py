@@ -19,6 +19,7 @@ from bokeh.models import (ColumnDataSource, HoverTool, LabelSet, Legend, LegendI
                           Whisker)
 from bokeh.plotting import figure
 
+from ..value_text import value_text
 from .base import View, laid_out_once, on_document_thread, on_model_change, shows_errors
 from .source_updates import update_source
 from .state import StudioState
@@ -320,7 +321,7 @@ def _unbuilt(failures, points: dict[str, list], latency_source: str) -> dict[str
     rows = _empty(_UNBUILT)
     for f in failures:
         if f.plan_id in at:
-            x, y, shown = at[f.plan_id][0], at[f.plan_id][1], f"{at[f.plan_id][1]:.4f} on {at[f.plan_id][2]}"
+            x, y, shown = at[f.plan_id][0], at[f.plan_id][1], f"{value_text(at[f.plan_id][1])} on {at[f.plan_id][2]}"
         elif latency_source == "estimate" and f.estimate_ms is not None:
             x, y, shown = f.estimate_ms, edge, f"none: not built on {f.where}"
         else:
@@ -424,7 +425,7 @@ def _provisional(rows: pd.DataFrame, kind: str, values=()) -> dict[str, list]:
 def _accuracy_interval(low, high) -> str:
     if low is None or high is None or math.isnan(low) or math.isnan(high):
         return "-"
-    return f"{low:.4f}-{high:.4f} (95 %, for the value on every sample)"
+    return f"{value_text(low)}-{value_text(high)} (95 %, for the value on every sample)"
 
 
 def _interval(low, high) -> str:

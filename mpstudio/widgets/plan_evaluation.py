@@ -10,6 +10,7 @@ from ..errors import MpstudioError
 from ..plan import PrecisionPlan
 from ..preview import basis_ready
 from ..study import Study
+from ..value_text import value_text
 from .lanes import Job
 from .provisional import ProvisionalPoints
 from .constants import writable
@@ -89,8 +90,8 @@ class PlanEvaluations:
                     # Paired with the plan it came from, the point is that plan's value on every sample plus the
                     # difference: a far tighter estimate than the plan's own value on a few samples.
                     value, low, high = anchored or (point.value, point.low, point.high)
-                    detail = (f"measured on {point.samples} of {point.total} samples ({point.value:.4f} there, "
-                              f"interval {point.low:.4f}-{point.high:.4f})")
+                    detail = (f"measured on {point.samples} of {point.total} samples ({value_text(point.value)} there, "
+                              f"interval {value_text(point.low)}-{value_text(point.high)})")
                     if anchored:
                         detail += (f"; drawn at {paired.versus}'s value on every sample plus the paired difference "
                                    f"{paired.describe()}")

@@ -11,6 +11,7 @@ import panel as pn
 import param
 
 from ..search.recommend import LITTLE_MORE, MUCH_BETTER, estimate_ms
+from ..value_text import value_text
 from .base import View, laid_out_once
 from .state import StudioState
 
@@ -29,21 +30,21 @@ def _why(result) -> str:
     """Why this plan: the rule the search applied, in words."""
     r = result.recommended
     op = ">=" if result.higher_is_better else "<="
-    target = f"{html.escape(result.metric)} {op} {result.threshold:.4f} ({html.escape(result.target)})"
+    target = f"{html.escape(result.metric)} {op} {value_text(result.threshold)} ({html.escape(result.target)})"
     if result.within_noise:
         return (f"No stored plan clearly reaches {target}: this one is within noise of it (the difference is less "
                 "than one step of the metric, or inside its 95 % interval), so it is neither clearly reached nor "
                 f"clearly missed. {html.escape(result.choice)}.")
     if not result.reached:
         return (f"No evaluated plan reaches {target}; this is the closest (no evaluated plan is more accurate), "
-                f"{result.misses_by:.4f} short.")
+                f"{value_text(result.misses_by)} short.")
     where = f" on {html.escape(r.accuracy_source)}" if result.confirmed else ""
     text = (f"The cheapest plan by estimated latency that reaches {target}{where}, "
-            f"{result.gap:.4f} better than needed.")
+            f"{value_text(result.gap)} better than needed.")
     if result.walk_pick is not None:
         w = result.walk_pick
         text += (f" The walk on {html.escape(w.accuracy_source)} picked plan {w.plan_id} {html.escape(w.name)} "
-                 f"({w.value:.4f} there); the HTP's numbers changed the pick.")
+                 f"({value_text(w.value)} there); the HTP's numbers changed the pick.")
     ratio = result.latency_ratio()
     if ratio is not None:
         text += f" Its estimated latency is {ratio:.2f}x a16w8's."
@@ -62,7 +63,8 @@ def _confirmation_table(result) -> str:
         cells = []
         for e, verdict in zip((c.walk, c.confirmed), c.verdicts(result.threshold, result.higher_is_better)):
             colour = {"reaches": "#1a7f37", "misses": "#b42318"}.get(verdict, "#9a6700")
-            cells.append(f"<td style='{_CELL}'>{e.value:.4f} <span style='color:{colour}'>{verdict}</span></td>")
+            cells.append(f"<td style='{_CELL}'>{value_text(e.value)} "
+                         f"<span style='color:{colour}'>{verdict}</span></td>")
         mark = " style='background:#fff4d6'" if c.walk.plan_id == result.recommended.plan_id else ""
         rows.append(f"<tr{mark}><td style='{_CELL}'>{c.walk.plan_id}</td><td style='{_CELL};text-align:left'>"
                     f"{html.escape(c.walk.name)}</td>{''.join(cells)}<td style='{_CELL}'>"
@@ -96,7 +98,7 @@ def _unbuildable(result) -> str:
 
 
 def _interval(low, high) -> str:
-    return f"{low:.4f}\u2013{high:.4f}" if low is not None and high is not None else "-"
+    return f"{value_text(low)}\u2013{value_text(high)}" if low is not None and high is not None else "-"
 
 
 def _alternatives(result) -> str:
@@ -123,7 +125,7 @@ def _alternatives(result) -> str:
         star = " &#9733;" if c.plan_id in much_better else ""
         estimate = f"{c.estimate_ms:.3f}" if math.isfinite(c.estimate_ms) else "-"
         rows.append(f"<tr{mark}><td style='{cell}'>{c.plan_id}</td><td style='{cell};text-align:left'>"
-                    f"{html.escape(c.name)}{star}</td><td style='{cell}'>{c.value:.4f}</td>"
+                    f"{html.escape(c.name)}{star}</td><td style='{cell}'>{value_text(c.value)}</td>"
                     f"<td style='{cell}'>{_interval(c.low, c.high)}</td><td style='{cell}'>{estimate}</td>"
                     f"<td style='{text}'>{html.escape('picked' if picked else c.verdict)}</td></tr>")
     return (f"<p style='margin:4px 0'><b>Plans considered</b> ({len(considered)}, {html.escape(result.metric)} on "
@@ -142,16 +144,16 @@ def search_card_html(result) -> str:
     verdict = ("within noise of the target" if result.within_noise else
                "reaches the target" if result.reached else "misses the target")
     colour = "#8a6d00" if result.within_noise else "#1a7f37" if result.reached else "#b42318"
-    baselines = "; ".join(f"{html.escape(k)} {v.value:.4f}" for k, v in result.baselines.items())
+    baselines = "; ".join(f"{html.escape(k)} {value_text(v.value)}" for k, v in result.baselines.items())
     head = (f"<div class='mpstudio-search-pick' style='font-size:14px'><b>Recommended: plan {r.plan_id} "
-            f"{html.escape(r.name)}</b> &mdash; {html.escape(result.metric)} {r.value:.4f}"
+            f"{html.escape(r.name)}</b> &mdash; {html.escape(result.metric)} {value_text(r.value)}"
             f"{html.escape(r.interval_text())} "
             f"[{html.escape(r.accuracy_source)}], {_ms(est)} estimated, <span style='color:{colour}'>{verdict}"
             f"</span></div>")
     facts = (f"<div style='font-size:12px;color:#555'>{result.evaluations} evaluations ({result.new_evaluations} "
              f"new){f', {len(result.confirmations)} confirming' if result.confirmed else ''}; stopped: "
              f"{html.escape(result.stop_reason)}; baselines: {baselines}"
-             + (f"; float model {result.float_value:.4f}" if result.float_value is not None else "") + "</div>")
+             + (f"; float model {value_text(result.float_value)}" if result.float_value is not None else "") + "</div>")
     why = f"<p style='margin:6px 0'><b>Why this plan.</b> {_why(result)}</p>"
     # Two columns where the window has room (the answer and why; the plans it was chosen among), so that the
     # card's few lines show both without scrolling; one under the other in a narrow window.
