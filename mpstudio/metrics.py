@@ -14,12 +14,7 @@ A metric a study stores by reference is a function `fn(outputs, reference, **arg
 - `args`: the JSON object given with `--metric-args` (stored in the study with the reference);
 - it returns one finite number. Whether higher is better comes from the function's `higher_is_better`
   attribute or `--metric-direction`; its name from its `metric_name` attribute (else the function's name);
-- optionally, a `sample_terms` attribute: a function `terms(outputs, reference, **args)` called like the metric,
-  returning one (numerator, denominator) pair per sample such that the metric is the sum of the numerators over the
-  sum of the denominators (detection F1: 2·TP and 2·TP + FP + FN per image; a mean of per-sample values: (value, 1)
-  each). With it, results carry intervals, plans are compared sample by sample, and a target met or missed by less
-  than the interval (or one count, when the terms are whole numbers) reads "within noise"; it is checked against
-  the metric on the float model before a study is made.
+- optionally `sample_terms`, called like it: a (numerator, denominator) per sample (`metric_terms.user_terms`).
 
 The module must be importable in every process that evaluates plans (on `PYTHONPATH`); stored results are
 read without it. The built-in metrics (`BUILTIN_METRICS`) are such functions too: top-1 agreement with the
@@ -296,17 +291,14 @@ def _pick(sample: Feed, output: str | None, what: str) -> np.ndarray:
 
 
 def top1_labels(sample: Feed, output: str | None = None, axis: int | None = None) -> np.ndarray:
-    """The class a sample's `output` (default the first output) picks at every position: its argmax over `axis`,
-    the class axis. Without `axis` that is the last axis of an output of at most 3 dimensions (a classifier's
-    [N, C], a sequence's [N, T, C]); an output of 4 or more has no axis everyone agrees on (a PyTorch export's
-    class map is [N, C, H, W], a TensorFlow one's [N, H, W, C]), so it must be given."""
+    """The argmax of a sample's `output` (default the first) over the class axis `axis`: by default the last of
+    up to 3 dimensions; given for 4 or more (a class map is N, C, H, W from PyTorch, N, H, W, C from TensorFlow)."""
     value = _pick(sample, output, "top-1 agreement")
-    name = output if output is not None else next(iter(sample))
-    shape = "x".join(str(d) for d in value.shape)
+    name, shape = output if output is not None else next(iter(sample)), "x".join(str(d) for d in value.shape)
     if axis is None:
         if value.ndim >= 4:
-            guess = (" (its axis 1 looks like the classes: a map's height and width come last)"
-                     if value.shape[-1] == value.shape[-2] != value.shape[1] else "")
+            square = value.shape[-1] == value.shape[-2] != value.shape[1]  # a map's height and width come last
+            guess = " (its axis 1 looks like the classes)" if square else ""
             raise MpstudioError(
                 f"top-1 agreement: output {name!r} is {shape}; say which axis holds the classes{guess}: "
                 "--metric-args '{\"axis\": 1}' for N, C, H, W (a PyTorch export's class map), "
@@ -321,10 +313,8 @@ def top1_labels(sample: Feed, output: str | None = None, axis: int | None = None
 @_metric("top-1 agreement", True)
 def top1_agreement(outputs: list[Feed], reference: list[Feed], output: str | None = None,
                    axis: int | None = None) -> float:
-    """The fraction of argmaxes (over the class axis `axis` of `output`, default the first output; at every
-    other position, e.g. each timestep of a sequence or each pixel of a class map) that equal the float model's.
-    `axis` defaults to the last axis of an output of up to 3 dimensions and must be given for more
-    (`top1_labels`)."""
+    """The fraction of argmaxes (over the class axis of `output`, `top1_labels`; at every other position, e.g.
+    each timestep of a sequence or pixel of a class map) that equal the float model's."""
     agree = total = 0
     for out, ref in zip(outputs, reference, strict=True):
         a = top1_labels(out, output, axis)
@@ -606,5 +596,5 @@ def metric_spec(text: str, *, args: dict | str | None = None, direction: str | N
 
 __all__ = ["OUTPUT_SNR", "ErrorAccumulator", "snr_db", "output_agreement", "MetricSpec", "metric_spec",
            "load_metric_function", "metric_value", "BUILTIN_METRICS", "top1_agreement", "output_cosine", "output_snr",
-           "ctc_cer", "recall_at_k", "top1_labels", "read_charset", "read_labels", "charset_classes", "cer_metric", "ctc_charset",
-           "ctc_greedy_decode", "character_error_rate", "edit_distance"]
+           "ctc_cer", "recall_at_k", "top1_labels", "read_charset", "read_labels", "charset_classes", "cer_metric",
+           "ctc_charset", "ctc_greedy_decode", "character_error_rate", "edit_distance"]
