@@ -154,8 +154,9 @@ _BUILTIN = {f"{fn.__module__}:{fn.__name__}": fn for fn in (ctc_cer, top1_agreem
 
 def decomposes(spec: MetricSpec) -> bool:
     """Whether `spec`'s metric has per-sample terms (`metric_terms` gives them)."""
-    return spec.kind in ("output", "ctc_cer") or (spec.kind == "reference" and spec.args.get("function") in _BUILTIN
-                                                  ) or user_terms_function(spec) is not None
+    if spec.kind in ("output", "ctc_cer"):
+        return True
+    return spec.kind == "reference" and (spec.args.get("function") in _BUILTIN or user_terms_function(spec) is not None)
 
 
 def user_terms_function(spec: MetricSpec):
@@ -246,5 +247,5 @@ def metric_terms(spec: MetricSpec, model, outputs: Sequence[Feed], references: S
     return cer_terms(outputs, truth, classes, output)
 
 
-__all__ = ["MetricTerms", "metric_terms", "decomposes", "check_user_terms", "snr_terms", "cosine_terms", "cer_terms", "top1_terms",
-           "recall_terms", "FORMS"]
+__all__ = ["MetricTerms", "metric_terms", "decomposes", "check_user_terms", "snr_terms", "cosine_terms", "cer_terms",
+           "top1_terms", "recall_terms", "FORMS"]

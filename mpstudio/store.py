@@ -26,7 +26,7 @@ import pandas as pd
 from .errors import MpstudioError
 from .sources import Latency
 from .store_owners import STALE_AFTER_S, owner_alive, settle, study_clock_offset, this_process
-from .value_text import value_text
+from .value_text import step_text, value_text
 
 DB_FILE = "study.sqlite"
 # How often a process refreshes the heartbeats of the work it owns, while it owns any.
@@ -81,12 +81,6 @@ EVALUATION_COLUMNS = [
     "latency_where", "latency_label", "latency_low_ms", "latency_high_ms", "estimate_ms", "created",
     "value_low", "value_high", "resolution",
 ]
-
-
-def step_text(step: float) -> str:
-    """A metric's resolution in words: four decimals, or two significant digits when that would read 0.0000 (one
-    pixel of 24 class maps of 224 x 224 weighs 8.3e-07)."""
-    return f"{step:.4f}" if step >= 5e-4 else f"{step:.2g}"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """A metric's value in text: four decimals, and more where four would hide how far the value lies from 0, 1 or -1
-(the bounds of a cosine, a fraction and a difference of them). An output cosine of 0.99991 and one of 0.9999986 both read "1.0000" at four decimals (and a paired
-difference of 4e-5 reads "+0.0000"), so two plans that differ would read the same and a target met would read
-as missed: such a value keeps three significant digits of its distance from that bound (0.9999140,
-0.99999864, +0.0000372)."""
+(the bounds of a cosine, a fraction and a difference of them). An output cosine of 0.99991 and one of 0.9999986
+both read "1.0000" at four decimals (and a paired difference of 4e-5 reads "+0.0000"), so two plans that differ
+would read the same and a target met would read as missed: such a value keeps three significant digits of its
+distance from that bound (0.9999140, 0.99999864, +0.0000372). A metric's step (`step_text`) is a count's weight,
+not a value near a bound: two significant digits where four decimals would read 0.0000."""
 
 from __future__ import annotations
 
@@ -29,3 +30,9 @@ def value_text(value: float | None, *, sign: bool = False) -> str:
     if value is None:
         return "-"
     return f"{float(value):{'+' if sign else ''}.{decimals(value)}f}"
+
+
+def step_text(step: float) -> str:
+    """A metric's resolution in words: four decimals, or two significant digits when that would read 0.0000 (one
+    pixel of 24 class maps of 224 x 224 weighs 8.3e-07)."""
+    return f"{step:.4f}" if step >= 5e-4 else f"{step:.2g}"

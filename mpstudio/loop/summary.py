@@ -8,8 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..metrics import MetricSpec
-from ..store import step_text
-from ..value_text import value_text
+from ..value_text import step_text, value_text
 
 
 def summary_text(name: str, folder: Path, spec: MetricSpec, samples: int, htp_arch: str, front: pd.DataFrame,

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..store import Evaluation, step_text
-from ..value_text import value_text
+from ..store import Evaluation
+from ..value_text import step_text, value_text
 from .recommend import LITTLE_MORE, MUCH_BETTER, estimate_ms
 from .targets import meets
 
