@@ -100,6 +100,16 @@ def wait_until(condition, timeout: float = 30.0, interval: float = 0.05, message
         pause = min(max(interval, 0.5), pause * 1.5)
 
 
+def page_log(page) -> list[str]:
+    """The page's console errors and warnings and its uncaught exceptions, from now on (a list that grows): what a
+    failing browser test says besides what it waited for."""
+    lines: list[str] = []
+    page.on("console", lambda m: lines.append(f"{m.type}: {m.text[:300]}") if m.type in ("error", "warning")
+            and "could not set initial ranges" not in m.text else None)
+    page.on("pageerror", lambda error: lines.append(f"uncaught: {str(error)[:300]}"))
+    return lines
+
+
 class PanelServer:
     """`pn.serve` of `factory` (called once per session) in a thread, on a free port of 127.0.0.1."""
 
