@@ -191,6 +191,8 @@ def test_the_pick_prefers_a_plan_that_clearly_reaches_and_names_cheaper_ones_wit
     # None clearly reaches: the cheapest within noise, said so.
     choice = choose([cheap, worse], 0.80, True, verdicts={1: "within noise", 3: "misses"})
     assert choice.pick.plan_id == 1 and "no stored plan clearly reaches" in choice.why
+    # One plan is counted as one ("1 are within noise" read wrong), and is not "the cheapest of those 1".
+    assert "; 1 is within noise of it" in choice.why and "the one whose value meets it" in choice.why, choice.why
 
 
 def test_of_plans_within_noise_the_pick_is_one_whose_value_meets_the_target():
@@ -212,6 +214,7 @@ def test_of_plans_within_noise_the_pick_is_one_whose_value_meets_the_target():
     # None meets it by its value: the cheapest within noise, said so.
     choice = choose([short, _evaluation(6, 0.88, 0.2)], 0.895, True, verdicts={1: "within noise", 6: "within noise"})
     assert choice.pick.plan_id == 1 and "none meets it by its value" in choice.why
+    assert "2 are within noise of it" in choice.why and "the cheapest of those 2" in choice.why, choice.why
 
 
 def test_the_search_reports_a_plan_within_noise_of_its_target(tmp_path):
