@@ -342,6 +342,11 @@ def test_target_names_are_checked_against_the_study(tmp_path, metric_module):
         Target.parse("a16w8-pc+5%").check(study)
         with pytest.raises(MpstudioError, match="names 'mystery'.*one of: a8w8, a16w8, a8w8-pc, a16w8-pc, mine"):
             Target.parse("mystery+2%").check(study)
+        # A margin without its % sign names the form meant, for a baseline and for a stored plan.
+        with pytest.raises(MpstudioError, match="a margin is a percentage of the reference, such as 'a16w8\\+10%'"):
+            Target.parse("a16w8+10").check(study)
+        with pytest.raises(MpstudioError, match="such as 'mine-2.5%'"):
+            Target.parse("mine - 2.5").check(study)
         with pytest.raises(MpstudioError, match="names 'fast please'"):
             search(study, "fast please", quiet=True)
         assert study.searches().empty  # refused before anything ran

@@ -18,6 +18,8 @@ if TYPE_CHECKING:  # the study face is only named in annotations
 
 # A reference name followed by a margin: "a16w8+10%", "float-1%", "a8w8+3x16 + 2 %".
 _MARGIN = re.compile(r"^(?P<base>.*?\S)\s*[+-]\s*(?P<pct>\d+(?:\.\d+)?)\s*%\s*$")
+# A margin without its % sign ("a16w8+10"): refused with the form meant.
+_BARE_MARGIN = re.compile(r"^\s*(?P<base>.*?\S)\s*(?P<sign>[+-])\s*(?P<n>\d+(?:\.\d+)?)\s*$")
 
 
 def named_baselines() -> dict[str, PrecisionPlan]:
@@ -92,6 +94,11 @@ class Target:
         if (names == self.baseline).any():
             return
         available = ["float"] * (study.metric_spec.kind != "output") + list(named_baselines())
+        bare = _BARE_MARGIN.match(self.text)
+        if bare and (bare["base"] in available or (names == bare["base"]).any()):
+            meant = f"{bare['base']}{bare['sign']}{bare['n']}%"
+            raise MpstudioError(f"target {self.text!r}: a margin is a percentage of the reference, such as {meant!r}; "
+                                "a target stricter than a reference is given as a number")
         stored = [n for n in dict.fromkeys(names) if n not in available]
         raise MpstudioError(
             f"target {self.text!r} names {self.baseline!r}, which is neither a number nor a known plan; give a number "
