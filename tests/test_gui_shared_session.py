@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mpstudio.widgets.study_session import LEFT_FILE
 from gui_support import (accepts_connections, chromium_path, free_port, make_small_study, page_log, stop_process,
                          studio_server, table_selection, wait_for_bokeh, wait_until)
 
@@ -224,7 +225,7 @@ def test_a_reload_comes_back_to_the_study_the_tab_opened_and_its_plan(browser, t
 def promoted_in(folder, tensor: str) -> bool:
     """Whether the plan the server keeps for the study in `folder` has `tensor` at 16 bits."""
     try:
-        kept = json.loads((folder / "studio-session.json").read_text())
+        kept = json.loads((folder / LEFT_FILE).read_text())
     except (OSError, ValueError):
         return False
     return kept["plan"]["overrides"].get(tensor, {}).get("type") == "uint16"

@@ -298,7 +298,8 @@ def test_lower_bounds_of_sums_over_resampled_units():
 def test_a_fine_resolution_reads_as_a_number_not_zero():
     """Top-1 agreement over 24 class maps of 224 x 224 pixels has a step of 8.3e-07, which four decimals showed as
     "resolution 0.0000"."""
-    from mpstudio.store import Evaluation, step_text
+    from mpstudio.store import Evaluation
+    from mpstudio.value_text import step_text
 
     step = 1 / (24 * 224 * 224)
     done = Evaluation(1, "h", "a8w8", "cpu", "cpu", "top-1 agreement", 0.99, True, None, None, 24, 1.0,

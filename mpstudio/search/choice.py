@@ -130,9 +130,12 @@ def choose(evaluations, threshold: float, higher_is_better: bool,
         # only when none meets it the cheapest of the rest.
         meeting = [e for e in noisy if meets(e.value, threshold, higher_is_better)]
         pick = min(meeting or noisy, key=cheapest)
-        which = (("the one whose value meets it" if len(meeting) == 1 else
-                  f"the cheapest of {len(meeting)} whose value meets it") if meeting else
-                 "none meets it by its value" + ("" if len(noisy) == 1 else f"; the cheapest of those {len(noisy)}"))
+        if len(meeting) == 1:
+            which = "the one whose value meets it"
+        elif meeting:
+            which = f"the cheapest of {len(meeting)} whose value meets it"
+        else:
+            which = "none meets it by its value" + (f"; the cheapest of those {len(noisy)}" if len(noisy) > 1 else "")
         counted = "1 is" if len(noisy) == 1 else f"{len(noisy)} are"
         why = (f"no stored plan clearly reaches the target{budget}; {counted} within noise of it (value and "
                f"target differ by less than the metric's resolution or the interval), {which}, among {len(unique)} "

@@ -16,10 +16,9 @@ from ..plan import BASELINES, PrecisionPlan
 if TYPE_CHECKING:  # the study face is only named in annotations
     from ..study import Study
 
-# A reference name followed by a margin: "a16w8+10%", "float-1%", "a8w8+3x16 + 2 %".
-_MARGIN = re.compile(r"^(?P<base>.*?\S)\s*[+-]\s*(?P<pct>\d+(?:\.\d+)?)\s*%\s*$")
-# A margin without its % sign ("a16w8+10"): refused with the form meant.
-_BARE_MARGIN = re.compile(r"^\s*(?P<base>.*?\S)\s*(?P<sign>[+-])\s*(?P<n>\d+(?:\.\d+)?)\s*$")
+# A reference name followed by a margin: "a16w8+10%", "float-1%", "a8w8+3x16 + 2 %". Without its % sign
+# ("a16w8+10") it is no margin: `Target.check` refuses it naming the form meant.
+_MARGIN = re.compile(r"^\s*(?P<base>.*?\S)\s*(?P<sign>[+-])\s*(?P<pct>\d+(?:\.\d+)?)\s*(?P<percent>%)?\s*$")
 
 
 def named_baselines() -> dict[str, PrecisionPlan]:
@@ -59,7 +58,7 @@ class Target:
         if number is not None:
             return cls(raw, _finite(number, raw))
         match = _MARGIN.match(raw)
-        if match:
+        if match and match["percent"]:
             return cls(raw, None, match["base"].strip(), float(match["pct"]) / 100)
         return cls(raw, None, raw, 0.0)
 
@@ -94,9 +93,9 @@ class Target:
         if (names == self.baseline).any():
             return
         available = ["float"] * (study.metric_spec.kind != "output") + list(named_baselines())
-        bare = _BARE_MARGIN.match(self.text)
+        bare = _MARGIN.match(self.text)  # a margin without its % sign (one with it is parsed as a margin)
         if bare and (bare["base"] in available or (names == bare["base"]).any()):
-            meant = f"{bare['base']}{bare['sign']}{bare['n']}%"
+            meant = f"{bare['base']}{bare['sign']}{bare['pct']}%"
             raise MpstudioError(f"target {self.text!r}: a margin is a percentage of the reference, such as {meant!r}; "
                                 "a target stricter than a reference is given as a number")
         stored = [n for n in dict.fromkeys(names) if n not in available]
