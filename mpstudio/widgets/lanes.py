@@ -43,6 +43,15 @@ def session_document():
     return doc if doc is not None and doc.session_context is not None else None
 
 
+def _session_loop(doc):
+    """The event loop serving `doc` when this is its thread (where a served session's state is made), else None."""
+    if doc is None:
+        return None
+    from tornado.ioloop import IOLoop
+
+    return IOLoop.current(instance=False)
+
+
 def on_session_thread(doc) -> bool:
     """Whether this thread is the one serving `doc` (its event loop), or that is not known (then it is taken as
     this one: the behaviour of an unserved document)."""
@@ -143,6 +152,7 @@ class Lanes:
         self.on_finished = on_finished
         self.lock = threading.RLock()
         self._doc = session_document()
+        self._loop = _session_loop(self._doc)
         self._connected = False  # whether the session's tab has connected yet (a tab that left never returns)
         if self._doc is not None:
             quiet_closed_streams()
@@ -169,7 +179,8 @@ class Lanes:
         with self.lock:
             worker = self._workers.get(lane)
             if worker is None or not worker.is_alive():
-                self._doc = session_document() or self._doc
+                if session_document() is not None:
+                    self._doc, self._loop = session_document(), _session_loop(session_document())
                 worker = threading.Thread(target=self._work, args=(lane,), name=f"mpstudio-studio-{lane}",
                                           daemon=True)
                 self._workers[lane] = worker
@@ -264,7 +275,18 @@ class Lanes:
             if self._draining:
                 return
             self._draining = True
-        doc.add_next_tick_callback(lambda: self._drain(doc))
+        self._schedule_drain(doc)
+
+    def _schedule_drain(self, doc) -> None:
+        """The next drain, on the session's next tick, asked for from the session's own thread. Asked from a worker
+        thread, the document's "callback added" event could land in a hold the session thread was releasing at that
+        moment (Bokeh copies the held events, then empties the list) and be lost: no drain would ever run again,
+        and the tab would show nothing more (an evaluation stored, its job shown running for good)."""
+        loop = self._loop
+        if loop is None or on_session_thread(doc):
+            doc.add_next_tick_callback(lambda: self._drain(doc))
+        else:
+            loop.add_callback(lambda: doc.add_next_tick_callback(lambda: self._drain(doc)))
 
     def call(self, fn: Callable[[], object], timeout: float = CALL_TIMEOUT):
         """`fn()` run on the session's event loop, after what was posted before it; its result (or its exception,
