@@ -93,6 +93,16 @@ TIE_WORDS = (f"priced within the cost model's resolution ({TIE_SHARE:.0%} of the
              f"{TIE_FLOOR_MS * 1000:.1f} us): a tie, which goes to the better value")
 
 
+def _within_noise_words(noisy: int, meeting: int) -> tuple[str, str]:
+    """How many plans are within noise ("1 is", "3 are") and which of them is picked, in words."""
+    counted = "1 is" if noisy == 1 else f"{noisy} are"
+    if meeting == 1:
+        return counted, "the one whose value meets it"
+    if meeting:
+        return counted, f"the cheapest of {meeting} whose value meets it"
+    return counted, "none meets it by its value" + (f"; the cheapest of those {noisy}" if noisy > 1 else "")
+
+
 def choose(evaluations, threshold: float, higher_is_better: bool,
            latency_budget_ms: float | None = None, verdicts: dict | None = None) -> Choice:
     """The plan to recommend among `evaluations` (one accuracy source): the cheapest (estimated latency) of those
@@ -130,13 +140,7 @@ def choose(evaluations, threshold: float, higher_is_better: bool,
         # only when none meets it the cheapest of the rest.
         meeting = [e for e in noisy if meets(e.value, threshold, higher_is_better)]
         pick = min(meeting or noisy, key=cheapest)
-        if len(meeting) == 1:
-            which = "the one whose value meets it"
-        elif meeting:
-            which = f"the cheapest of {len(meeting)} whose value meets it"
-        else:
-            which = "none meets it by its value" + (f"; the cheapest of those {len(noisy)}" if len(noisy) > 1 else "")
-        counted = "1 is" if len(noisy) == 1 else f"{len(noisy)} are"
+        counted, which = _within_noise_words(len(noisy), len(meeting))
         why = (f"no stored plan clearly reaches the target{budget}; {counted} within noise of it (value and "
                f"target differ by less than the metric's resolution or the interval), {which}, among {len(unique)} "
                "considered") + _tie_note(pick, unique, dominated, fits, evidence, higher_is_better, "within noise")
