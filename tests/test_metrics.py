@@ -430,7 +430,7 @@ def test_a_search_that_misses_reports_by_how_much_and_prints_progress(tmp_path, 
         result = search(study, "float", weights="per-tensor", max_evaluations=6, sensitivity_samples=4,
                         isolation_samples=2)
         err = capfd.readouterr().err
-        assert "mpstudio: search: a8w8" in err and "isolating tensors" in err  # progress without a callback
+        assert "mpstudio: search: a8w8" in err and "isolating up to" in err  # progress without a callback
         # The analysis ran with the search's sample counts (4 scored, 2 isolated).
         assert list((study.folder / "sensitivity").glob("a8w8-4-2*/ranking.csv"))
         if not result.reached:

@@ -108,7 +108,7 @@ def test_it_isolates_only_what_can_change_a_decision(tmp_path):
     # and ends full when it stops before it.
     isolating = [(done, total) for done, total, message in ticks if message.startswith("isolat")]
     assert isolating and {total for _, total in isolating[:-1]} == {7} and isolating[-1] == (7, 7), isolating
-    assert "isolating tensors (at most 7)" in {message for _, _, message in ticks}
+    assert "isolating up to 7 tensors" in {message for _, _, message in ticks}
     ticks.clear()
     analyze_progressive(quantizer, data, isolation_samples=4, workers=0, keep=3, budget=100,
                         progress=lambda done, total, message: ticks.append((done, total, message)))

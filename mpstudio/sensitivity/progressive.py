@@ -293,7 +293,7 @@ class _Analysis:
                 self.isolated.append(t)
             self.meta.update(stage="isolation", isolated=len(self.isolated))
             self._tick(len(self.isolated), max(total, len(self.isolated)),
-                       "isolating tensors" if self.exhaustive else f"isolating tensors (at most {total})")
+                       "isolating tensors" if self.exhaustive else f"isolating up to {total} tensors")
             now = time.perf_counter()
             if now - last_emit > 0.5 or not (queue or inflight):
                 last_emit = now
