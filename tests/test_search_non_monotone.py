@@ -149,3 +149,7 @@ def test_the_top_down_walk_says_how_many_it_demotes_from_the_all_16_bit_plan():
     assert "the best, 32 demoted from a16w8-pc" in missed and "(39 to 32 demoted from a16w8-pc:" in missed, missed
     bottom_up = PrefixGrid(_Walk(lambda k: 0.96 + 0.001 * k, 0.965), lambda k: k, 8, known(), full=40).run(None)
     assert bottom_up == "target reached with 5 promoted; 4 misses", bottom_up
+    # A range of one plan says that plan ("39 demoted", not "39 to 39 demoted").
+    one = PrefixGrid(_Walk(lambda k: 0.96 + 0.001 * k, 0.99), lambda k: k, 1, known(), full=40,
+                     demoted_from="a16w8-pc").run(None)
+    assert "(39 demoted from a16w8-pc:" in one, one

@@ -121,9 +121,10 @@ class PrefixGrid:
         return f"{k} promoted" if self.demoted_from is None else f"{self.full - k} demoted from {self.demoted_from}"
 
     def _span(self) -> str:
-        if self.demoted_from is None:
-            return f"1 to {self.cap} promoted"
-        return f"{self.full - 1} to {self.full - self.cap} demoted from {self.demoted_from}"
+        """The walk's range in words ("1 to 8 promoted"; one plan when it holds one)."""
+        first, last = (1, self.cap) if self.demoted_from is None else (self.full - 1, self.full - self.cap)
+        numbers = f"{first}" if first == last else f"{first} to {last}"
+        return numbers + (" promoted" if self.demoted_from is None else f" demoted from {self.demoted_from}")
 
     def _says(self, k: int) -> str:
         """What plan k, just below the smallest k that clearly reaches the target, says of it (the stop reason)."""
