@@ -112,7 +112,7 @@ def judge(study, label: str, ks: list[int], htp_samples: int, htp_agreement) -> 
     plans = [base, all_16] + [p for k in ks for p in [top[k], *drawn[k]]]
     names = [o.name for o in study.prepared.model.graph.output]
     agreement = htp_agreement(study.quantizer, plans, study.evaluation_data.head(htp_samples), names,
-                              _task_terms(study, htp_samples))
+                              _task_terms(study))
     if agreement is None:
         return failures + [f"[{label}] (d) the QNN HTP backend is not available"]
     htp, cpu = dict(zip(agreement["plan"], agreement["htp"])), dict(zip(agreement["plan"], agreement["cpu"]))
@@ -136,9 +136,9 @@ def judge(study, label: str, ks: list[int], htp_samples: int, htp_agreement) -> 
     return failures
 
 
-def _task_terms(study, samples: int):
-    """Outputs and the float model's outputs of the first `samples` evaluation samples -> the study's task metric
-    terms on them (None where the metric has no per-sample terms on part of the samples, e.g. recall@k)."""
+def _task_terms(study):
+    """Outputs and the float model's outputs of the first evaluation samples -> the study's task metric terms on
+    them (None where the metric has no per-sample terms on part of the samples, e.g. recall@k)."""
     from mpstudio.metric_terms import metric_terms
 
     def terms(outputs, references):
@@ -150,11 +150,11 @@ def _htp_top_k(agreement, label: str, study, ks: list[int], drawn: dict) -> list
     """(d)'s top-k against random k on the HTP: judged on the study's task metric computed from the HTP's outputs
     (what the search confirms a plan on), on the output SNR where the metric has no per-sample terms."""
     task = "htp_task" in agreement
-    column, what = ("task", study.metric_name) if task else ("", "output SNR, dB")
+    suffix, what = ("_task", study.metric_name) if task else ("", "output SNR, dB")
     sign = 1.0 if (study.higher_is_better or not task) else -1.0
-    htp = dict(zip(agreement["plan"], agreement["htp" + ("_task" if task else "")]))
-    cpu = dict(zip(agreement["plan"], agreement["cpu" + ("_task" if task else "")]))
-    print(f"        top-k against random k on the HTP, judged on {what}{' (' + column + ' columns)' if task else ''}:")
+    htp = dict(zip(agreement["plan"], agreement["htp" + suffix]))
+    cpu = dict(zip(agreement["plan"], agreement["cpu" + suffix]))
+    print(f"        top-k against random k on the HTP, judged on {what}{' (task columns)' if task else ''}:")
     failures = []
     for k in ks:
         randoms = [htp[p.name] for p in drawn[k]]

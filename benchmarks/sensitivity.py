@@ -184,13 +184,14 @@ def _htp_agreement(quantizer, plans, data, output_names, task=None):
     terms = {}  # (plan, backend) -> per-sample (signal, noise) powers, for ranking_usefulness's paired comparisons
 
     task_values = {}  # (plan, backend) -> the task metric on `data`
+    named_references = [dict(zip(output_names, r)) for r in references]
 
     def snr(session, key=None):
         outputs = [session.run(output_names, feed) for feed in feeds]
         if key is not None:
             terms[key] = np.array([_powers(reference, values) for reference, values in zip(references, outputs)])
             named = [dict(zip(output_names, values)) for values in outputs]
-            found = task(named, [dict(zip(output_names, r)) for r in references]) if task else None
+            found = task(named, named_references) if task else None
             if found is not None:
                 task_values[key] = found.value()
         return scorer.score(outputs)

@@ -114,17 +114,20 @@ class PrefixGrid:
                     "are not worth evaluating)")
 
     def _number(self, k: int) -> int:
+        """How many plan k promotes on the base, or demotes from the all-16-bit plan (top-down)."""
         return k if self.demoted_from is None else self.full - k
 
     def _count(self, k: int) -> str:
-        """Plan k in words: how many promoted on the base, or demoted from the all-16-bit plan."""
-        return f"{k} promoted" if self.demoted_from is None else f"{self.full - k} demoted from {self.demoted_from}"
+        """Plan k in words: "5 promoted", "35 demoted from a16w8-pc"."""
+        return f"{self._number(k)} {self._unit()}"
 
     def _span(self) -> str:
         """The walk's range in words ("1 to 8 promoted"; one plan when it holds one)."""
-        first, last = (1, self.cap) if self.demoted_from is None else (self.full - 1, self.full - self.cap)
-        numbers = f"{first}" if first == last else f"{first} to {last}"
-        return numbers + (" promoted" if self.demoted_from is None else f" demoted from {self.demoted_from}")
+        first, last = self._number(1), self._number(self.cap)
+        return f"{first if first == last else f'{first} to {last}'} {self._unit()}"
+
+    def _unit(self) -> str:
+        return "promoted" if self.demoted_from is None else f"demoted from {self.demoted_from}"
 
     def _says(self, k: int) -> str:
         """What plan k, just below the smallest k that clearly reaches the target, says of it (the stop reason)."""

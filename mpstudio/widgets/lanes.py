@@ -179,8 +179,9 @@ class Lanes:
         with self.lock:
             worker = self._workers.get(lane)
             if worker is None or not worker.is_alive():
-                if session_document() is not None:
-                    self._doc, self._loop = session_document(), _session_loop(session_document())
+                current = session_document()
+                if current is not None:
+                    self._doc, self._loop = current, _session_loop(current)
                 worker = threading.Thread(target=self._work, args=(lane,), name=f"mpstudio-studio-{lane}",
                                           daemon=True)
                 self._workers[lane] = worker
