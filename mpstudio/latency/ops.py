@@ -90,6 +90,9 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 #     32 / width groups into one block (their weights a block-diagonal tile): a 4-wide group costs 32 / 4 of its
 #     MACs, not (32 / 4)^2 as a group padded to a block of its own (QNN HTP guideline "Number of channels": more
 #     channels in a group "up to the hardware capacity of 32", group widths a small power of 2);
+#   batchnorm_split: a quantized BatchNorm that runs as a vector op of its own (nothing before it folds it) is a
+#     multiply and an add, two vector passes each with its fixed cost; an fp16 one a single multiply-add
+#     (latency.fusion.split_batchnorms);
 #   metadata_ops_free: an op that moves no data (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout, a
 #     channels-last Transpose with channels_last_transpose, a float Concat with concat_in_place) has no fixed cost:
 #     the graph's preparation folds it into its tensors' descriptions, and it never runs (latency.features).
@@ -112,7 +115,7 @@ MECHANISMS = {"layout_look_through": True, "clamp_after_vector": True, "channels
               "layernorm_plain": True, "hardswish_own_op": True,
               "branch_overlap": True, "concat_requantize_per_input": False, "metadata_ops_free": True,
               "vector_add_folds": True, "group_packing": False,
-              "bias_per_column": True}
+              "bias_per_column": True, "batchnorm_split": True}
 
 TYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "float16": 16, "int32": 32, "float32": 32,
              "uint4": 4, "int4": 4}
