@@ -103,7 +103,8 @@ OP_CLASSES = ("hmx", "depthwise", "simple", "arith", "transcendental", "normaliz
 # clamp_after_vector (59 -> 56) and branch_overlap (56 -> 53; issue 22, second round), then metadata_ops_free
 # (53 -> 50), vector_add_folds (50 -> 49), channels_last_transpose (49 -> 48), hardswish_own_op (48 -> 46),
 # layernorm_plain (46 -> 37) and layout_look_through (37 -> 35; issue 22, third round), then bias_per_column
-# (35 -> 34; issue 22, fourth round; group_packing, measured with it and alone: 39). Off: the others, each of
+# (35 -> 34; issue 22, fourth round; group_packing, measured with it and alone: 39), then batchnorm_split
+# (34 -> 28; issue 22, sixth round). Off: the others, each of
 # which, measured alone or with the others, left more cross-validation misses than without it (the refit moves
 # other architectures' rows); kept to be measured again with the next formula changes (docs/latency.md, "Fit").
 MECHANISMS = {"layout_look_through": True, "clamp_after_vector": True, "channels_last_transpose": True,
