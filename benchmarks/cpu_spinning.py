@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-ratio", type=float, default=1.10)
     args = parser.parse_args(argv)
     from mpstudio.demos.ocr import demo_model_file, preprocess_line, render_line, sample_lines
-    from mpstudio.metrics import ctc_charset
+    from mpstudio.ctc_text import ctc_charset
 
     print(f"load average at the start: {' '.join(f'{v:.2f}' for v in os.getloadavg())} ({os.cpu_count()} cores)")
     prepared = prepare_model(demo_model_file(), {"x": [1, 3, 48, 320]})

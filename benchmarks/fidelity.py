@@ -92,7 +92,7 @@ def per_sample(values) -> MetricTerms:
 
 def demo_case(samples: int) -> Case:
     from mpstudio.demos import load_demo
-    from mpstudio.metrics import ctc_charset
+    from mpstudio.ctc_text import ctc_charset
 
     demo = load_demo()
     evaluation = demo.evaluation.head(samples)

@@ -138,7 +138,7 @@ def cnn_case(images: int, metric: str = "cosine", size: int = 160) -> Case:
 
 def ocr_case(lines: int) -> Case:
     from mpstudio.demos.ocr import demo_model_file, preprocess_line, render_line, sample_lines
-    from mpstudio.metrics import ctc_charset
+    from mpstudio.ctc_text import ctc_charset
 
     path = demo_model_file()
     shapes = {"x": [1, 3, 48, 320]}

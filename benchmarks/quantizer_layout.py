@@ -77,7 +77,7 @@ class Case:
 def demo_case(root: Path) -> Case:
     from mpstudio.demos import load_demo
 
-    from mpstudio.metrics import cer_metric, ctc_charset
+    from mpstudio.ctc_text import cer_metric, ctc_charset
 
     demo = load_demo()
     charset = ctc_charset(demo.model)

@@ -15,8 +15,10 @@ tensors.
     Target: top-k better than the random mean at every k.
 (d) The same plans (the base, its all-16-bit counterpart, top-k and random-k's draws) on the QNN HTP backend
     (emulated on x86_64) over the first `--htp-samples` evaluation samples: output SNR against the float model
-    on the HTP and on ORT's CPU (the same QDQ model, the same samples).
-    Targets: top-k better than the random mean on the HTP at every k; the HTP orders alike at least 90 % of the
+    and the study's task metric (from its per-sample terms; recall@k has none on part of its samples) on the HTP
+    and on ORT's CPU (the same QDQ model, the same samples).
+    Targets: top-k better than the random mean on the HTP at every k, on the task metric (what the search
+    confirms a plan on; the output SNR where the metric has no terms); the HTP orders alike at least 90 % of the
     plan pairs the CPU separates beyond its sampling noise (the pair's CPU difference, by a paired bootstrap over
     the samples, seeded, has a 95 % interval that excludes zero). Spearman over all the plans is printed beside it:
     plans the CPU cannot tell apart (random draws within a few tenths of a dB) are ordered by noise on either
@@ -53,13 +55,20 @@ class _Baselines:
         return [self.study.evaluate(plan, origin="baseline") for plan in plans]
 
 
+def base_of(study):
+    """The base plan `--weights auto` starts from on this study, and why (in words)."""
+    from mpstudio.search.weights import base_plan
+
+    base, _, why = base_plan(_Baselines(study), "auto")
+    return base, why
+
+
 def base_and_order(study, samples: int = 32, isolation_samples: int = 8):
     """The base plan `--weights auto` starts from, why, its all-16-bit counterpart and the promotion order."""
     from mpstudio.plan import PrecisionPlan
     from mpstudio.search import promotion_order
-    from mpstudio.search.weights import base_plan
 
-    base, _, why = base_plan(_Baselines(study), "auto")
+    base, why = base_of(study)
     analysed = None if base.hash == PrecisionPlan.a8w8().hash else base
     report = study.sensitivity(samples=samples, isolation_samples=isolation_samples, plan=analysed)
     order, _ = promotion_order(study, report, base)
@@ -102,7 +111,8 @@ def judge(study, label: str, ks: list[int], htp_samples: int, htp_agreement) -> 
         return failures
     plans = [base, all_16] + [p for k in ks for p in [top[k], *drawn[k]]]
     names = [o.name for o in study.prepared.model.graph.output]
-    agreement = htp_agreement(study.quantizer, plans, study.evaluation_data.head(htp_samples), names)
+    agreement = htp_agreement(study.quantizer, plans, study.evaluation_data.head(htp_samples), names,
+                              _task_terms(study, htp_samples))
     if agreement is None:
         return failures + [f"[{label}] (d) the QNN HTP backend is not available"]
     htp, cpu = dict(zip(agreement["plan"], agreement["htp"])), dict(zip(agreement["plan"], agreement["cpu"]))
@@ -118,18 +128,42 @@ def judge(study, label: str, ks: list[int], htp_samples: int, htp_agreement) -> 
     for a, b, cpu_gap, htp_gap, _ in (pair for pair in pairs if not pair[4]):
         print(f"        ordered otherwise: {a} - {b}: CPU {cpu_gap:+.3f} dB, HTP {htp_gap:+.3f} dB")
     print("\n".join("        " + line for line in
-                     agreement.to_string(index=False, float_format=lambda v: f"{v:.3f}").splitlines()))
-    for k in ks:
-        randoms = [htp[p.name] for p in drawn[k]]
-        wins = htp[f"top-{k}"] > float(np.mean(randoms))
-        print(f"        k={k:<3} HTP top-k {htp[f'top-{k}']:.3f}   random k: mean {np.mean(randoms):.3f}   CPU top-k "
-              f"{cpu[f'top-{k}']:.3f} random mean {np.mean([cpu[p.name] for p in drawn[k]]):.3f}   "
-              f"{'top-k better' if wins else 'TOP-K NOT BETTER'}")
-        if not wins:
-            failures.append(f"[{label}] (d) top-{k} vs random on the HTP")
+                     agreement.to_string(index=False, float_format=lambda v: f"{v:.4f}").splitlines()))
+    failures += _htp_top_k(agreement, label, study, ks, drawn)
     if not (pairs and share >= SEPARATED_AGREEMENT):
         failures.append(f"[{label}] (d) CPU vs HTP order of the plans the CPU separates ({len(agreeing)} of "
                         f"{len(pairs)})")
+    return failures
+
+
+def _task_terms(study, samples: int):
+    """Outputs and the float model's outputs of the first `samples` evaluation samples -> the study's task metric
+    terms on them (None where the metric has no per-sample terms on part of the samples, e.g. recall@k)."""
+    from mpstudio.metric_terms import metric_terms
+
+    def terms(outputs, references):
+        return metric_terms(study.metric_spec, study.prepared, outputs, references, list(range(len(outputs))))
+    return terms
+
+
+def _htp_top_k(agreement, label: str, study, ks: list[int], drawn: dict) -> list[str]:
+    """(d)'s top-k against random k on the HTP: judged on the study's task metric computed from the HTP's outputs
+    (what the search confirms a plan on), on the output SNR where the metric has no per-sample terms."""
+    task = "htp_task" in agreement
+    column, what = ("task", study.metric_name) if task else ("", "output SNR, dB")
+    sign = 1.0 if (study.higher_is_better or not task) else -1.0
+    htp = dict(zip(agreement["plan"], agreement["htp" + ("_task" if task else "")]))
+    cpu = dict(zip(agreement["plan"], agreement["cpu" + ("_task" if task else "")]))
+    print(f"        top-k against random k on the HTP, judged on {what}{' (' + column + ' columns)' if task else ''}:")
+    failures = []
+    for k in ks:
+        randoms = [htp[p.name] for p in drawn[k]]
+        wins = sign * htp[f"top-{k}"] > sign * float(np.mean(randoms))
+        print(f"        k={k:<3} HTP top-k {htp[f'top-{k}']:.4f}   random k: mean {np.mean(randoms):.4f}   CPU top-k "
+              f"{cpu[f'top-{k}']:.4f} random mean {np.mean([cpu[p.name] for p in drawn[k]]):.4f}   "
+              f"{'top-k better' if wins else 'TOP-K NOT BETTER'}")
+        if not wins:
+            failures.append(f"[{label}] (d) top-{k} vs random on the HTP ({what})")
     return failures
 
 

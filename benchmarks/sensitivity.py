@@ -37,19 +37,20 @@ usefulness (what its ranking buys on the task and on the target's numerics):
     search walks, on the demo's study and on every `--study DIR` (e.g. the studies `benchmarks/outcome.py --keep`
     makes). (c): the study's task metric for top-k against k random tensors (3 draws) at every k; (d): the same
     plans on the QNN HTP backend (emulated on x86_64) over `--htp-samples` evaluation samples, output SNR against
-    the float model. Targets: top-k better than the random mean at every k, on the task metric and on the HTP;
-    the HTP orders alike at least 90 % of the plan pairs the CPU separates beyond its sampling noise (Spearman over
+    the float model and the study's task metric. Targets: top-k better than the random mean at every k, on the
+    task metric on the CPU and on the HTP (the output SNR where the metric has no per-sample terms); the HTP orders alike at least 90 % of the plan pairs the CPU separates beyond its sampling noise (Spearman over
     every plan printed beside it).
 (e) The whole analysis as a study runs it (32 calibration lines, isolation on the first 8): the progressive
     path (`analyze_progressive`: cheap scores, screening on one line, isolation where it can change a
     decision, worker processes) against today's exhaustive path (`analyze`: every tensor isolated both ways),
-    same data, same run. Reported: wall time of each, time to the first partial ranking, tensors isolated,
-    top-20 overlap; then what each top-k recommends: CER of the real QDQ model (as in (c)) with each path's
-    top-k promoted, against k random tensors (3 draws).
+    same data, same run, both from the base plan the search and the studio start from (as in (c): per-channel
+    int8 weights where they win). Reported: wall time of each, time to the first partial ranking, tensors
+    isolated, top-20 overlap; then what each top-k recommends: CER of the real QDQ model (as in (c)) with each
+    path's top-k promoted on the base, against k random tensors (3 draws) promoted on it.
     Targets: progressive wall time <= 1/5 of the exhaustive one; its top-k beats the random mean at every k;
     its top-k CER within 0.02 of the exhaustive top-k's.
-    `--old-record FILE` reuses an exhaustive run recorded by `--write-old-record FILE` (with its commit)
-    instead of running it again (it takes minutes).
+    `--old-record FILE` reuses an exhaustive run recorded by `--write-old-record FILE` (with its commit and
+    base) instead of running it again (it takes minutes); a record of another base is refused.
 (f) The same comparison on another architecture (`--arch`, one of benchmarks/latency_models.py, built with
     random weights at `--arch-size`, 16 random samples): wall times, top-20 overlap, and the output SNR of
     the real QDQ model with each path's top-k promoted against random k. Targets: the time falls (ratio < 1;
@@ -162,10 +163,12 @@ def _htp_loop(quantizer, switchable, scorer, feeds, count: int) -> dict:
 HTP_ARCH = "75"
 
 
-def _htp_agreement(quantizer, plans, data, output_names):
+def _htp_agreement(quantizer, plans, data, output_names, task=None):
     """Output SNR of each plan on ORT's CPU (default session and fake-quant) and on the QNN HTP backend, over
-    `data`; None when the HTP backend cannot run here. HTP runs in a scratch folder (QNN leaves files in the
-    working directory). One HTP inference takes about 0.3-2 s on the emulator: keep plans x samples small."""
+    `data`; None when the HTP backend cannot run here. With `task` (outputs, float references -> the task
+    metric's per-sample terms, or None), the task metric on the CPU and the HTP too (columns `cpu_task`,
+    `htp_task`). HTP runs in a scratch folder (QNN leaves files in the working directory). One HTP inference
+    takes about 0.3-2 s on the emulator: keep plans x samples small."""
     import os
 
     import pandas as pd
@@ -180,10 +183,16 @@ def _htp_agreement(quantizer, plans, data, output_names):
     scorer = OutputScorer(references, output_names)
     terms = {}  # (plan, backend) -> per-sample (signal, noise) powers, for ranking_usefulness's paired comparisons
 
+    task_values = {}  # (plan, backend) -> the task metric on `data`
+
     def snr(session, key=None):
         outputs = [session.run(output_names, feed) for feed in feeds]
         if key is not None:
             terms[key] = np.array([_powers(reference, values) for reference, values in zip(references, outputs)])
+            named = [dict(zip(output_names, values)) for values in outputs]
+            found = task(named, [dict(zip(output_names, r)) for r in references]) if task else None
+            if found is not None:
+                task_values[key] = found.value()
         return scorer.score(outputs)
 
     rows = []
@@ -204,6 +213,9 @@ def _htp_agreement(quantizer, plans, data, output_names):
         finally:
             os.chdir(here)
     frame = pd.DataFrame(rows)
+    if task_values:
+        for backend in ("cpu", "htp"):
+            frame[f"{backend}_task"] = [task_values[(name, backend)] for name in frame["plan"]]
     frame.attrs["terms"] = terms
     return frame
 
@@ -403,23 +415,28 @@ def _finish(failures) -> int:
     return 0
 
 
-def _timed_paths(quantizer, data, isolation_samples, old_record=None, **progressive):
-    """Run the progressive path and (unless recorded) the exhaustive one; returns their reports' rankings,
-    seconds, and the progressive run's first partial time and report."""
+def _timed_paths(quantizer, data, isolation_samples, old_record=None, plan=None, **progressive):
+    """Run the progressive path and (unless recorded) the exhaustive one from `plan` (None: all-8-bit with
+    per-tensor weights); returns their reports' rankings, seconds, and the progressive run's first partial time
+    and report."""
     from mpstudio.sensitivity import analyze, analyze_progressive
 
+    if old_record:  # read first: a record of another base is refused before minutes of work
+        record = json.loads(Path(old_record).read_text())
+        base = (plan or PrecisionPlan.a8w8()).name
+        if record.get("base", "a8w8") != base:
+            sys.exit(f"{old_record} records an exhaustive run from {record.get('base', 'a8w8')}, not from {base}: "
+                     f"record one with --write-old-record")
+        old_seconds, old_order, commit = record["seconds"], record["ranking"], record["commit"]
     first = []
     started = time.perf_counter()
-    new = analyze_progressive(quantizer, data, isolation_samples=isolation_samples,
+    new = analyze_progressive(quantizer, data, plan, isolation_samples=isolation_samples,
                               on_partial=lambda r: first or first.append(time.perf_counter() - started),
                               **progressive)
     new_seconds = time.perf_counter() - started
-    if old_record:
-        record = json.loads(Path(old_record).read_text())
-        old_seconds, old_order, commit = record["seconds"], record["ranking"], record["commit"]
-    else:
+    if not old_record:
         started = time.perf_counter()
-        old = analyze(quantizer, data, isolation_samples=isolation_samples)
+        old = analyze(quantizer, data, plan, isolation_samples=isolation_samples)
         old_seconds, old_order, commit = time.perf_counter() - started, old.ranking["tensor"].tolist(), _commit()
     return new, new_seconds, first[0] if first else float("nan"), old_order, old_seconds, commit
 
@@ -432,16 +449,30 @@ def _commit() -> str:
     return (out.stdout.strip() or "unknown") + ("+changes" if dirty else "")
 
 
+def _demo_base(args):
+    """The base plan the search and the studio start from on the demo (as in (c)), and why."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import ranking_usefulness
+    from mpstudio.study import Study
+
+    with tempfile.TemporaryDirectory(prefix="mpstudio-base-") as tmp:
+        with Study.demo(Path(tmp) / "demo", evaluation_lines=args.demo_lines) as study:
+            return ranking_usefulness.base_of(study)
+
+
 def section_e(args, demo, quantizer) -> list[str]:
     from mpstudio.loop.inprocess import evaluate
 
     data = demo.calibration.head(32)
+    base, why = _demo_base(args)
+    print(f"(e) base: {why}")
+    analysed = None if base.hash == PrecisionPlan.a8w8().hash else base
     new, new_seconds, first, old_order, old_seconds, commit = _timed_paths(
-        quantizer, data, 8, args.old_record)
+        quantizer, data, 8, args.old_record, analysed)
     if args.write_old_record:
         Path(args.write_old_record).write_text(json.dumps(
             {"commit": commit, "seconds": old_seconds, "ranking": old_order, "data": data.name,
-             "isolation_samples": 8}, indent=1) + "\n")
+             "isolation_samples": 8, "base": base.name}, indent=1) + "\n")
     new_order = new.ranking["tensor"].tolist()
     isolated = len(new.isolation.per_tensor())
     ratio = new_seconds / old_seconds
@@ -462,9 +493,9 @@ def section_e(args, demo, quantizer) -> list[str]:
     tensors = sorted(new.ranking["tensor"][new.ranking["matched"].astype(bool)])  # random draws independent of the order
     failures = []
     for k in ks:
-        top_new = cer(PrecisionPlan.a8w8().promote(new_order[:k]))
-        top_old = cer(PrecisionPlan.a8w8().promote(old_order[:k]))
-        randoms = [cer(PrecisionPlan.a8w8().promote(random.Random(100 + r).sample(tensors, k))) for r in range(3)]
+        top_new = cer(base.promote(new_order[:k]))
+        top_old = cer(base.promote(old_order[:k]))
+        randoms = [cer(base.promote(random.Random(100 + r).sample(tensors, k))) for r in range(3)]
         ok = top_new < np.mean(randoms) and top_new <= top_old + 0.02
         print(f"    k={k:<3} CER progressive top-k {top_new:.4f}   exhaustive top-k {top_old:.4f}   random k: mean "
               f"{np.mean(randoms):.4f} ({', '.join(f'{v:.4f}' for v in randoms)})   {'ok' if ok else 'MISSED'}")

@@ -18,9 +18,9 @@ import numpy as np
 
 from .data import Feed
 from .errors import MpstudioError
-from .metrics import (SNR_CAP_DB, ErrorAccumulator, MetricSpec, _pick, charset_classes, ctc_charset,
-                      ctc_greedy_decode, ctc_cer, edit_distance, load_metric_function, output_cosine, output_snr,
-                      recall_at_k, top1_agreement, top1_labels)
+from .ctc_text import charset_classes, ctc_charset, ctc_greedy_decode, edit_distance
+from .metrics import (SNR_CAP_DB, ErrorAccumulator, MetricSpec, _pick, ctc_cer, load_metric_function, output_cosine,
+                      output_snr, recall_at_k, top1_agreement, top1_labels)
 
 # How per-sample sums become the metric's value:
 #   "ratio": the first column's sum over the second's (CER, top-1 agreement, recall@k);

@@ -36,6 +36,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .data import Feed, TaskMetric
+from .ctc_text import (cer_metric, character_error_rate, charset_classes, ctc_charset, ctc_greedy_decode,
+                       read_charset, read_labels)
 from .errors import MpstudioError
 
 OUTPUT_SNR = "output SNR (dB)"  # the default metric: SNR of all model outputs against the float model's
@@ -149,120 +151,6 @@ def output_agreement(references: Sequence[Feed], outputs: Sequence[Feed]) -> tup
     return float(min(acc.snr_db, SNR_CAP_DB)), float(acc.cosine)
 
 
-# ---- text recognition (CTC) ----------------------------------------------------------------------------------
-def ctc_greedy_decode(probabilities: np.ndarray, charset: list[str]) -> str:
-    """Argmax per timestep, drop repeats, drop blanks (class 0)."""
-    best = np.asarray(probabilities).reshape(-1, probabilities.shape[-1]).argmax(axis=-1)
-    chars, previous = [], -1
-    for index in best:
-        if index != previous and index != 0:
-            chars.append(charset[index] if index < len(charset) else "")
-        previous = index
-    return "".join(chars)
-
-
-def edit_distance(a: str, b: str) -> int:
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        current = [i]
-        for j, cb in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
-        previous = current
-    return previous[-1]
-
-
-def character_error_rate(predictions: list[str], references: list[str]) -> float:
-    """Total edit distance over total reference length."""
-    errors = sum(edit_distance(p, r) for p, r in zip(predictions, references))
-    return errors / max(1, sum(len(r) for r in references))
-
-
-def cer_metric(references: tuple[str, ...], charset: list[str]) -> TaskMetric:
-    """Character error rate of a CTC text recognizer's first output against `references`, one per sample."""
-    def cer(outputs: list[dict[str, np.ndarray]]) -> float:
-        if len(outputs) != len(references):
-            raise MpstudioError(f"CER needs {len(references)} outputs (one per evaluation line), got {len(outputs)}")
-        # Lines are cropped with margins, where the model may read a space: compare the stripped text.
-        predictions = [ctc_greedy_decode(next(iter(o.values()))[0], charset).strip() for o in outputs]
-        return character_error_rate(predictions, list(references))
-
-    return TaskMetric(name="CER", fn=cer, higher_is_better=False)
-
-
-def ctc_charset(model) -> list[str]:
-    """Class index -> character of a PaddleOCR-style recognizer (a ModelProto or PreparedModel): 0 is the CTC
-    blank, then the model's `character` metadata, then a space.
-
-    The metadata is checked before it is trusted (one published recognizer carries an HTML page there): it
-    must be one character per line, and their number must fit the model's output classes.
-    """
-    from .model import metadata
-
-    proto = getattr(model, "model", model)
-    chars = metadata(proto).get("character")
-    if not chars:
-        raise MpstudioError("the model has no 'character' metadata, so its CTC classes are unknown; give the "
-                            "character list as a file: --metric cer --charset FILE (one character per line)")
-    classes = _output_classes(proto)
-    return charset_classes(chars.split("\n"), classes, "the model's 'character' metadata",
-                           "give the right character list as a file: --metric cer --charset FILE (one character "
-                           "per line)")
-
-
-def charset_classes(lines: list[str], classes: int | None, where: str, fix: str) -> list[str]:
-    """The CTC classes of a character list (blank, the characters, then a space when the model has one more
-    class), checked: one character per line, no markup, and as many classes as the model outputs."""
-    chars = [line[:-1] if line.endswith("\r") else line for line in lines]
-    if chars and chars[-1] == "":
-        chars = chars[:-1]  # a final newline
-    bad = [(i, c) for i, c in enumerate(chars) if len(c) != 1]
-    if bad and re.search(r"<(!doctype|html|head|body|meta|script|div|title)\b", "\n".join(chars[:200]).lower()):
-        raise MpstudioError(f"{where} is an HTML page, not a character list; {fix}")
-    if bad:
-        i, c = bad[0]
-        raise MpstudioError(f"{where} is not one character per line: {len(bad)} of its {len(chars)} lines are not "
-                            f"(line {i + 1} is {c[:40]!r}); {fix}")
-    if classes is not None and classes not in (len(chars) + 1, len(chars) + 2):
-        raise MpstudioError(f"{where} lists {len(chars)} characters, but the model outputs {classes} classes (a CTC "
-                            f"recognizer has one per character, plus the blank and maybe a space); {fix}")
-    space = [" "] if classes is None or classes == len(chars) + 2 else []
-    return ["<blank>"] + chars + space
-
-
-def _output_classes(proto) -> int | None:
-    """The last axis of the model's first output when it is static (the CTC classes of a recognizer)."""
-    try:
-        dims = proto.graph.output[0].type.tensor_type.shape.dim
-        return int(dims[-1].dim_value) or None if dims else None
-    except (AttributeError, IndexError):
-        return None
-
-
-def read_charset(path: str | Path) -> list[str]:
-    """The lines of a charset file (one character per line, UTF-8), for `ctc_cer(charset=...)`."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MpstudioError(f"charset file not found: {path}") from None
-    except UnicodeDecodeError:
-        raise MpstudioError(f"charset file {path} is not UTF-8 text") from None
-    lines = text.split("\n")
-    charset_classes(lines, None, f"charset file {path}", "write one character per line")
-    return lines[:-1] if lines and lines[-1] == "" else lines
-
-
-def read_labels(path: str | Path) -> list[str]:
-    """One reference text per evaluation sample (UTF-8, one per line), for `ctc_cer(labels=...)`."""
-    path = Path(path)
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise MpstudioError(f"labels file not found: {path}") from None
-    except UnicodeDecodeError:
-        raise MpstudioError(f"labels file {path} is not UTF-8 text") from None
-
-
 # ---- built-in metrics: functions fn(outputs, reference, **args), named from the command line --------------------
 def metric_range(name: str) -> tuple[float | None, float | None] | None:
     """The values a built-in metric can take, by its name (None: unbounded or not known here)."""
@@ -294,20 +182,41 @@ def top1_labels(sample: Feed, output: str | None = None, axis: int | None = None
     """The argmax of a sample's `output` (default the first) over the class axis `axis`: by default the last of
     up to 3 dimensions; given for 4 or more (a class map is N, C, H, W from PyTorch, N, H, W, C from TensorFlow)."""
     value = _pick(sample, output, "top-1 agreement")
-    name, shape = output if output is not None else next(iter(sample)), "x".join(str(d) for d in value.shape)
+    name = output if output is not None else next(iter(sample))
+    return value.argmax(axis=top1_axis(name, value.shape, axis))
+
+
+def top1_axis(name: str, shape: Sequence[int], axis: int | None) -> int:
+    """The class axis of top-1 agreement on output `name` of `shape`, or a refusal that says which to give."""
+    ndim, shown = len(shape), "x".join(str(d) for d in shape)
     if axis is None:
-        if value.ndim >= 4:
-            square = value.shape[-1] == value.shape[-2] != value.shape[1]  # a map's height and width come last
+        if ndim >= 4:
+            square = shape[-1] == shape[-2] != shape[1]  # a map's height and width come last
             guess = " (its axis 1 looks like the classes)" if square else ""
             raise MpstudioError(
-                f"top-1 agreement: output {name!r} is {shape}; say which axis holds the classes{guess}: "
+                f"top-1 agreement: output {name!r} is {shown}; say which axis holds the classes{guess}: "
                 "--metric-args '{\"axis\": 1}' for N, C, H, W (a PyTorch export's class map), "
                 "'{\"axis\": -1}' for N, H, W, C (metric_spec(\"top1\", args={\"axis\": 1}) from Python)")
-        axis = -1
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -value.ndim <= axis < value.ndim:
-        raise MpstudioError(f"top-1 agreement: axis {axis!r} is not an axis of output {name!r} ({shape}); give an "
-                            f"integer from {-value.ndim} to {value.ndim - 1}")
-    return value.argmax(axis=int(axis))
+        return -1
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+        raise MpstudioError(f"top-1 agreement: axis {axis!r} is not an axis of output {name!r} ({shown}); give an "
+                            f"integer from {-ndim} to {ndim - 1}")
+    return int(axis)
+
+
+def check_top1_axis(spec: "MetricSpec", model) -> None:
+    """Refuse a study's built-in top-1 metric whose class axis its output's static shape leaves open or does not
+    have, before the study is made (the first evaluation would refuse it, after the data is copied)."""
+    if spec.kind != "reference" or spec.args.get("function") != f"{top1_agreement.__module__}:top1_agreement":
+        return
+    args = spec.args.get("args") or {}
+    outputs = {o.name: o for o in model.graph.output}
+    name = args.get("output") or next(iter(outputs), None)
+    if name not in outputs:
+        raise MpstudioError(f"top-1 agreement: the model has no output {name!r}; its outputs are {sorted(outputs)}")
+    dims = outputs[name].type.tensor_type.shape.dim
+    if dims and all(d.HasField("dim_value") for d in dims):
+        top1_axis(name, [d.dim_value for d in dims], args.get("axis"))
 
 
 @_metric("top-1 agreement", True)
@@ -596,5 +505,4 @@ def metric_spec(text: str, *, args: dict | str | None = None, direction: str | N
 
 __all__ = ["OUTPUT_SNR", "ErrorAccumulator", "snr_db", "output_agreement", "MetricSpec", "metric_spec",
            "load_metric_function", "metric_value", "BUILTIN_METRICS", "top1_agreement", "output_cosine", "output_snr",
-           "ctc_cer", "recall_at_k", "top1_labels", "read_charset", "read_labels", "charset_classes", "cer_metric",
-           "ctc_charset", "ctc_greedy_decode", "character_error_rate", "edit_distance"]
+           "ctc_cer", "recall_at_k", "top1_labels", "top1_axis", "check_top1_axis"]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mpstudio.demos.ocr import load_demo, preprocess_line, render_line
-from mpstudio.metrics import character_error_rate, ctc_greedy_decode, edit_distance
+from mpstudio.ctc_text import character_error_rate, ctc_greedy_decode, edit_distance
 from mpstudio.loop.inprocess import evaluate
 from mpstudio.plan import PrecisionPlan
 

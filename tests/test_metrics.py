@@ -239,7 +239,16 @@ def test_top1_on_a_class_map_takes_the_class_axis_it_is_given(tmp_path):
     out = _cli("search", model, "--data", tmp_path / "data", "--study", tmp_path / "seg", "--metric", "top1",
                "--no-confirm", "--quiet")
     assert out.returncode == 2 and "--metric-args '{\"axis\": 1}'" in out.stderr, out.stderr
-    assert "was not created: fix the metric" in out.stderr and not (tmp_path / "seg" / "study.json").exists()
+    assert not (tmp_path / "seg" / "study.json").exists()
+    # From Python too, refused by its output's shape before the data is copied: nothing is written.
+    with pytest.raises(MpstudioError, match=r"output 'y' is 1x4x16x16; say which axis holds the classes"):
+        Study.create(tmp_path / "seg2", model, FeedList(chain_feeds(2)), metric="top1")
+    with pytest.raises(MpstudioError, match="axis 5 is not an axis of output 'y'"):
+        Study.create(tmp_path / "seg2", model, FeedList(chain_feeds(2)), metric=metric_spec("top1", args={"axis": 5}))
+    with pytest.raises(MpstudioError, match="the model has no output 'z'"):
+        Study.create(tmp_path / "seg2", model, FeedList(chain_feeds(2)),
+                     metric=metric_spec("top1", args={"axis": 1, "output": "z"}))
+    assert not (tmp_path / "seg2").exists()
 
 def test_ctc_cer_with_a_charset_file_and_labels(tmp_path):
     chars = list("abcdefghij")
@@ -254,7 +263,7 @@ def test_ctc_cer_with_a_charset_file_and_labels(tmp_path):
     spec = metric_spec("cer", charset=charset)
     assert spec.args["args"]["charset"] == chars and not spec.higher_is_better
     assert ctc_cer(reference, reference, chars) == 0.0  # against the float model's own text
-    from mpstudio.metrics import character_error_rate, ctc_greedy_decode
+    from mpstudio.ctc_text import character_error_rate, ctc_greedy_decode
 
     texts = [ctc_greedy_decode(r["probs"][0], ["<blank>"] + chars + [" "]).strip() for r in reference]
     assert any(texts)
@@ -421,7 +430,7 @@ def test_a_search_that_misses_reports_by_how_much_and_prints_progress(tmp_path, 
         result = search(study, "float", weights="per-tensor", max_evaluations=6, sensitivity_samples=4,
                         isolation_samples=2)
         err = capfd.readouterr().err
-        assert "mpstudio: search: a8w8" in err and "isolating tensors" in err  # progress without a callback
+        assert "mpstudio: search: a8w8" in err and "isolating up to" in err  # progress without a callback
         # The analysis ran with the search's sample counts (4 scored, 2 isolated).
         assert list((study.folder / "sensitivity").glob("a8w8-4-2*/ranking.csv"))
         if not result.reached:

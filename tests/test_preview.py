@@ -12,7 +12,8 @@ import pytest
 from gui_support import make_small_study
 from mpstudio.loop.prediction import monotone_fit
 from mpstudio.loop.streaming import SampleTerms, cer_terms, snr_terms, stream_order
-from mpstudio.metrics import character_error_rate, output_agreement
+from mpstudio.ctc_text import character_error_rate
+from mpstudio.metrics import output_agreement
 from mpstudio.plan import PrecisionPlan
 
 pytestmark = pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")

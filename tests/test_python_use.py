@@ -77,7 +77,7 @@ def test_creating_and_analysing_say_how_far_they_are_unless_quiet(tmp_path, chai
     study.sensitivity(samples=4, isolation_samples=4, workers=1)
     analysed = capsys.readouterr().err
     study.close()
-    assert created.startswith("mpstudio: ") and "scoring tensors" in analysed and "isolating tensors" in analysed
+    assert created.startswith("mpstudio: ") and "scoring tensors" in analysed and "isolating up to" in analysed
     quiet = Study.create(tmp_path / "quiet", chain_path, FeedList(chain_feeds(6)), metric="cosine", quiet=True)
     quiet.sensitivity(samples=4, isolation_samples=4, workers=1, quiet=True)
     quiet.close()

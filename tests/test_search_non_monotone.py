@@ -128,3 +128,28 @@ def test_the_walk_stops_when_its_best_value_lies_beyond_its_range():
     reason = _walk_in_time(walk, 7, known)
     assert reason is not None, "the walk did not stop"
     assert all(0 < k <= 7 for k in walk.evaluated) and len(walk.evaluated) <= 7
+
+
+def test_the_top_down_walk_says_how_many_it_demotes_from_the_all_16_bit_plan():
+    """The top-down walk's k are promotions on the base of the tensors all-16-bit keeps; its plans are named by
+    what they demote from all-16-bit, and so are its reasons (they once read "the best, 0 promoted", "1 to 8
+    promoted" for plans named a16w8-pc-393x8)."""
+    from mpstudio.search.grid import PrefixGrid
+    from mpstudio.store import Evaluation
+
+    def known():
+        return {0: Evaluation(0, "h", "base", "cpu", "CPU", "m", 0.96, True, None, None, 1, 0.0),
+                40: Evaluation(40, "h", "a16w8-pc", "cpu", "CPU", "m", 0.9995, True, None, None, 1, 0.0)}
+
+    reached = PrefixGrid(_Walk(lambda k: 0.96 + 0.001 * k, 0.965), lambda k: k, 8, known(), full=40,
+                         demoted_from="a16w8-pc").run(None)
+    assert reached == "target reached with 35 demoted from a16w8-pc; 36 misses", reached
+    missed = PrefixGrid(_Walk(lambda k: 0.96 + 0.001 * k, 0.99), lambda k: k, 8, known(), full=40,
+                        demoted_from="a16w8-pc").run(None)
+    assert "the best, 32 demoted from a16w8-pc" in missed and "(39 to 32 demoted from a16w8-pc:" in missed, missed
+    bottom_up = PrefixGrid(_Walk(lambda k: 0.96 + 0.001 * k, 0.965), lambda k: k, 8, known(), full=40).run(None)
+    assert bottom_up == "target reached with 5 promoted; 4 misses", bottom_up
+    # A range of one plan says that plan ("39 demoted", not "39 to 39 demoted").
+    one = PrefixGrid(_Walk(lambda k: 0.96 + 0.001 * k, 0.99), lambda k: k, 1, known(), full=40,
+                     demoted_from="a16w8-pc").run(None)
+    assert "(39 demoted from a16w8-pc:" in one, one

@@ -100,8 +100,20 @@ def test_it_isolates_only_what_can_change_a_decision(tmp_path):
     assert report.ranking["tensor"].head(len(nonzero)).tolist() == nonzero["tensor"].tolist()
     pd.testing.assert_frame_equal(isolated[["promoted", "demoted"]], tensors.loc[isolated.index, ["promoted", "demoted"]])
     # With a budget it stops there, whatever is left undecided.
-    capped = analyze_progressive(quantizer, data, isolation_samples=4, workers=0, keep=3, budget=7)
+    ticks = []
+    capped = analyze_progressive(quantizer, data, isolation_samples=4, workers=0, keep=3, budget=7,
+                                 progress=lambda done, total, message: ticks.append((done, total, message)))
     assert len(capped.isolation.per_tensor()) == 7 and "budget of 7" in capped.meta["stopped"]
+    # Its bar has the most it will isolate as its total from the start (the total once grew with every tensor),
+    # and ends full when it stops before it.
+    isolating = [(done, total) for done, total, message in ticks if message.startswith("isolat")]
+    assert isolating and {total for _, total in isolating[:-1]} == {7} and isolating[-1] == (7, 7), isolating
+    assert "isolating up to 7 tensors" in {message for _, _, message in ticks}
+    ticks.clear()
+    analyze_progressive(quantizer, data, isolation_samples=4, workers=0, keep=3, budget=100,
+                        progress=lambda done, total, message: ticks.append((done, total, message)))
+    isolating = [(done, total) for done, total, message in ticks if message.startswith("isolat")]
+    assert len({total for _, total in isolating[:-1]}) == 1 and isolating[-1][0] == isolating[-1][1] < isolating[0][1]
 
 
 def test_worker_processes_give_the_numbers_of_this_process(residual):

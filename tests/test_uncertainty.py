@@ -14,7 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 from mpstudio.data import FeedList
 from mpstudio.loop.uncertainty import interval, lower_bounds, paired_difference, target_verdict
 from mpstudio.metric_terms import MetricTerms, metric_terms
-from mpstudio.metrics import character_error_rate, metric_spec, recall_at_k, top1_agreement
+from mpstudio.ctc_text import character_error_rate
+from mpstudio.metrics import metric_spec, recall_at_k, top1_agreement
 from mpstudio.plan import PrecisionPlan
 from mpstudio.study import Study
 

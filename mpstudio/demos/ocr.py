@@ -19,7 +19,7 @@ import numpy as np
 from ..cache import cache_root
 from ..data import DataSource, NpzFolder, TaskMetric
 from ..errors import MpstudioError
-from ..metrics import cer_metric, ctc_charset
+from ..ctc_text import cer_metric, ctc_charset
 from ..model import PreparedModel, prepare_model
 
 MODEL_FILE = "ch_PP-OCRv4_rec_infer.onnx"

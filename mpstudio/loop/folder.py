@@ -14,7 +14,7 @@ from pathlib import Path
 from ..cache import exclusive
 from ..data import DataSource, NpzFolder, Progress, TaskMetric, check_feeds
 from ..errors import MpstudioError
-from ..metrics import MetricSpec, metric_spec
+from ..metrics import MetricSpec, check_top1_axis, metric_spec
 from ..model import PreparedModel, prepare_model
 from ..qnn_probe import UNMOVABLE
 from ..qnn_support import FALLBACK
@@ -117,6 +117,7 @@ def create_study(folder: Path, model, calibration: DataSource, evaluation: DataS
         raise MpstudioError(f"{folder} already holds a study; open it with Study.open (mpstudio study show)")
     spec, task_metric = metric_parts(metric)  # a metric that cannot be had fails before the model is prepared
     prepared = model if isinstance(model, PreparedModel) else prepare_model(model, input_shapes)
+    check_top1_axis(spec, prepared.model)  # before the data is copied (the first evaluation would refuse it)
     if not prepared.qnn_ready and not allow_fallback:
         raise MpstudioError(prepared.fallback_refusal())
     stuck = [i for i in prepared.support_issues if i.severity == FALLBACK and UNMOVABLE in i.reason]

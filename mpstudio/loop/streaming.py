@@ -12,7 +12,8 @@ import numpy as np
 
 from ..data import DataSource, Feed, Progress, Subset
 from ..metric_terms import decomposes, metric_terms
-from ..metrics import OUTPUT_SNR, SNR_CAP_DB, ErrorAccumulator, ctc_charset, ctc_greedy_decode, edit_distance
+from ..ctc_text import ctc_charset, ctc_greedy_decode, edit_distance
+from ..metrics import OUTPUT_SNR, SNR_CAP_DB, ErrorAccumulator
 from ..sources import Latency
 from ..value_text import value_text
 from . import uncertainty
@@ -103,7 +104,7 @@ def partial_interval(columns: np.ndarray, combine: Callable[[np.ndarray], np.nda
 
 
 def cer_terms(references: Sequence[str], charset: list[str]) -> SampleTerms:
-    """CER as per-line edit errors over per-line reference lengths (as `metrics.cer_metric` scores it)."""
+    """CER as per-line edit errors over per-line reference lengths (as `ctc_text.cer_metric` scores it)."""
     def terms(outputs, indices):
         errors, lengths = [], []
         for out, i in zip(outputs, indices):

@@ -21,8 +21,12 @@ class PrefixGrid:
     """One walk over k. `walk` supplies evaluate / left / reaches / pointless / workers (see `walk.Walk`)."""
 
     def __init__(self, walk, plan_k: Callable[[int], object], cap: int, known: dict[int, Evaluation],
-                 reuse: Callable[[object], Evaluation | None] | None = None, full: int | None = None):
+                 reuse: Callable[[object], Evaluation | None] | None = None, full: int | None = None,
+                 demoted_from: str | None = None):
         self.walk, self.plan_k, self.cap, self.known = walk, plan_k, cap, known
+        # The top-down walk's k promote on the base what the all-16-bit plan `demoted_from` keeps at 16 bits:
+        # its reasons count the tensors demoted from that plan, as its plans' names do.
+        self.demoted_from = demoted_from
         # The whole range before the budgets cut it to `cap` (a walk that goes on may widen `cap` up to it).
         self.full = cap if full is None else full
         self.reuse = reuse  # a plan's evaluation this search already counted (another walk's), or None
@@ -44,7 +48,7 @@ class PrefixGrid:
             before = len(self.known) + len(self.skipped) + len(self.unbuilt)
             self._try(candidates)
             if len(self.known) + len(self.skipped) + len(self.unbuilt) == before:  # never ask the same again
-                return f"no promotion left to evaluate in the walk's range (1 to {self.cap} promoted)"
+                return f"no promotion left to evaluate in the walk's range ({self._span()})"
         return "evaluation budget"
 
     def grid(self, prior: int | None) -> list[int]:
@@ -93,7 +97,7 @@ class PrefixGrid:
             top = min(reaching)
             low = max(k for k in seen if k < top) if any(k < top for k in seen) else 0
             if top - low <= 1:
-                return [], f"target reached with {top} promoted; {low} {self._says(low)}"
+                return [], f"target reached with {self._count(top)}; {self._number(low)} {self._says(low)}"
             return _sections(low, top, self._width()), ""
         sign = 1.0 if self.walk.hib else -1.0
         ranked = sorted((k for k in self.known if k <= self.cap), key=lambda k: -sign * self.known[k].value)
@@ -105,10 +109,22 @@ class PrefixGrid:
             if gaps:
                 return [p for a, b in gaps for p in _sections(a, b, max(1, self._width() // len(gaps)))], ""
         best = ranked[0]
-        return [], (f"no promotion reaches the target: the best, {best} promoted, and the neighbours of the "
-                    f"{min(BEST_REGIONS, len(ranked))} best are evaluated (1 to {self.cap} promoted: dearer ones "
+        return [], (f"no promotion reaches the target: the best, {self._count(best)}, and the neighbours of the "
+                    f"{min(BEST_REGIONS, len(ranked))} best are evaluated ({self._span()}: dearer ones "
                     "are not worth evaluating)")
 
+    def _number(self, k: int) -> int:
+        return k if self.demoted_from is None else self.full - k
+
+    def _count(self, k: int) -> str:
+        """Plan k in words: how many promoted on the base, or demoted from the all-16-bit plan."""
+        return f"{k} promoted" if self.demoted_from is None else f"{self.full - k} demoted from {self.demoted_from}"
+
+    def _span(self) -> str:
+        """The walk's range in words ("1 to 8 promoted"; one plan when it holds one)."""
+        first, last = (1, self.cap) if self.demoted_from is None else (self.full - 1, self.full - self.cap)
+        numbers = f"{first}" if first == last else f"{first} to {last}"
+        return numbers + (" promoted" if self.demoted_from is None else f" demoted from {self.demoted_from}")
 
     def _says(self, k: int) -> str:
         """What plan k, just below the smallest k that clearly reaches the target, says of it (the stop reason)."""

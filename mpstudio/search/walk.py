@@ -209,7 +209,7 @@ class Walk:
         # A demotion prefix may be a plan the bottom-up walk evaluated: known, not evaluated (nor counted) again.
         counted = {e.plan_hash: e for e in self.path}
         self.down_grid = PrefixGrid(self, plan_k, cap, known, reuse=lambda plan: counted.get(plan.hash),
-                                    full=len(order))
+                                    full=len(order), demoted_from=top)
         return self.down_grid.run(points=latency_points(estimate_ms, cap, low.ms, high.ms))
 
     def blind_to_the_analysis(self, base_plan: PrecisionPlan) -> list[str]:

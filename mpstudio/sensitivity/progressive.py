@@ -265,8 +265,9 @@ class _Analysis:
         queue = list(order)
         inflight: dict[int, tuple[str, list[Config]]] = {}
         limit = 2 * max(1, len(self.pool.processes))
-        total = len(order)
         budget = self.budget if self.budget is not None else 2 * self.keep
+        # The most this will isolate: every tensor, or the budget (it may stop before, when the rest is decided).
+        total = len(order) if self.exhaustive else min(len(order), budget)
         last_emit = 0.0
         stopped = False
         while queue or inflight:
@@ -291,13 +292,15 @@ class _Analysis:
                 self._store([(c, full) for c in configs], values)
                 self.isolated.append(t)
             self.meta.update(stage="isolation", isolated=len(self.isolated))
-            self._tick(len(self.isolated), total if self.exhaustive else len(self.isolated) + len(inflight) + 1,
-                       "isolating tensors")
+            self._tick(len(self.isolated), max(total, len(self.isolated)),
+                       "isolating tensors" if self.exhaustive else f"isolating up to {total} tensors")
             now = time.perf_counter()
             if now - last_emit > 0.5 or not (queue or inflight):
                 last_emit = now
                 self._emit(self._isolation_result(full), self._priority())
         self.meta.update(isolated=len(self.isolated))
+        if self.isolated:  # the rest is decided: the bar is full
+            self._tick(len(self.isolated), len(self.isolated), "isolated tensors")
         if stopped and len(self.isolated) >= budget:
             self.meta.update(stopped=f"budget of {budget} isolated tensors reached; the other {len(queue)} are "
                                      f"ranked by their gain screened on {screen} of {full} samples")
