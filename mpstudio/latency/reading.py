@@ -16,7 +16,7 @@ from ..constant_codes import quantized_constants
 from ..model import load_model
 from ..qdq import read as read_qdq
 from .depth import blocked_elements, image_tensors
-from .fusion import concat_requantizations, fuse
+from .fusion import concat_requantizations, fuse, split_batchnorms
 from .ops import MECHANISMS, HtpOp, type_bytes
 from .shallow import shallow_inputs
 from .units import built_units, float_units
@@ -117,6 +117,7 @@ def _parse(model: onnx.ModelProto, build=None) -> ParsedModel:
                               if o.op_type not in _SHAPE_OPS) if op]
     ops += shallow_inputs(computed, qdq.ops, shapes, qdq.graph_inputs) + computed
     ops += concat_requantizations(ops)
+    split_batchnorms(ops)
     ops += [_io_op(io, counter) for io in qdq.graph_io if io.op_type == "DequantizeLinear"]
     fuse(ops)
     ops.append(HtpOp("graph execute", "Graph", "graph", [], [], kind="graph"))
