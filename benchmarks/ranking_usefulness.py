@@ -12,13 +12,18 @@ tensors.
 
 (c) The task metric of the study (ORT's CPU run of the real QDQ model over every evaluation sample, as
     `Study.evaluate` stores it) for top-k against the mean of `DRAWS` random draws per k.
-    Target: top-k better than the random mean at every k.
+    Targets: at no k is top-k worse than the random draws' mean beyond the samples' noise, and over every k
+    together it is better beyond it (`gap_to_random`: a paired bootstrap over the evaluation samples, the gap
+    averaged over the ks; beyond noise when its 95 % interval excludes zero and it is at least one step of a
+    counted metric, a character of CER). A gap within noise at one k is printed as such: on 100 text lines one
+    k's gap of a few characters cannot be told from the draws' own spread. A metric without per-sample terms:
+    top-k better than the random mean at every k.
 (d) The same plans (the base, its all-16-bit counterpart, top-k and random-k's draws) on the QNN HTP backend
     (emulated on x86_64) over the first `--htp-samples` evaluation samples: output SNR against the float model
     and the study's task metric (from its per-sample terms; recall@k has none on part of its samples) on the HTP
     and on ORT's CPU (the same QDQ model, the same samples).
-    Targets: top-k better than the random mean on the HTP at every k, on the task metric (what the search
-    confirms a plan on; the output SNR where the metric has no terms); the HTP orders alike at least 90 % of the
+    Targets: (c)'s, on the HTP, on the task metric (what the search confirms a plan on; the output SNR where the
+    metric has no terms); the HTP orders alike at least 90 % of the
     plan pairs the CPU separates beyond its sampling noise (the pair's CPU difference, by a paired bootstrap over
     the samples, seeded, has a 95 % interval that excludes zero). Spearman over all the plans is printed beside it:
     plans the CPU cannot tell apart (random draws within a few tenths of a dB) are ordered by noise on either
@@ -90,23 +95,21 @@ def judge(study, label: str, ks: list[int], htp_samples: int, htp_agreement) -> 
     base, why, all_16, order = base_and_order(study)
     ks = [k for k in ks if k < len(order)]
     top, drawn = plans_for(base, order, ks)
-    sign = 1.0 if study.higher_is_better else -1.0
-    value = {}
 
     def metric(plan):
-        value[plan.name] = study.evaluate(plan, origin="benchmark").value
-        return value[plan.name]
+        return study.evaluate(plan, origin="benchmark").value
 
     print(f"[{label}] base: {why}; {len(order)} tensors in the order; metric {study.metric_name} on "
           f"{len(study.evaluation_data)} samples: base {metric(base):.4f}, all-16-bit {metric(all_16):.4f}")
-    failures = []
+    groups, points = {}, {}
     for k in ks:
         mine, randoms = metric(top[k]), [metric(p) for p in drawn[k]]
-        wins = sign * mine > sign * float(np.mean(randoms))
+        groups[k] = [_stored_terms(study, p) for p in [top[k], *drawn[k]]]
+        points[k] = mine, float(np.mean(randoms))
         print(f"    (c) k={k:<3} top-k {mine:.4f}   random k: mean {np.mean(randoms):.4f} "
-              f"({', '.join(f'{v:.4f}' for v in randoms)})   {'top-k better' if wins else 'TOP-K NOT BETTER'}")
-        if not wins:
-            failures.append(f"[{label}] (c) top-{k} vs random on {study.metric_name}")
+              f"({', '.join(f'{v:.4f}' for v in randoms)})   "
+              + _verdict_line(*points[k], study.higher_is_better, groups[k]))
+    failures = _judged(groups, points, study.higher_is_better, f"[{label}] (c)", study.metric_name, "    (c)")
     if htp_samples <= 0:
         return failures
     plans = [base, all_16] + [p for k in ks for p in [top[k], *drawn[k]]]
@@ -149,21 +152,77 @@ def _task_terms(study):
 def _htp_top_k(agreement, label: str, study, ks: list[int], drawn: dict) -> list[str]:
     """(d)'s top-k against random k on the HTP: judged on the study's task metric computed from the HTP's outputs
     (what the search confirms a plan on), on the output SNR where the metric has no per-sample terms."""
+    from mpstudio.metric_terms import MetricTerms
+
     task = "htp_task" in agreement
     suffix, what = ("_task", study.metric_name) if task else ("", "output SNR, dB")
-    sign = 1.0 if (study.higher_is_better or not task) else -1.0
+    better_up = study.higher_is_better or not task
+    if task:
+        terms = agreement.attrs["task_terms"]
+    else:
+        terms = {key: MetricTerms("snr", ("signal", "noise"), powers) for key, powers in agreement.attrs["terms"].items()}
     htp = dict(zip(agreement["plan"], agreement["htp" + suffix]))
     cpu = dict(zip(agreement["plan"], agreement["cpu" + suffix]))
     print(f"        top-k against random k on the HTP, judged on {what}{' (task columns)' if task else ''}:")
-    failures = []
+    groups, points = {}, {}
     for k in ks:
-        randoms = [htp[p.name] for p in drawn[k]]
-        wins = sign * htp[f"top-{k}"] > sign * float(np.mean(randoms))
-        print(f"        k={k:<3} HTP top-k {htp[f'top-{k}']:.4f}   random k: mean {np.mean(randoms):.4f}   CPU top-k "
+        groups[k] = [terms[(name, "htp")] for name in [f"top-{k}"] + [p.name for p in drawn[k]]]
+        points[k] = htp[f"top-{k}"], float(np.mean([htp[p.name] for p in drawn[k]]))
+        print(f"        k={k:<3} HTP top-k {points[k][0]:.4f}   random k: mean {points[k][1]:.4f}   CPU top-k "
               f"{cpu[f'top-{k}']:.4f} random mean {np.mean([cpu[p.name] for p in drawn[k]]):.4f}   "
-              f"{'top-k better' if wins else 'TOP-K NOT BETTER'}")
-        if not wins:
-            failures.append(f"[{label}] (d) top-{k} vs random on the HTP ({what})")
+              + _verdict_line(*points[k], better_up, groups[k]))
+    return _judged(groups, points, better_up, f"[{label}] (d)", f"{what} on the HTP", "       ")
+
+
+def _stored_terms(study, plan):
+    """A plan's per-sample terms of the study's metric from its stored CPU result (None: the metric has none)."""
+    return study.terms(plan, study.evaluate(plan, origin="benchmark").accuracy_source)
+
+
+def gap_to_random(groups: list[list], higher_is_better: bool, seed: int = 0) -> tuple[float, float, float, str]:
+    """Top-k's value minus the mean of its random draws' values, averaged over `groups` (per k: [top-k's terms,
+    each draw's terms], `metric_terms.MetricTerms` on the same samples), with a paired bootstrap's 95 % interval
+    (the same resampled samples for every plan, `BOOTSTRAPS` times from `seed`) and a verdict: "better" or
+    "worse" when the interval excludes zero and the gap is at least one step of a counted metric (a character of
+    CER), "within noise" otherwise."""
+    count = groups[0][0].units
+    rows = np.random.default_rng(seed).integers(0, count, size=(BOOTSTRAPS, count))
+
+    def gap(chosen=None):
+        def value(terms):
+            return terms.combine((terms.columns if chosen is None else terms.columns[chosen]).sum(axis=-2))
+        return np.mean([value(top) - np.mean([value(r) for r in randoms], axis=0) for top, *randoms in groups], axis=0)
+    point = float(gap())
+    low, high = (float(v) for v in np.percentile(gap(rows), [2.5, 97.5]))
+    step = groups[0][0].resolution or 0.0
+    if low <= 0.0 <= high or abs(point) < step:
+        return point, low, high, "within noise"
+    return point, low, high, "better" if (point > 0) == higher_is_better else "worse"
+
+
+def _verdict_line(mine: float, random_mean: float, higher_is_better: bool, group: list) -> str:
+    """The point comparison, and where the samples' terms allow, the paired interval of the gap."""
+    wins = mine != random_mean and (mine > random_mean) == higher_is_better
+    if any(t is None for t in group):
+        return "top-k better" if wins else "TOP-K NOT BETTER"
+    point, low, high, verdict = gap_to_random([group], higher_is_better)
+    return (f"{'top-k better' if wins else 'top-k not better'}; gap {point:+.4f} [{low:+.4f}, {high:+.4f}]: "
+            f"{verdict.upper() if verdict == 'worse' else verdict}")
+
+
+def _judged(groups: dict, points: dict, higher_is_better: bool, prefix: str, what: str, indent: str) -> list[str]:
+    """The targets missed: a k where top-k is worse than the random draws' mean beyond the samples' noise, and the
+    gap over every k together not better beyond noise. Without per-sample terms: a k where top-k is not better
+    (`points[k]`: top-k's value and the draws' mean)."""
+    if any(t is None for group in groups.values() for t in group):
+        return [f"{prefix} top-{k} vs random on {what}" for k, (mine, mean) in points.items()
+                if not (mine != mean and (mine > mean) == higher_is_better)]
+    failures = [f"{prefix} top-{k} vs random on {what}: worse beyond noise" for k, group in groups.items()
+                if gap_to_random([group], higher_is_better)[3] == "worse"]
+    point, low, high, verdict = gap_to_random(list(groups.values()), higher_is_better)
+    print(f"{indent} every k together: gap {point:+.4f} [{low:+.4f}, {high:+.4f}]: {verdict}")
+    if verdict != "better":
+        failures.append(f"{prefix} top-k vs random on {what}, every k together: {verdict}")
     return failures
 
 

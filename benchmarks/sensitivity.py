@@ -37,9 +37,12 @@ usefulness (what its ranking buys on the task and on the target's numerics):
     search walks, on the demo's study and on every `--study DIR` (e.g. the studies `benchmarks/outcome.py --keep`
     makes). (c): the study's task metric for top-k against k random tensors (3 draws) at every k; (d): the same
     plans on the QNN HTP backend (emulated on x86_64) over `--htp-samples` evaluation samples, output SNR against
-    the float model and the study's task metric. Targets: top-k better than the random mean at every k, on the
-    task metric on the CPU and on the HTP (the output SNR where the metric has no per-sample terms); the HTP orders alike at least 90 % of the plan pairs the CPU separates beyond its sampling noise (Spearman over
-    every plan printed beside it).
+    the float model and the study's task metric. Targets, on the task metric on the CPU and on the HTP (the
+    output SNR where the metric has no per-sample terms): top-k never worse than the random mean beyond the
+    samples' noise, and better beyond it over every k together (a paired bootstrap over the samples: the gap's
+    95 % interval excludes zero and the gap is at least one step of a counted metric; a metric without per-sample
+    terms: top-k better at every k); the HTP orders alike at least 90 % of the plan pairs the CPU separates beyond
+    its sampling noise (Spearman over every plan printed beside it).
 (e) The whole analysis as a study runs it (32 calibration lines, isolation on the first 8): the progressive
     path (`analyze_progressive`: cheap scores, screening on one line, isolation where it can change a
     decision, worker processes) against today's exhaustive path (`analyze`: every tensor isolated both ways),
@@ -183,7 +186,7 @@ def _htp_agreement(quantizer, plans, data, output_names, task=None):
     scorer = OutputScorer(references, output_names)
     terms = {}  # (plan, backend) -> per-sample (signal, noise) powers, for ranking_usefulness's paired comparisons
 
-    task_values = {}  # (plan, backend) -> the task metric on `data`
+    task_terms = {}  # (plan, backend) -> the task metric's per-sample terms on `data` (metric_terms.MetricTerms)
     named_references = [dict(zip(output_names, r)) for r in references]
 
     def snr(session, key=None):
@@ -193,7 +196,7 @@ def _htp_agreement(quantizer, plans, data, output_names, task=None):
             named = [dict(zip(output_names, values)) for values in outputs]
             found = task(named, named_references) if task else None
             if found is not None:
-                task_values[key] = found.value()
+                task_terms[key] = found
         return scorer.score(outputs)
 
     rows = []
@@ -201,11 +204,13 @@ def _htp_agreement(quantizer, plans, data, output_names, task=None):
     with tempfile.TemporaryDirectory(prefix="mpstudio-htp-") as tmp:
         os.chdir(tmp)
         try:
-            for plan in plans:
+            for done, plan in enumerate(plans, 1):
                 path = quantizer.generate(plan)
                 started = time.perf_counter()
                 htp = snr(create_session(path, "htp", {"htp_arch": HTP_ARCH}), (plan.name, "htp"))
                 seconds = time.perf_counter() - started
+                print(f"    (d) {done}/{len(plans)} {plan.name}: {len(feeds)} lines on the HTP in {seconds:.0f} s",
+                      flush=True)
                 rows.append({"plan": plan.name, "cpu": snr(create_session(path), (plan.name, "cpu")),
                              "cpu_fake_quant": snr(float_qdq_session(path)), "htp": htp, "htp_seconds": seconds})
         except MpstudioError as exc:
@@ -214,10 +219,11 @@ def _htp_agreement(quantizer, plans, data, output_names, task=None):
         finally:
             os.chdir(here)
     frame = pd.DataFrame(rows)
-    if task_values:
+    if task_terms:
         for backend in ("cpu", "htp"):
-            frame[f"{backend}_task"] = [task_values[(name, backend)] for name in frame["plan"]]
+            frame[f"{backend}_task"] = [task_terms[(name, backend)].value() for name in frame["plan"]]
     frame.attrs["terms"] = terms
+    frame.attrs["task_terms"] = task_terms
     return frame
 
 
