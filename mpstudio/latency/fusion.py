@@ -32,6 +32,24 @@ def fuse(ops: list[HtpOp]) -> None:
         elif op.op_type == "Tanh":
             _fuse_tanh_gelu(graph, op)
     _fuse_activations(ops, _OpGraph(ops))
+    if MECHANISMS["batchnorm_before_conv"]:
+        _fold_batchnorms_into_convs(ops, _OpGraph(ops))
+
+
+def _fold_batchnorms_into_convs(ops: list[HtpOp], graph: _OpGraph) -> None:
+    """Mechanism `batchnorm_before_conv`: an fp16 BatchNormalization that runs as a vector op of its own (DenseNet's
+    after each join), with the clamp fused into it, whose every reader is a convolution, is applied as those
+    convolutions stage their input for the matrix unit (a per-channel multiply-add and a clamp on the fp16 values
+    the vector unit prepares): no pass over the joined tensor and no fixed cost of its own. A quantized one writes
+    a tensor requantized to its readers' scale and still runs (latency.fusion.split_batchnorms)."""
+    for i, op in enumerate(ops):
+        if (op.op_type != "BatchNormalization" or op.kind != "compute" or op.engine != "hvx" or not op.outputs
+                or not all(t.startswith("float") for _, t, _ in op.inputs + op.outputs)):
+            continue
+        written = {op.outputs[0][0]} | {n for o in ops if o.fused_into == i for n, _, _ in o.outputs}
+        readers = [r for name in written for r in graph.readers.get(name, [])]
+        if readers and all(ops[r].op_type == "Conv" and ops[r].engine == "hmx" for r in readers):
+            op.engine, op.fused_into = "fused", readers[0]
 
 
 def concat_requantizations(ops: list[HtpOp]) -> list[HtpOp]:
