@@ -96,20 +96,22 @@ def judge(study, label: str, ks: list[int], htp_samples: int, htp_agreement) -> 
     ks = [k for k in ks if k < len(order)]
     top, drawn = plans_for(base, order, ks)
 
-    def metric(plan):
-        return study.evaluate(plan, origin="benchmark").value
+    def evaluated(plan):
+        return study.evaluate(plan, origin="benchmark")
 
     print(f"[{label}] base: {why}; {len(order)} tensors in the order; metric {study.metric_name} on "
-          f"{len(study.evaluation_data)} samples: base {metric(base):.4f}, all-16-bit {metric(all_16):.4f}")
-    groups, points = {}, {}
+          f"{len(study.evaluation_data)} samples: base {evaluated(base).value:.4f}, all-16-bit "
+          f"{evaluated(all_16).value:.4f}")
+    groups, compared = {}, {}
     for k in ks:
-        mine, randoms = metric(top[k]), [metric(p) for p in drawn[k]]
-        groups[k] = [_stored_terms(study, p) for p in [top[k], *drawn[k]]]
-        points[k] = mine, float(np.mean(randoms))
-        print(f"    (c) k={k:<3} top-k {mine:.4f}   random k: mean {np.mean(randoms):.4f} "
-              f"({', '.join(f'{v:.4f}' for v in randoms)})   "
-              + _verdict_line(*points[k], study.higher_is_better, groups[k]))
-    failures = _judged(groups, points, study.higher_is_better, f"[{label}] (c)", study.metric_name, "    (c)")
+        results = {p.name: evaluated(p) for p in [top[k], *drawn[k]]}
+        randoms = [results[p.name].value for p in drawn[k]]
+        groups[k] = [study.terms(p, results[p.name].accuracy_source) for p in [top[k], *drawn[k]]]
+        compared[k] = _compared(results[top[k].name].value, float(np.mean(randoms)), groups[k],
+                                study.higher_is_better)
+        print(f"    (c) k={k:<3} top-k {results[top[k].name].value:.4f}   random k: mean {np.mean(randoms):.4f} "
+              f"({', '.join(f'{v:.4f}' for v in randoms)})   {_verdict_line(*compared[k])}")
+    failures = _judged(groups, compared, study.higher_is_better, f"[{label}] (c)", study.metric_name, "    (c)")
     if htp_samples <= 0:
         return failures
     plans = [base, all_16] + [p for k in ks for p in [top[k], *drawn[k]]]
@@ -164,27 +166,26 @@ def _htp_top_k(agreement, label: str, study, ks: list[int], drawn: dict) -> list
     htp = dict(zip(agreement["plan"], agreement["htp" + suffix]))
     cpu = dict(zip(agreement["plan"], agreement["cpu" + suffix]))
     print(f"        top-k against random k on the HTP, judged on {what}{' (task columns)' if task else ''}:")
-    groups, points = {}, {}
+    groups, compared = {}, {}
     for k in ks:
         groups[k] = [terms[(name, "htp")] for name in [f"top-{k}"] + [p.name for p in drawn[k]]]
-        points[k] = htp[f"top-{k}"], float(np.mean([htp[p.name] for p in drawn[k]]))
-        print(f"        k={k:<3} HTP top-k {points[k][0]:.4f}   random k: mean {points[k][1]:.4f}   CPU top-k "
+        randoms = float(np.mean([htp[p.name] for p in drawn[k]]))
+        compared[k] = _compared(htp[f"top-{k}"], randoms, groups[k], better_up)
+        print(f"        k={k:<3} HTP top-k {htp[f'top-{k}']:.4f}   random k: mean {randoms:.4f}   CPU top-k "
               f"{cpu[f'top-{k}']:.4f} random mean {np.mean([cpu[p.name] for p in drawn[k]]):.4f}   "
-              + _verdict_line(*points[k], better_up, groups[k]))
-    return _judged(groups, points, better_up, f"[{label}] (d)", f"{what} on the HTP", "       ")
-
-
-def _stored_terms(study, plan):
-    """A plan's per-sample terms of the study's metric from its stored CPU result (None: the metric has none)."""
-    return study.terms(plan, study.evaluate(plan, origin="benchmark").accuracy_source)
+              f"{_verdict_line(*compared[k])}")
+    return _judged(groups, compared, better_up, f"[{label}] (d)", f"{what} on the HTP", "       ")
 
 
 def gap_to_random(groups: list[list], higher_is_better: bool, seed: int = 0) -> tuple[float, float, float, str]:
     """Top-k's value minus the mean of its random draws' values, averaged over `groups` (per k: [top-k's terms,
     each draw's terms], `metric_terms.MetricTerms` on the same samples), with a paired bootstrap's 95 % interval
-    (the same resampled samples for every plan, `BOOTSTRAPS` times from `seed`) and a verdict: "better" or
-    "worse" when the interval excludes zero and the gap is at least one step of a counted metric (a character of
-    CER), "within noise" otherwise."""
+    (the same resampled samples for every plan, `BOOTSTRAPS` times from `seed`) and the verdict the project gives
+    any paired difference (`loop.uncertainty.PairedDifference.verdict`): "better" or "worse" when the interval
+    excludes zero and the gap is at least one step of a counted metric (a character of CER), "within noise"
+    otherwise."""
+    from mpstudio.loop.uncertainty import PairedDifference
+
     count = groups[0][0].units
     rows = np.random.default_rng(seed).integers(0, count, size=(BOOTSTRAPS, count))
 
@@ -194,31 +195,34 @@ def gap_to_random(groups: list[list], higher_is_better: bool, seed: int = 0) -> 
         return np.mean([value(top) - np.mean([value(r) for r in randoms], axis=0) for top, *randoms in groups], axis=0)
     point = float(gap())
     low, high = (float(v) for v in np.percentile(gap(rows), [2.5, 97.5]))
-    step = groups[0][0].resolution or 0.0
-    if low <= 0.0 <= high or abs(point) < step:
-        return point, low, high, "within noise"
-    return point, low, high, "better" if (point > 0) == higher_is_better else "worse"
+    verdict = PairedDifference("", "top-k", "random k", float("nan"), float("nan"), point, low, high, count, count,
+                               higher_is_better, groups[0][0].resolution).verdict
+    return point, low, high, verdict
 
 
-def _verdict_line(mine: float, random_mean: float, higher_is_better: bool, group: list) -> str:
-    """The point comparison, and where the samples' terms allow, the paired interval of the gap."""
+def _compared(mine: float, random_mean: float, group: list, higher_is_better: bool) -> tuple[bool, tuple | None]:
+    """One k: whether top-k's value is better than the draws' mean, and `gap_to_random` of its group (None when a
+    plan has no per-sample terms)."""
     wins = mine != random_mean and (mine > random_mean) == higher_is_better
-    if any(t is None for t in group):
+    return wins, None if any(t is None for t in group) else gap_to_random([group], higher_is_better)
+
+
+def _verdict_line(wins: bool, gap: tuple | None) -> str:
+    """The point comparison, and where the samples' terms allow, the paired interval of the gap."""
+    if gap is None:
         return "top-k better" if wins else "TOP-K NOT BETTER"
-    point, low, high, verdict = gap_to_random([group], higher_is_better)
+    point, low, high, verdict = gap
     return (f"{'top-k better' if wins else 'top-k not better'}; gap {point:+.4f} [{low:+.4f}, {high:+.4f}]: "
             f"{verdict.upper() if verdict == 'worse' else verdict}")
 
 
-def _judged(groups: dict, points: dict, higher_is_better: bool, prefix: str, what: str, indent: str) -> list[str]:
+def _judged(groups: dict, compared: dict, higher_is_better: bool, prefix: str, what: str, indent: str) -> list[str]:
     """The targets missed: a k where top-k is worse than the random draws' mean beyond the samples' noise, and the
-    gap over every k together not better beyond noise. Without per-sample terms: a k where top-k is not better
-    (`points[k]`: top-k's value and the draws' mean)."""
-    if any(t is None for group in groups.values() for t in group):
-        return [f"{prefix} top-{k} vs random on {what}" for k, (mine, mean) in points.items()
-                if not (mine != mean and (mine > mean) == higher_is_better)]
-    failures = [f"{prefix} top-{k} vs random on {what}: worse beyond noise" for k, group in groups.items()
-                if gap_to_random([group], higher_is_better)[3] == "worse"]
+    gap over every k together not better beyond noise. Without per-sample terms: a k where top-k is not better."""
+    if any(gap is None for _, gap in compared.values()):
+        return [f"{prefix} top-{k} vs random on {what}" for k, (wins, _) in compared.items() if not wins]
+    failures = [f"{prefix} top-{k} vs random on {what}: worse beyond noise" for k, (_, gap) in compared.items()
+                if gap[3] == "worse"]
     point, low, high, verdict = gap_to_random(list(groups.values()), higher_is_better)
     print(f"{indent} every k together: gap {point:+.4f} [{low:+.4f}, {high:+.4f}]: {verdict}")
     if verdict != "better":

@@ -43,8 +43,7 @@ def _fold_batchnorms_into_convs(ops: list[HtpOp], graph: _OpGraph) -> None:
     the vector unit prepares): no pass over the joined tensor and no fixed cost of its own. A quantized one writes
     a tensor requantized to its readers' scale and still runs (latency.fusion.split_batchnorms)."""
     for i, op in enumerate(ops):
-        if (op.op_type != "BatchNormalization" or op.kind != "compute" or op.engine != "hvx" or not op.outputs
-                or not all(t.startswith("float") for _, t, _ in op.inputs + op.outputs)):
+        if not _standalone_batchnorm(op, floating=True):
             continue
         written = {op.outputs[0][0]} | {n for o in ops if o.fused_into == i for n, _, _ in o.outputs}
         readers = [r for name in written for r in graph.readers.get(name, [])]
@@ -88,8 +87,7 @@ def split_batchnorms(ops: list[HtpOp]) -> None:
         return
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
-        if (op.op_type != "BatchNormalization" or op.kind != "compute" or op.engine != "hvx" or not op.outputs
-                or any(t.startswith("float") for _, t, _ in op.inputs + op.outputs)):
+        if not _standalone_batchnorm(op, floating=False):
             continue
         name, dtype, elements = op.outputs[0]
         shifted = f"{name} (shifted)"
@@ -97,6 +95,15 @@ def split_batchnorms(ops: list[HtpOp]) -> None:
             reader.inputs = [(shifted if n == name else n, t, k) for n, t, k in reader.inputs]
         ops.insert(i + 1, HtpOp(f"{op.node} shift", "Add", "hvx", [(name, dtype, elements)],
                                 [(shifted, dtype, elements)], work=elements, cls="arith"))
+
+
+def _standalone_batchnorm(op: HtpOp, floating: bool) -> bool:
+    """A BatchNormalization that runs as a vector op of its own (nothing before it folds it), in fp16 (`floating`)
+    or quantized (every tensor it reads and writes of one kind)."""
+    if op.op_type != "BatchNormalization" or op.kind != "compute" or op.engine != "hvx" or not op.outputs:
+        return False
+    kinds = [t.startswith("float") for _, t, _ in op.inputs + op.outputs]
+    return all(kinds) if floating else not any(kinds)
 
 
 class _OpGraph:
