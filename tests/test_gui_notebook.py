@@ -11,6 +11,7 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "studio.ipynb"
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # the whole walkthrough on the demo: 8 minutes on an idle machine when its cache is cold
 def test_walkthrough_notebook_runs(demo_cache):
     pytest.importorskip("rapidocr_onnxruntime", reason="the demo model needs `pip install mpstudio[demo]`")
     import nbformat
