@@ -181,10 +181,10 @@ def gap_to_random(groups: list[list], higher_is_better: bool, seed: int = 0) -> 
     """Top-k's value minus the mean of its random draws' values, averaged over `groups` (per k: [top-k's terms,
     each draw's terms], `metric_terms.MetricTerms` on the same samples), with a paired bootstrap's 95 % interval
     (the same resampled samples for every plan, `BOOTSTRAPS` times from `seed`) and the verdict the project gives
-    any paired difference (`loop.uncertainty.PairedDifference.verdict`): "better" or "worse" when the interval
+    any paired difference (`loop.uncertainty.difference_verdict`): "better" or "worse" when the interval
     excludes zero and the gap is at least one step of a counted metric (a character of CER), "within noise"
     otherwise."""
-    from mpstudio.loop.uncertainty import PairedDifference
+    from mpstudio.loop.uncertainty import difference_verdict
 
     count = groups[0][0].units
     rows = np.random.default_rng(seed).integers(0, count, size=(BOOTSTRAPS, count))
@@ -195,9 +195,7 @@ def gap_to_random(groups: list[list], higher_is_better: bool, seed: int = 0) -> 
         return np.mean([value(top) - np.mean([value(r) for r in randoms], axis=0) for top, *randoms in groups], axis=0)
     point = float(gap())
     low, high = (float(v) for v in np.percentile(gap(rows), [2.5, 97.5]))
-    verdict = PairedDifference("", "top-k", "random k", float("nan"), float("nan"), point, low, high, count, count,
-                               higher_is_better, groups[0][0].resolution).verdict
-    return point, low, high, verdict
+    return point, low, high, difference_verdict(point, low, high, higher_is_better, groups[0][0].resolution)
 
 
 def _compared(mine: float, random_mean: float, group: list, higher_is_better: bool) -> tuple[bool, tuple | None]:

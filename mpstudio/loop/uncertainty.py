@@ -72,10 +72,8 @@ class PairedDifference:
 
     @property
     def verdict(self) -> str:
-        """"better", "worse" or "within noise" (the interval holds 0, or the difference is under one step)."""
-        if self.low <= 0.0 <= self.high or (self.resolution is not None and abs(self.difference) < self.resolution):
-            return "within noise"
-        return "better" if (self.difference > 0) == self.higher_is_better else "worse"
+        """"better", "worse" or "within noise" (`difference_verdict`)."""
+        return difference_verdict(self.difference, self.low, self.high, self.higher_is_better, self.resolution)
 
     def describe(self) -> str:
         """E.g. "CER -0.0040 [-0.0090, +0.0010] vs current plan, 16 samples: within noise"."""
@@ -196,6 +194,15 @@ def lower_bounds(units: np.ndarray, *, seed: int = SEED, rounds: int = ROUNDS) -
         return sums
     resampled = _resampled([units], seed, rounds)[0]
     return np.minimum(np.quantile(resampled, (1 - LEVEL) / 2, axis=0), sums)
+
+
+def difference_verdict(difference: float, low: float, high: float, higher_is_better: bool,
+                       resolution: float | None = None) -> str:
+    """"better", "worse" or "within noise" for a paired difference with interval [`low`, `high`]: within noise when
+    the interval holds 0 or the difference is under one step of the metric (`resolution`)."""
+    if low <= 0.0 <= high or (resolution is not None and abs(difference) < resolution):
+        return "within noise"
+    return "better" if (difference > 0) == higher_is_better else "worse"
 
 
 def target_verdict(value: float, threshold: float, higher_is_better: bool, low: float | None = None,
