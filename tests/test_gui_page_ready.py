@@ -49,7 +49,9 @@ def test_an_update_made_before_the_page_is_ready_reaches_it(browser, tmp_path):
             # As a job's result is shown: posted to the session, whose event loop runs it while the page is not
             # yet known to be ready.
             state._lanes.post(lambda: state.select(tensors))
-            page.wait_for_timeout(2000)
+            # Held for seconds: a page on a loaded machine takes that long to render once connected, and the update
+            # must still wait for it.
+            page.wait_for_timeout(8000)
             link["released"] = True
             for message in held:
                 link["server"].send(message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from weakref import WeakKeyDictionary
 
 import panel as pn
 
@@ -69,27 +70,37 @@ def _process_config(name: str, *value):
     return super(type(config), config).__getattribute__(name)
 
 
-# How often (ms) an update waiting for the page to take its session in asks again, and for how long (s) at most: a
-# page that never says it is ready still gets its updates (as Panel would send them).
+# How often (ms) an update waiting for the page to take its session in asks again, and for how long (s) at most
+# once the page has connected: a page that never says it is ready still gets its updates (as Panel would send them).
+# Rendering the studio takes seconds, and many more on a loaded machine: the bound is far above it.
 READY_POLL_MS = 100
-READY_WAIT_S = 5.0
+READY_WAIT_S = 60.0
+
+_first_connected: WeakKeyDictionary = WeakKeyDictionary()  # document -> when a wait first saw its page connected
 
 
-def page_not_ready(doc, since: float | None = None) -> bool:
-    """Whether `doc` is served and its page has not yet said it has rendered the session (Bokeh's document_ready,
-    which Panel records). Until then Panel drops the changes a hold collects, taking them for changes the document
-    the page pulls carries; but the page may have pulled it already, and an update made then never reaches it (a
-    new row's progress then names a model the page never got: "reference ... isn't known"; the graph opens grey).
-    So the studio's batched updates wait for it, from `since` (time.monotonic()) for at most READY_WAIT_S. False
-    when not served, or when the Panel in use keeps no record."""
+def page_not_ready(doc, bounded: bool = True) -> bool:
+    """Whether `doc` is served, its page has connected, and it has not yet said it has rendered the session
+    (Bokeh's document_ready, which Panel records). Until then Panel drops the changes a hold collects, taking them
+    for changes the document the page pulls carries; but once connected the page may have pulled it already, and
+    an update made then never reaches it (a new row's progress then names a model the page never got: "reference
+    ... isn't known"; the graph opens grey, or without the selection just made). So the studio's batched updates
+    wait for it, at most READY_WAIT_S from when a wait first saw the page connected (`bounded`). Before the page
+    connects nothing waits: the document it will pull carries the change. False when not served, or when the
+    Panel in use keeps no record."""
     from panel.io.state import state
 
+    from .closed_tabs import open_connections
+
     ready = getattr(state, "_connected", None)
-    if doc is None or doc.session_context is None or ready is None:
+    if doc is None or doc.session_context is None or ready is None or ready.get(doc):
         return False
-    if since is not None and time.monotonic() - since > READY_WAIT_S:
+    if open_connections(doc) == 0:
         return False
-    return not ready.get(doc)
+    if not bounded:
+        return True
+    first = _first_connected.setdefault(doc, time.monotonic())
+    return time.monotonic() - first <= READY_WAIT_S
 
 
 def _in(doc, callback, *args):
@@ -131,10 +142,8 @@ def on_document_thread(model, update, *, next_tick: bool = False) -> None:
         update()
         return
 
-    since = time.monotonic()
-
     def run():
-        if page_not_ready(doc, since):
+        if page_not_ready(doc):
             doc.add_timeout_callback(scheduled, READY_POLL_MS)
             return
         with pn.io.hold(doc):

@@ -165,7 +165,6 @@ class Lanes:
         self._workers: dict[str, threading.Thread] = {}
         self._posted: list[Callable[[], None]] = []  # updates waiting for the session's event loop, in order
         self._draining = False
-        self._ready_since = None  # when the first batch waited for the page to be ready (base.page_not_ready)
         self._late: list[Callable[[], None]] = []  # updates posted after the tab has gone, run in the posting thread
         self._late_running = False
         self._closed = False
@@ -194,7 +193,7 @@ class Lanes:
         self._closed = True
         for lane in self._queues.values():
             lane.put(None)
-        if page_not_ready(self._doc):
+        if page_not_ready(self._doc, bounded=False):
             with self.lock:
                 stranded, self._posted, self._draining = self._posted, [], False
             for fn in stranded:
@@ -365,9 +364,7 @@ class Lanes:
             for next_fn in batch:
                 self._after_session(next_fn)
             return
-        if self._ready_since is None:
-            self._ready_since = time.monotonic()
-        if page_not_ready(doc, self._ready_since):  # Panel would drop the batch's changes: wait for the page
+        if page_not_ready(doc):  # Panel would drop the batch's changes: wait for the page
             doc.add_timeout_callback(lambda: self._drain(doc), READY_POLL_MS)
             return
         with self.lock:  # what was posted until now goes to the browser as one batch; later posts next
