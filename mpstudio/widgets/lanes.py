@@ -17,6 +17,7 @@ from ..data import Cancelled
 from ..errors import MpstudioError, brief
 from .base import READY_POLL_MS, page_not_ready
 from .closed_tabs import open_connections, quiet_closed_streams
+from .stranded_writes import watch_stranded_writes
 from .constants import writable
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,7 @@ class Lanes:
         self._connected = False  # whether the session's tab has connected yet (a tab that left never returns)
         if self._doc is not None:
             quiet_closed_streams()
+            watch_stranded_writes(self._doc)
         # One queue and worker thread per lane, so opening a model (and its errors) never waits behind an
         # analysis or a search: "open" for opening studies, "long" for work on the open study.
         self._queues: dict[str, queue.Queue] = {lane: queue.Queue() for lane in LANES}
@@ -181,6 +183,7 @@ class Lanes:
                 current = session_document()
                 if current is not None:
                     self._doc, self._loop = current, _session_loop(current)
+                    watch_stranded_writes(current)
                 worker = threading.Thread(target=self._work, args=(lane,), name=f"mpstudio-studio-{lane}",
                                           daemon=True)
                 self._workers[lane] = worker
