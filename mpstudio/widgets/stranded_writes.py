@@ -26,9 +26,10 @@ CHECK_MS = 250  # how often a served document's queue is looked at
 _watched: WeakSet = WeakSet()
 
 
+@functools.cache
 def _panel_queues():
     """Panel's per-document write queue, write block, and its task starter and sender (None when this Panel keeps
-    none)."""
+    none). Module-level objects Panel changes in place, looked up once: the check runs four times a second."""
     from panel.io import document
 
     parts = tuple(getattr(document, name, None) for name in ("_WRITE_MSGS", "_WRITE_BLOCK", "_dispatch_write_task",
@@ -40,7 +41,7 @@ def send_stranded_writes(doc) -> bool:
     """Start sending `doc`'s queued messages when no task is sending them; whether it did. Run on the document's
     event loop (a periodic callback of the session)."""
     parts = _panel_queues()
-    if parts is None or doc is None:
+    if parts is None:
         return False
     queued, blocked, start, send = parts
     if not queued.get(doc) or doc in blocked:
